@@ -1,0 +1,5 @@
+import sys
+
+from dygo.cli import main
+
+sys.exit(main())

@@ -1,0 +1,169 @@
+"""The `dygo` command: parses flags and hands over to store, worker or app."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from store.config import ENVIRONMENTS, Settings, load_settings
+from store.durations import parse_duration
+from store.errors import ConfigError, SchemaError
+
+EXIT_USAGE = 2
+
+
+def duration(text: str) -> float:
+    try:
+        return parse_duration(text, field="value")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be an integer greater than 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dygo", description="Durable background jobs on PostgreSQL.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.add_argument("--env", choices=ENVIRONMENTS, help="environment (default: $DYGO_ENV or development)")
+        return sub
+
+    command("migrate", "apply pending database migrations")
+
+    serve = command("serve", "run the admin service (HTTP API)")
+    serve.add_argument("--host", help="bind address (default: 0.0.0.0 when $PORT is set, else 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default: $PORT or 8000)")
+
+    worker = command("worker", "run a worker process")
+    worker.add_argument("--queue", action="append", dest="queues", metavar="NAME",
+                        help="process only this queue (repeatable; default: every configured queue)")
+    worker.add_argument("--concurrency", type=positive_int, metavar="N",
+                        help="jobs run at once per queue in this process (overrides queues.yml)")
+    worker.add_argument("--poll-interval", type=duration, default=60.0, metavar="DURATION",
+                        help="fallback poll when no notification arrives (default: 60s)")
+    worker.add_argument("--poll-only", action="store_true", help="do not LISTEN; rely on polling and timers")
+    worker.add_argument("--once", action="store_true",
+                        help="recover expired leases, claim one batch, run it, settle, exit")
+    worker.add_argument("--shutdown-timeout", type=duration, default=30.0, metavar="DURATION",
+                        help="on SIGTERM, how long in-flight jobs may finish before they are handed back "
+                        "(default: 30s)")
+
+    db = commands.add_parser("db", help="the embedded PostgreSQL server (used when DATABASE_URL is unset)")
+    db.add_argument("action", choices=["url", "status", "start", "stop"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("DYGO_LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "db":
+            return db_command(args.action)
+        settings = load_settings(env=args.env)
+        if args.command == "migrate":
+            return migrate_command(settings)
+        if args.command == "serve":
+            return serve_command(settings, args)
+        return worker_command(settings, args)
+    except ConfigError as exc:
+        print(f"dygo: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SchemaError as exc:
+        print(f"dygo: {exc}", file=sys.stderr)
+        return 1
+
+
+def migrate_command(settings: Settings) -> int:
+    import psycopg
+
+    from store.db import database_url
+    from store.migrate import migrate
+
+    with psycopg.connect(database_url(settings)) as conn:
+        applied = migrate(conn)
+    if applied:
+        for migration in applied:
+            print(f"applied {migration.version:04d}_{migration.name}")
+    else:
+        print("schema is up to date")
+    return 0
+
+
+def _check_schema(url: str) -> None:
+    import psycopg
+
+    from store.migrate import check_schema
+
+    with psycopg.connect(url) as conn:
+        check_schema(conn)
+
+
+def serve_command(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+    from store.db import database_url
+    from store.registry import load_jobs
+
+    jobs = load_jobs(settings)
+    url = database_url(settings)
+    _check_schema(url)
+    host = args.host or ("0.0.0.0" if os.environ.get("PORT") else "127.0.0.1")
+    port = args.port or int(os.environ.get("PORT", "8000"))
+    print(f"dygo serve: http://{host}:{port} (API docs at /docs)", flush=True)
+    uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info")
+    return 0
+
+
+def worker_command(settings: Settings, args: argparse.Namespace) -> int:
+    from store.db import database_url
+    from store.registry import load_jobs
+    from worker.runtime import Worker, WorkerOptions
+
+    jobs = load_jobs(settings)
+    names = args.queues or settings.queue_names
+    unknown = [name for name in names if name not in settings.queues]
+    if unknown:
+        raise ConfigError("--queue", unknown[0], f"is not configured in {settings.config_dir / 'queues.yml'}; "
+                          f"configured queues: {', '.join(settings.queue_names)}")
+    queues = {name: args.concurrency or settings.queues[name].concurrency for name in dict.fromkeys(names)}
+    options = WorkerOptions(queues=queues, poll_interval=args.poll_interval, poll_only=args.poll_only,
+                            once=args.once, shutdown_timeout=args.shutdown_timeout)
+    jobs.freeze()
+    url = database_url(settings)
+    return asyncio.run(Worker(settings, jobs, options, url).run())
+
+
+def db_command(action: str) -> int:
+    from store import embedded
+
+    data_dir = Path(os.environ.get("DYGO_DATA_DIR", ".dygo"))
+    if os.environ.get("DATABASE_URL"):
+        print("DATABASE_URL is set: dygo uses that database, not the embedded one", file=sys.stderr)
+    if action in ("url", "start"):
+        print(embedded.ensure_running(data_dir))
+        return 0
+    if action == "stop":
+        print("stopped" if embedded.stop(data_dir) else "not running")
+        return 0
+    state = embedded.status(data_dir)
+    print(f"data:    {state.pgdata}{'' if state.initialised else ' (not initialised)'}")
+    print(f"running: {'yes, pid ' + str(state.pid) if state.running else 'no'}")
+    if state.url:
+        print(f"url:     {state.url}")
+    return 0 if state.running else 3

@@ -1,0 +1,47 @@
+"""Example jobs that show each outcome. Enqueue them from the README's curl lines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pydantic import BaseModel, Field
+
+from store import Abort, JobContext, job
+
+
+@job("example.noop")
+async def noop(ctx: JobContext, args: dict) -> None:
+    """Does nothing; the benchmark's job."""
+
+
+class Sleep(BaseModel):
+    seconds: float = Field(1.0, ge=0, le=3600)
+
+
+@job("example.sleep", queue="slow", timeout="10m")
+async def sleep(ctx: JobContext, args: Sleep) -> dict:
+    await asyncio.sleep(args.seconds)
+    return {"slept": args.seconds}
+
+
+class Flaky(BaseModel):
+    failures: int = Field(2, ge=0, description="fail this many attempts, then succeed")
+
+
+@job("example.flaky", max_attempts=5, retry_backoff="1s")
+def flaky(ctx: JobContext, args: Flaky) -> dict:
+    """A sync handler (runs in a thread) that fails its first `failures` attempts."""
+    if ctx.attempt <= args.failures:
+        raise RuntimeError(f"attempt {ctx.attempt} fails on purpose ({args.failures} failures asked for)")
+    time.sleep(0.01)
+    return {"succeeded_on_attempt": ctx.attempt}
+
+
+class Refuse(BaseModel):
+    reason: str = "this job cannot succeed"
+
+
+@job("example.abort")
+async def refuse(ctx: JobContext, args: Refuse) -> None:
+    raise Abort(args.reason)

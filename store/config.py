@@ -1,0 +1,156 @@
+"""Load and validate `config/queues.yml` and the optional `config/dygo.yml`.
+
+Every error names the file, the entry and the rule it breaks, and is raised before any
+database work so the CLI can exit 2 with a message a person can act on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from store.durations import parse_duration
+from store.errors import ConfigError
+
+KEBAB_CASE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+ENVIRONMENTS = ("development", "test", "production")
+
+
+@dataclass(frozen=True)
+class Queue:
+    name: str
+    concurrency: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the store, worker and service read from config, with their defaults."""
+
+    config_dir: Path
+    queues: dict[str, Queue]
+    env: str = "development"
+    job_modules: tuple[str, ...] = ("jobs",)
+    lease_ttl: float = 30.0
+    max_reaps: int = 3
+    default_timeout: float = 300.0
+    default_max_attempts: int = 20
+    claim_batch_size: int = 100
+    data_dir: Path = field(default_factory=lambda: Path(".dygo"))
+
+    @property
+    def queue_names(self) -> list[str]:
+        return list(self.queues)
+
+
+# Keys of config/dygo.yml: name -> (parser, rule shown when it fails)
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError("must be an integer greater than 0")
+    return value
+
+
+def _positive_duration(value: Any) -> float:
+    seconds = parse_duration(value, field="value")
+    if seconds <= 0:
+        raise ValueError("must be a duration greater than 0")
+    return seconds
+
+
+def _duration(value: Any) -> float:
+    return parse_duration(value, field="value")
+
+
+def _module_list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError("must be a module name or a non-empty list of module names")
+    return tuple(value)
+
+
+SETTING_PARSERS = {
+    "jobs": ("job_modules", _module_list),
+    "lease_ttl": ("lease_ttl", _positive_duration),
+    "max_reaps": ("max_reaps", _positive_int),
+    "default_timeout": ("default_timeout", _duration),
+    "default_max_attempts": ("default_max_attempts", _positive_int),
+    "claim_batch_size": ("claim_batch_size", _positive_int),
+}
+
+
+def default_config_dir() -> Path:
+    return Path(os.environ.get("DYGO_CONFIG_DIR", "config"))
+
+
+def resolve_env(flag: str | None = None) -> str:
+    env = flag or os.environ.get("DYGO_ENV") or "development"
+    if env not in ENVIRONMENTS:
+        raise ConfigError("--env", env, f"must be one of {', '.join(ENVIRONMENTS)}")
+    return env
+
+
+def load_settings(config_dir: Path | str | None = None, *, env: str | None = None) -> Settings:
+    config_dir = Path(config_dir) if config_dir is not None else default_config_dir()
+    queues = load_queues(config_dir / "queues.yml")
+    values: dict[str, Any] = {}
+    settings_file = config_dir / "dygo.yml"
+    if settings_file.exists():
+        document = _read_yaml(settings_file)
+        if not isinstance(document, dict):
+            raise ConfigError(str(settings_file), "top level", "must be a mapping of setting: value")
+        for key, raw in document.items():
+            if key not in SETTING_PARSERS:
+                known = ", ".join(sorted(SETTING_PARSERS))
+                raise ConfigError(str(settings_file), str(key), f"unknown setting; known settings: {known}")
+            attribute, parse = SETTING_PARSERS[key]
+            try:
+                values[attribute] = parse(raw)
+            except ValueError as exc:
+                raise ConfigError(str(settings_file), str(key), str(exc)) from None
+    data_dir = Path(os.environ.get("DYGO_DATA_DIR", ".dygo"))
+    return Settings(config_dir=config_dir, queues=queues, env=resolve_env(env), data_dir=data_dir, **values)
+
+
+def load_queues(path: Path) -> dict[str, Queue]:
+    source = str(path)
+    if not path.exists():
+        raise ConfigError(source, "file",
+                          "not found; create it with at least `queues: [{name: default, concurrency: 4}]`")
+    document = _read_yaml(path)
+    if not isinstance(document, dict) or set(document) != {"queues"}:
+        raise ConfigError(source, "top level", "must be a mapping with exactly one key, `queues`")
+    entries = document["queues"]
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(source, "queues", "must be a non-empty list of {name, concurrency} entries")
+    queues: dict[str, Queue] = {}
+    for index, entry in enumerate(entries):
+        label = f"queues[{index}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(source, label, "must be a mapping with `name` and `concurrency`")
+        name = entry.get("name")
+        if isinstance(name, str):
+            label = f"queues[{index}] ({name})"
+        unknown = sorted(set(entry) - {"name", "concurrency"})
+        if unknown:
+            raise ConfigError(source, label, f"unknown key {unknown[0]!r}; allowed keys: name, concurrency")
+        if not isinstance(name, str) or not KEBAB_CASE.match(name):
+            raise ConfigError(source, label, f"name {name!r} must be kebab-case (lowercase letters, digits, dashes)")
+        concurrency = entry.get("concurrency")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency <= 0:
+            raise ConfigError(source, label, f"concurrency must be an integer greater than 0, got {concurrency!r}")
+        if name in queues:
+            raise ConfigError(source, label, f"queue name {name!r} is already used by an earlier entry")
+        queues[name] = Queue(name=name, concurrency=concurrency)
+    return queues
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), "syntax", f"not valid YAML: {exc}") from None

@@ -1,0 +1,215 @@
+"""Enqueue jobs: one, many (COPY), or inside the caller's own transaction (outbox pattern).
+
+Pass a psycopg connection. In autocommit mode each call commits on its own; inside
+`with conn.transaction():` the jobs commit (and wake workers) only with the caller's writes.
+`enqueue` / `enqueue_many` take a sync `psycopg.Connection`; `aenqueue` / `aenqueue_many` an
+`AsyncConnection`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from store import queries
+from store.durations import parse_duration
+from store.errors import EnqueueError
+from store.registry import Registry, registry
+
+PRIORITY_RANGE = (-1000, 1000)
+MAX_KEY_LENGTH = 255
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    id: int
+    deduplicated: bool
+    run_at: datetime | None
+
+
+@dataclass
+class JobRequest:
+    """One job to enqueue, with every option. Validated into a row by `prepare`."""
+
+    kind: str
+    args: Any = None
+    queue: str | None = None
+    priority: int | None = None
+    run_at: datetime | None = None
+    delay: str | float | timedelta | None = None
+    max_attempts: int | None = None
+    meta: Mapping[str, str] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    idempotency_ttl: str | float | timedelta | None = None
+
+
+def prepare(request: JobRequest, jobs: Registry = registry) -> dict[str, Any]:
+    """The row parameters for `request`, or EnqueueError naming the bad field and the rule."""
+    definition = jobs.get(request.kind)
+    queue = request.queue
+    if definition is None:
+        if queue is None:
+            raise EnqueueError("unknown_kind", f"kind {request.kind!r} is not registered; "
+                               f"known kinds: {', '.join(jobs.kinds()) or 'none'}")
+        args = request.args.model_dump(mode="json") if hasattr(request.args, "model_dump") else request.args
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise EnqueueError("invalid_args", "args must be a JSON object")
+    else:
+        args = definition.validate_args(request.args)
+        queue = queue or definition.queue_name
+    if jobs.queues is not None and queue not in jobs.queues:
+        raise EnqueueError("unknown_queue", f"queue {queue!r} is not configured; queues: {', '.join(jobs.queues)}")
+
+    priority = request.priority if request.priority is not None else (definition.priority if definition else 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not (
+        PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]
+    ):
+        raise EnqueueError("invalid_option", f"priority must be an integer from {PRIORITY_RANGE[0]} to "
+                           f"{PRIORITY_RANGE[1]}, got {priority!r}")
+    max_attempts = request.max_attempts
+    if max_attempts is None:
+        max_attempts = (definition.max_attempts if definition else None) or jobs.default_max_attempts
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
+        raise EnqueueError("invalid_option", f"max_attempts must be an integer from 1 to 1000, got {max_attempts!r}")
+
+    if request.run_at is not None and request.delay is not None:
+        raise EnqueueError("invalid_option", "give run_at or delay, not both")
+    if request.run_at is not None and (not isinstance(request.run_at, datetime) or request.run_at.tzinfo is None):
+        raise EnqueueError("invalid_option", "run_at must be a datetime with a timezone")
+    delay = _seconds(request.delay, "delay") if request.delay is not None else 0.0
+
+    meta = dict(request.meta or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise EnqueueError("invalid_option", "meta must map strings to strings")
+
+    key = request.idempotency_key
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH):
+        raise EnqueueError("invalid_option", f"idempotency_key must be a string of 1 to {MAX_KEY_LENGTH} characters")
+    ttl = None
+    if request.idempotency_ttl is not None:
+        if key is None:
+            raise EnqueueError("invalid_option", "idempotency_ttl needs an idempotency_key")
+        ttl = _seconds(request.idempotency_ttl, "idempotency_ttl")
+        if ttl <= 0:
+            raise EnqueueError("invalid_option", "idempotency_ttl must be greater than 0")
+
+    return {
+        "kind": request.kind, "queue": queue, "args": json.dumps(args), "meta": json.dumps(meta),
+        "priority": priority, "run_at": request.run_at, "delay": delay, "max_attempts": max_attempts,
+        "key": key, "ttl": ttl,
+    }
+
+
+def _seconds(value: str | float | timedelta, name: str) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    try:
+        return parse_duration(value, field=name)
+    except ValueError as exc:
+        raise EnqueueError("invalid_option", str(exc)) from None
+
+
+def _requests(jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[JobRequest]:
+    return [job if isinstance(job, JobRequest) else JobRequest(**job) for job in jobs]
+
+
+def _single_statement(row: dict[str, Any]) -> tuple[str, str | None]:
+    """The insert for one row, and the lookup that finds the job a deduplicated insert met."""
+    if row["ttl"] is not None:
+        return queries.INSERT_JOB_UNLESS_WINDOW_KEY, queries.JOB_BY_WINDOW_KEY
+    if row["key"] is not None:
+        return queries.INSERT_JOB_UNLESS_LIVE_KEY, queries.LIVE_JOB_BY_KEY
+    return queries.INSERT_JOB, None
+
+
+def _copy_row(job_id: int, row: dict[str, Any], db_now: datetime) -> tuple[Any, ...]:
+    run_at = row["run_at"] or db_now + timedelta(seconds=row["delay"])
+    return (job_id, row["kind"], row["queue"], row["args"], row["meta"], row["priority"], run_at,
+            row["max_attempts"])
+
+
+def _keyed_params(ids: list[int], rows: list[dict[str, Any]], db_now: datetime) -> dict[str, list[Any]]:
+    copied = [_copy_row(job_id, row, db_now) for job_id, row in zip(ids, rows, strict=True)]
+    columns = list(zip(*copied, strict=True))
+    names = ["ids", "kinds", "queues", "args", "metas", "priorities", "run_ats", "max_attempts"]
+    params = {name: list(values) for name, values in zip(names, columns, strict=True)}
+    params["keys"] = [row["key"] for row in rows]
+    return params
+
+
+# --- sync --------------------------------------------------------------------------------------
+
+
+def enqueue(conn: psycopg.Connection, kind: str, args: Any = None, **options: Any) -> Enqueued:
+    """Enqueue one job; `options` are the fields of JobRequest. One statement, one round trip."""
+    return _insert_one(conn, prepare(JobRequest(kind, args, **options)))
+
+
+def _insert_one(conn: psycopg.Connection, row: dict[str, Any]) -> Enqueued:
+    insert, lookup = _single_statement(row)
+    for _ in range(3):  # the job holding the key may finish between insert and lookup
+        found = conn.execute(insert, row).fetchone()
+        if found is not None:
+            return Enqueued(found[0], False, found[1])
+        assert lookup is not None
+        existing = conn.execute(lookup, (row["key"],)).fetchone()
+        if existing is not None:
+            return Enqueued(existing[0], True, existing[1])
+    raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
+
+
+def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+    """Enqueue a batch all-or-nothing, rows without keys by COPY; results are in the order of `jobs`."""
+    rows = [prepare(request) for request in _requests(jobs)]
+    results: dict[int, Enqueued] = {}
+    if not rows:
+        return []
+    with conn.transaction():
+        for i, row in enumerate(rows):
+            if row["ttl"] is not None:
+                results[i] = _insert_one(conn, row)
+        plain = [i for i, row in enumerate(rows) if row["ttl"] is None and row["key"] is None]
+        keyed = [i for i, row in enumerate(rows) if row["ttl"] is None and row["key"] is not None]
+        db_now, ids = conn.execute(queries.RESERVE_JOB_IDS, (len(plain) + len(keyed),)).fetchone()
+        if plain:
+            with conn.cursor().copy(queries.COPY_JOBS) as copy:
+                for job_id, i in zip(ids, plain, strict=False):
+                    values = _copy_row(job_id, rows[i], db_now)
+                    copy.write_row(values)
+                    results[i] = Enqueued(job_id, False, values[6])
+        if keyed:
+            keyed_ids = ids[len(plain):]
+            params = _keyed_params(keyed_ids, [rows[i] for i in keyed], db_now)
+            inserted = {r[0] for r in conn.execute(queries.INSERT_JOBS_UNLESS_LIVE_KEY, params)}
+            holders = dict(conn.execute(queries.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in keyed],)).fetchall())
+            for job_id, run_at, i in zip(keyed_ids, params["run_ats"], keyed, strict=True):
+                if job_id in inserted:
+                    results[i] = Enqueued(job_id, False, run_at)
+                else:
+                    results[i] = Enqueued(holders[rows[i]["key"]], True, None)
+    return [results[i] for i in range(len(rows))]
+
+
+# --- async -------------------------------------------------------------------------------------
+
+
+async def aenqueue(conn: psycopg.AsyncConnection, kind: str, args: Any = None, **options: Any) -> Enqueued:
+    """`enqueue` for an AsyncConnection."""
+    row = prepare(JobRequest(kind, args, **options))
+    insert, lookup = _single_statement(row)
+    for _ in range(3):
+        found = await (await conn.execute(insert, row)).fetchone()
+        if found is not None:
+            return Enqueued(found[0], False, found[1])
+        assert lookup is not None
+        existing = await (await conn.execute(lookup, (row["key"],))).fetchone()
+        if existing is not None:
+            return Enqueued(existing[0], True, existing[1])
+    raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")

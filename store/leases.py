@@ -1,0 +1,131 @@
+"""The worker's side of the store: claim a batch, renew leases, settle outcomes, recover expired leases.
+
+Each function is one statement for a whole batch, so the hot path costs a few round trips per
+batch rather than per job.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from store import queries
+from store.migrate import check_version
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: int
+    kind: str
+    queue: str
+    args: dict[str, Any]
+    meta: dict[str, str]
+    attempt: int
+    max_attempts: int
+    enqueued_at: datetime
+    lease_token: UUID
+    lease_deadline: datetime
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    job: ClaimedJob
+    result: str | None  # JSON text
+
+
+@dataclass(frozen=True)
+class Unsuccessful:
+    """Back to pending after `delay` (retry, snooze, hand-back), or dead."""
+
+    job: ClaimedJob
+    state: str  # 'pending' or 'dead'
+    delay: float = 0.0
+    refund_attempt: bool = False  # snooze and hand-back do not spend an attempt
+    error: str | None = None
+    traceback: str | None = None
+
+
+Outcome = Succeeded | Unsuccessful
+
+
+async def check_schema(conn: psycopg.AsyncConnection) -> None:
+    row = await (await conn.execute(queries.SCHEMA_VERSION)).fetchone()
+    check_version(row[0] if row else None)
+
+
+async def listen(conn: psycopg.AsyncConnection) -> None:
+    """Subscribe `conn` to the queue names of jobs that become pending."""
+    await conn.execute(queries.LISTEN_FOR_JOBS)
+
+
+async def claim(conn: psycopg.AsyncConnection, queue: str, limit: int, owner: str, ttl: float) -> list[ClaimedJob]:
+    cursor = await conn.execute(queries.CLAIM_JOBS, {"queue": queue, "limit": limit, "owner": owner, "ttl": ttl})
+    return [ClaimedJob(*row) for row in await cursor.fetchall()]
+
+
+async def seconds_to_next_run(conn: psycopg.AsyncConnection, queues: list[str]) -> float | None:
+    """How long until the next pending job of `queues` is due; None when there is none."""
+    row = await (await conn.execute(queries.SECONDS_TO_NEXT_RUN, (queues,))).fetchone()
+    return row[0] if row else None
+
+
+async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: float) -> set[int]:
+    """Extend the leases; returns the ids still held (a missing id was lost to the reaper)."""
+    if not jobs:
+        return set()
+    params = {"ids": [j.id for j in jobs], "tokens": [j.lease_token for j in jobs], "ttl": ttl}
+    return {row[0] for row in await (await conn.execute(queries.RENEW_LEASES, params)).fetchall()}
+
+
+async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[int]:
+    """Record outcomes, fenced by lease token; returns the ids that were settled."""
+    successes = [o for o in outcomes if isinstance(o, Succeeded)]
+    others = [o for o in outcomes if isinstance(o, Unsuccessful)]
+    settled: set[int] = set()
+    async with conn.transaction():
+        if successes:
+            params = {
+                "ids": [o.job.id for o in successes],
+                "tokens": [o.job.lease_token for o in successes],
+                "results": [o.result for o in successes],
+            }
+            cursor = await conn.execute(queries.SETTLE_SUCCEEDED, params)
+            settled.update(row[0] for row in await cursor.fetchall())
+        if others:
+            params = {
+                "ids": [o.job.id for o in others],
+                "tokens": [o.job.lease_token for o in others],
+                "states": [o.state for o in others],
+                "delays": [o.delay for o in others],
+                "refunds": [o.refund_attempt for o in others],
+                "errors": [o.error for o in others],
+                "tracebacks": [o.traceback for o in others],
+            }
+            cursor = await conn.execute(queries.SETTLE_UNSUCCESSFUL, params)
+            settled.update(row[0] for row in await cursor.fetchall())
+    return settled
+
+
+async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int) -> list[tuple[int, str]]:
+    """Return (id, new state) for every job whose lease had expired."""
+    cursor = await conn.execute(queries.RECOVER_EXPIRED_LEASES, {"max_reaps": max_reaps})
+    return [(row[0], row[1]) for row in await cursor.fetchall()]
+
+
+async def heartbeat(conn: psycopg.AsyncConnection, worker_id: str, hostname: str, pid: int,
+                    queues: dict[str, int]) -> None:
+    params = {"id": worker_id, "hostname": hostname, "pid": pid, "queues": json.dumps(queues)}
+    await conn.execute(queries.WORKER_HEARTBEAT, params)
+
+
+async def forget_stale_workers(conn: psycopg.AsyncConnection, older_than: float) -> None:
+    await conn.execute(queries.FORGET_STALE_WORKERS, (older_than,))
+
+
+async def worker_gone(conn: psycopg.AsyncConnection, worker_id: str) -> None:
+    await conn.execute(queries.WORKER_GONE, (worker_id,))

@@ -1,0 +1,66 @@
+"""Versioned plain-SQL migrations in store/migrations/NNNN_name.sql, applied once each, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from store import queries
+from store.errors import SchemaError
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+
+def available_migrations() -> list[Migration]:
+    migrations = []
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        number, _, name = path.stem.partition("_")
+        migrations.append(Migration(int(number), name, path))
+    return migrations
+
+
+def latest_version() -> int:
+    return available_migrations()[-1].version
+
+
+def migrate(conn: psycopg.Connection) -> list[Migration]:
+    """Apply what is missing, all in one transaction under an advisory lock; return what was applied."""
+    applied: list[Migration] = []
+    conn.autocommit = True
+    with conn.transaction():
+        conn.execute(queries.MIGRATIONS_LOCK)
+        conn.execute(queries.MIGRATIONS_TABLE)
+        done = {row[0] for row in conn.execute(queries.APPLIED_MIGRATIONS)}
+        for migration in available_migrations():
+            if migration.version in done:
+                continue
+            with conn.transaction():
+                conn.execute(migration.path.read_text(encoding="utf-8"))
+                conn.execute(queries.RECORD_MIGRATION, (migration.version, migration.name))
+            applied.append(migration)
+    return applied
+
+
+def check_version(version: int | None) -> None:
+    """Raise SchemaError unless `version` (from queries.SCHEMA_VERSION) is the latest migration."""
+    latest = latest_version()
+    if version is None or version == 0:
+        raise SchemaError("the database has no dygo schema yet: run `dygo migrate`")
+    if version < latest:
+        raise SchemaError(f"the database schema is at version {version}, this code needs {latest}: run `dygo migrate`")
+    if version > latest:
+        raise SchemaError(f"the database schema is at version {version}, newer than this code ({latest}): upgrade dygo")
+
+
+def check_schema(conn: psycopg.Connection) -> None:
+    row = conn.execute(queries.SCHEMA_VERSION).fetchone()
+    check_version(row[0] if row else None)

@@ -1,0 +1,209 @@
+"""Job definitions: the `@job` decorator, the registry both processes import, and the handler context."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ValidationError
+
+from store.config import Settings
+from store.durations import parse_duration
+from store.errors import ConfigError, EnqueueError
+
+KIND_PATTERN = re.compile(r"^[A-Za-z0-9_]+(?:[.\-][A-Za-z0-9_]+)*$")
+DEFAULT_QUEUE = "default"
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a handler knows about the job it runs. Build one in tests with `make_context`."""
+
+    id: int
+    kind: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    enqueued_at: datetime
+    meta: Mapping[str, str] = field(default_factory=dict)
+    deadline: datetime | None = None
+
+    @property
+    def is_retry(self) -> bool:
+        return self.attempt > 1
+
+
+def make_context(kind: str = "test.job", **overrides: Any) -> JobContext:
+    """A context for calling a handler directly in a test, without a worker or database."""
+    from datetime import UTC
+
+    values: dict[str, Any] = {
+        "id": 1, "kind": kind, "queue": DEFAULT_QUEUE, "attempt": 1, "max_attempts": 20,
+        "enqueued_at": datetime.now(UTC), "meta": {}, "deadline": None,
+    }
+    values.update(overrides)
+    return JobContext(**values)
+
+
+Handler = Callable[[JobContext, Any], Any]
+
+
+@dataclass(frozen=True)
+class JobDefinition:
+    kind: str
+    handler: Handler
+    queue: str | None  # None: the `default` queue
+    timeout: float | None  # seconds; None: the configured default; 0: no deadline
+    max_attempts: int | None  # None: the configured default
+    priority: int
+    retry_backoff: float  # seconds before the first retry; doubles each attempt
+    args_model: type[BaseModel] | None
+    is_async: bool
+
+    @property
+    def queue_name(self) -> str:
+        return self.queue or DEFAULT_QUEUE
+
+    def validate_args(self, args: Any) -> dict[str, Any]:
+        """The JSON-ready args for storage, validated against the kind's model when it has one."""
+        if self.args_model is not None:
+            if isinstance(args, self.args_model):
+                return args.model_dump(mode="json")
+            try:
+                return self.args_model.model_validate(args or {}).model_dump(mode="json")
+            except ValidationError as exc:
+                details = exc.errors(include_url=False, include_context=False, include_input=False)
+                raise EnqueueError("invalid_args", f"args for kind {self.kind!r} are invalid", details) from None
+        if isinstance(args, BaseModel):
+            return args.model_dump(mode="json")
+        if args is None:
+            return {}
+        if not isinstance(args, dict):
+            raise EnqueueError("invalid_args", f"args for kind {self.kind!r} must be a JSON object")
+        return args
+
+    def build_args(self, stored: dict[str, Any]) -> Any:
+        """What the handler receives: its model instance, or the stored dict."""
+        if self.args_model is not None:
+            return self.args_model.model_validate(stored)
+        return stored
+
+
+class Registry:
+    """Kinds known to this process. Frozen once a worker starts: late registration is a bug."""
+
+    def __init__(self) -> None:
+        self._definitions: dict[str, JobDefinition] = {}
+        self._frozen = False
+        # Known once config is loaded (`load_jobs`): enqueue then refuses unknown queues.
+        self.queues: list[str] | None = None
+        self.default_max_attempts = 20
+
+    def add(self, definition: JobDefinition) -> None:
+        source = getattr(definition.handler, "__module__", "?")
+        if self._frozen:
+            raise ConfigError(source, definition.kind, "jobs must be registered before the worker starts")
+        if definition.kind in self._definitions:
+            other = self._definitions[definition.kind].handler
+            raise ConfigError(
+                source, definition.kind,
+                f"kind is already registered by {other.__module__}.{other.__qualname__}; kinds must be unique",
+            )
+        self._definitions[definition.kind] = definition
+
+    def get(self, kind: str) -> JobDefinition | None:
+        return self._definitions.get(kind)
+
+    def __iter__(self):
+        return iter(self._definitions.values())
+
+    def __len__(self) -> int:
+        return len(self._definitions)
+
+    def kinds(self) -> list[str]:
+        return sorted(self._definitions)
+
+    def freeze(self) -> None:
+        self._frozen = True
+
+    def check_queues(self, settings: Settings) -> None:
+        for definition in self:
+            if definition.queue_name not in settings.queues:
+                rule = (
+                    "omits its queue, so queue 'default' must exist in queues.yml"
+                    if definition.queue is None
+                    else f"queue {definition.queue!r} is not registered in queues.yml"
+                )
+                raise ConfigError(definition.handler.__module__, f"job {definition.kind!r}", rule)
+
+
+registry = Registry()
+
+
+def job(
+    kind: str,
+    *,
+    queue: str | None = None,
+    timeout: str | float | None = None,
+    max_attempts: int | None = None,
+    priority: int = 0,
+    retry_backoff: str | float = "15s",
+    registry: Registry = registry,
+) -> Callable[[Handler], Handler]:
+    """Declare a handler for `kind`. Handlers take `(ctx, args)` and may be `async def` or plain `def`."""
+
+    def decorate(handler: Handler) -> Handler:
+        source = getattr(handler, "__module__", "?")
+        if not isinstance(kind, str) or not KIND_PATTERN.match(kind):
+            raise ConfigError(source, f"job {kind!r}", "kind must be a dotted name like 'email.send'")
+        if queue is not None and not isinstance(queue, str):
+            raise ConfigError(source, f"job {kind!r}", "queue must be a queue name")
+        if max_attempts is not None and (isinstance(max_attempts, bool) or max_attempts < 1):
+            raise ConfigError(source, f"job {kind!r}", "max_attempts must be an integer of at least 1")
+        try:
+            timeout_s = None if timeout is None else parse_duration(timeout, field="timeout")
+            backoff_s = parse_duration(retry_backoff, field="retry_backoff")
+        except ValueError as exc:
+            raise ConfigError(source, f"job {kind!r}", str(exc)) from None
+        registry.add(JobDefinition(
+            kind=kind, handler=handler, queue=queue, timeout=timeout_s, max_attempts=max_attempts,
+            priority=priority, retry_backoff=backoff_s, args_model=_args_model(handler),
+            is_async=inspect.iscoroutinefunction(handler),
+        ))
+        return handler
+
+    return decorate
+
+
+def _args_model(handler: Handler) -> type[BaseModel] | None:
+    parameters = list(inspect.signature(handler).parameters.values())
+    if len(parameters) != 2:
+        raise ConfigError(handler.__module__, handler.__qualname__, "a handler takes exactly (ctx, args)")
+    try:
+        hint = get_type_hints(handler).get(parameters[1].name)
+    except Exception:  # unresolvable forward references: treat args as a plain dict
+        return None
+    if inspect.isclass(hint) and issubclass(hint, BaseModel):
+        return hint
+    return None
+
+
+def load_jobs(settings: Settings, modules: Iterable[str] | None = None) -> Registry:
+    """Import the configured job modules and check every job names a configured queue."""
+    for module in modules or settings.job_modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and module.startswith(exc.name):
+                raise ConfigError(str(settings.config_dir / "dygo.yml"), f"jobs: {module}",
+                                  "module not found; is it on PYTHONPATH?") from None
+            raise
+    registry.check_queues(settings)
+    registry.queues = settings.queue_names
+    registry.default_max_attempts = settings.default_max_attempts
+    return registry

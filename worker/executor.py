@@ -1,0 +1,119 @@
+"""Run one claimed job's handler and turn whatever happens into an outcome to settle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from store.backoff import retry_delay
+from store.config import Settings
+from store.durations import format_duration
+from store.errors import Abort, Reportable, RetryAfter, Snooze
+from store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
+from store.registry import JobContext, JobDefinition, Registry
+
+log = logging.getLogger("dygo.worker")
+
+
+class Executor:
+    def __init__(self, settings: Settings, jobs: Registry) -> None:
+        self.settings = settings
+        self.jobs = jobs
+
+    async def run(self, job: ClaimedJob) -> Outcome:
+        started = time.monotonic()
+        definition = self.jobs.get(job.kind)
+        if definition is None:
+            outcome: Outcome = Unsuccessful(
+                job, "dead", error=f"no handler for kind {job.kind!r} in this worker (not retried)")
+        else:
+            outcome = await self._run_handler(definition, job)
+        self._log(job, outcome, time.monotonic() - started)
+        return outcome
+
+    async def _run_handler(self, definition: JobDefinition, job: ClaimedJob) -> Outcome:
+        timeout = definition.timeout if definition.timeout is not None else self.settings.default_timeout
+        deadline = datetime.now(UTC) + timedelta(seconds=timeout) if timeout else None
+        ctx = JobContext(id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt,
+                         max_attempts=job.max_attempts, enqueued_at=job.enqueued_at, meta=job.meta,
+                         deadline=deadline)
+        try:
+            args = definition.build_args(job.args)
+            if definition.is_async:
+                call = definition.handler(ctx, args)
+            else:
+                call = run_in_daemon_thread(definition.handler, ctx, args)
+            result = await asyncio.wait_for(call, timeout or None)
+            return Succeeded(job, None if result is None else json.dumps(result))
+        except asyncio.CancelledError:
+            raise
+        except Snooze as snooze:
+            return Unsuccessful(job, "pending", delay=snooze.delay, refund_attempt=True)
+        except TimeoutError as exc:
+            message = f"timed out after {format_duration(timeout)}" if timeout else f"TimeoutError: {exc}"
+            return self._failure(definition, job, exc, message)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            return self._failure(definition, job, exc)
+
+    def _failure(self, definition: JobDefinition, job: ClaimedJob, exc: BaseException,
+                 message: str | None = None) -> Unsuccessful:
+        error = message or f"{type(exc).__name__}: {exc}"
+        trace = "".join(traceback.format_exception(exc))
+        if isinstance(exc, Abort):
+            return Unsuccessful(job, "dead", error=error, traceback=trace)
+        if isinstance(exc, TypeError) and "JSON serializable" in str(exc):
+            error = f"result is not JSON-serialisable: {exc}"
+        if job.attempt >= job.max_attempts:
+            if isinstance(exc, Reportable):
+                log.error("REPORTABLE job %s %s is dead after %s attempts: %s\n%s",
+                          job.id, job.kind, job.attempt, error, trace)
+            return Unsuccessful(job, "dead", error=error, traceback=trace)
+        delay = exc.delay if isinstance(exc, RetryAfter) else retry_delay(job.id, job.attempt, definition.retry_backoff)
+        return Unsuccessful(job, "pending", delay=delay, error=error, traceback=trace)
+
+    @staticmethod
+    def _log(job: ClaimedJob, outcome: Outcome, elapsed: float) -> None:
+        if isinstance(outcome, Succeeded):
+            word, level = "succeeded", logging.INFO
+        elif outcome.state == "dead":
+            word, level = f"dead: {outcome.error}", logging.WARNING
+        elif outcome.refund_attempt:
+            word, level = f"snoozed for {format_duration(outcome.delay)}", logging.INFO
+        else:
+            word, level = f"failed, retry in {format_duration(outcome.delay)}: {outcome.error}", logging.WARNING
+        if log.isEnabledFor(level):
+            log.log(level, "job %s %s attempt %s/%s %s in %s", job.id, job.kind, job.attempt,
+                    job.max_attempts, word, format_duration(elapsed))
+
+
+def run_in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    """Run a sync handler in its own daemon thread. A handler that overruns its timeout cannot be
+    killed, but a daemon thread neither holds a pool slot nor blocks the process from exiting."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any = None, error: BaseException | None = None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def target() -> None:
+        try:
+            result = function(*args)
+        except BaseException as exc:  # noqa: BLE001 - everything a handler raises is its outcome
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result)
+
+    threading.Thread(target=target, daemon=True, name="dygo-handler").start()
+    return future

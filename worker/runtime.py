@@ -1,0 +1,309 @@
+"""The worker process: a few small loops, each owning one job.
+
+* wake-up   - LISTEN for new or requeued jobs and wake the producer of their queue
+* produce   - one per queue: claim a batch while there are free slots, start each job
+* settle    - record finished jobs, a whole batch per statement, fenced by lease token
+* renew     - extend the leases of everything claimed and not yet settled, at half the TTL
+* maintain  - heartbeat row, recovery of expired leases, forgetting dead workers
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from store import leases
+from store.config import Settings
+from store.leases import ClaimedJob, Outcome, Unsuccessful
+from store.registry import Registry
+from worker.executor import Executor
+
+log = logging.getLogger("dygo.worker")
+
+HEARTBEAT_INTERVAL = 5.0
+RECOVER_INTERVAL = 1.0  # at most this often before a claim, so recovery stays cheap under load
+SETTLE_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    queues: dict[str, int]  # queue name -> concurrency in this process
+    poll_interval: float = 60.0
+    poll_only: bool = False
+    once: bool = False
+    shutdown_timeout: float = 30.0
+
+
+def make_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class QueueSlots:
+    """One queue's capacity in this process, and the signals its producer waits on."""
+
+    def __init__(self, name: str, concurrency: int) -> None:
+        self.name = name
+        self.concurrency = concurrency
+        self.running = 0
+        self.wake = asyncio.Event()  # a NOTIFY, a timer or shutdown
+        self.freed = asyncio.Event()  # a job finished
+
+    @property
+    def free(self) -> int:
+        return self.concurrency - self.running
+
+    def batch_threshold(self) -> int:
+        # Claim in batches once saturated, not one job per freed slot.
+        return max(1, self.concurrency // 4)
+
+
+class Worker:
+    def __init__(self, settings: Settings, jobs: Registry, options: WorkerOptions, url: str) -> None:
+        self.settings = settings
+        self.jobs = jobs
+        self.options = options
+        self.url = url
+        self.id = make_worker_id()
+        self.slots = {name: QueueSlots(name, n) for name, n in options.queues.items()}
+        self.executor = Executor(settings, jobs)
+        self.leased: dict[int, ClaimedJob] = {}  # claimed and not yet settled
+        self.tasks: dict[int, asyncio.Task[None]] = {}  # handlers still running
+        self.outbox: list[Outcome] = []  # finished, waiting for the settle loop
+        self.outbox_ready = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.last_recovery = 0.0
+        self.pool: AsyncConnectionPool | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        self.pool = AsyncConnectionPool(self.url, min_size=1, max_size=len(self.slots) + 4,
+                                        kwargs={"autocommit": True}, open=False)
+        await self.pool.open(wait=True, timeout=30)
+        try:
+            async with self.pool.connection() as conn:
+                await leases.check_schema(conn)
+            if self.options.once:
+                return await self._run_once()
+            return await self._run_forever()
+        finally:
+            await self.pool.close()
+
+    async def _run_once(self) -> int:
+        await self._recover()
+        claimed: list[ClaimedJob] = []
+        for slots in self.slots.values():
+            claimed += await self._claim(slots, slots.concurrency)
+        await asyncio.gather(*(self.tasks.values()))
+        await self._flush()
+        say(f"dygo worker {self.id} ran {len(claimed)} job(s) once; exiting")
+        return 0
+
+    async def _run_forever(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        await self._heartbeat()
+        queues = ", ".join(f"{s.name}({s.concurrency})" for s in self.slots.values())
+        mode = "polling only" if self.options.poll_only else "listening"
+        say(f"dygo worker {self.id} started: queues {queues}; {mode}, poll every {self.options.poll_interval:g}s")
+        loops = [asyncio.create_task(self._produce(s), name=f"produce:{s.name}") for s in self.slots.values()]
+        background = [asyncio.create_task(coro) for coro in (self._settle_loop(), self._renew_loop(),
+                                                              self._maintain_loop())]
+        if not self.options.poll_only:
+            background.append(asyncio.create_task(self._listen_loop()))
+        await self.stopping.wait()
+        say(f"dygo worker {self.id} stopping: {len(self.tasks)} job(s) in flight, "
+            f"waiting up to {self.options.shutdown_timeout:g}s")
+        await asyncio.gather(*loops, return_exceptions=True)
+        await self._drain()
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await self._flush()
+        async with self.pool.connection() as conn:  # type: ignore[union-attr]
+            await leases.worker_gone(conn, self.id)
+        say(f"dygo worker {self.id} stopped")
+        return 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for slots in self.slots.values():
+            slots.wake.set()
+            slots.freed.set()
+
+    async def _drain(self) -> None:
+        """Let running jobs finish within the shutdown timeout, then hand the rest straight back."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks.values()), timeout=self.options.shutdown_timeout)
+        unfinished = [self.leased[job_id] for job_id in self.tasks]
+        running = list(self.tasks.values())
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        if unfinished:
+            log.warning("handing back %d unfinished job(s): %s", len(unfinished),
+                        ", ".join(str(j.id) for j in unfinished))
+            self.outbox += [Unsuccessful(j, "pending", refund_attempt=True) for j in unfinished]
+
+    # --- produce: claim and start jobs ------------------------------------------------------------
+
+    async def _produce(self, slots: QueueSlots) -> None:
+        failures = 0
+        while not self.stopping.is_set():
+            if slots.free < slots.batch_threshold():
+                slots.freed.clear()
+                await slots.freed.wait()
+                continue
+            slots.wake.clear()
+            try:
+                if time.monotonic() - self.last_recovery >= RECOVER_INTERVAL:
+                    await self._recover()
+                wanted = min(slots.free, self.settings.claim_batch_size)
+                claimed = await self._claim(slots, wanted)
+                if len(claimed) == wanted:
+                    continue  # there may be more ready right now
+                wait = await self._idle_wait(slots)
+                failures = 0
+            except (psycopg.Error, OSError) as exc:
+                failures += 1
+                wait = min(30.0, 0.5 * 2**failures)
+                log.warning("claim from queue %s failed (%s); retrying in %.1fs", slots.name, exc, wait)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(slots.wake.wait(), wait)
+
+    async def _claim(self, slots: QueueSlots, limit: int) -> list[ClaimedJob]:
+        async with self.pool.connection() as conn:  # type: ignore[union-attr]
+            claimed = await leases.claim(conn, slots.name, limit, self.id, self.settings.lease_ttl)
+        for job in claimed:
+            self.leased[job.id] = job
+            slots.running += 1
+            self.tasks[job.id] = asyncio.create_task(self._execute(slots, job))
+        return claimed
+
+    async def _idle_wait(self, slots: QueueSlots) -> float:
+        """Sleep until the next pending job is due, or the poll interval, whichever is first."""
+        async with self.pool.connection() as conn:  # type: ignore[union-attr]
+            due_in = await leases.seconds_to_next_run(conn, [slots.name])
+        wait = self.options.poll_interval
+        if due_in is not None:
+            wait = min(wait, max(due_in, 0.0) + 0.005)
+        return wait
+
+    async def _execute(self, slots: QueueSlots, job: ClaimedJob) -> None:
+        try:
+            outcome = await self.executor.run(job)
+            self.outbox.append(outcome)
+            self.outbox_ready.set()
+        finally:
+            del self.tasks[job.id]
+            slots.running -= 1
+            slots.freed.set()
+
+    # --- settle -------------------------------------------------------------------------------------
+
+    async def _settle_loop(self) -> None:
+        while True:
+            await self.outbox_ready.wait()
+            self.outbox_ready.clear()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Settle everything in the outbox; on a database error keep it and retry (leases cover it)."""
+        delay = 0.1
+        while self.outbox:
+            # Removed from the outbox only once settled, so a cancelled flush loses nothing.
+            batch = self.outbox[:SETTLE_BATCH]
+            try:
+                async with self.pool.connection() as conn:  # type: ignore[union-attr]
+                    settled = await leases.settle(conn, batch)
+                del self.outbox[:len(batch)]
+            except (psycopg.Error, OSError) as exc:
+                log.warning("settling %d job(s) failed (%s); retrying in %.1fs", len(batch), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            for outcome in batch:
+                self.leased.pop(outcome.job.id, None)
+                if outcome.job.id not in settled:
+                    log.warning("job %s: lease lost before settling; its outcome was discarded", outcome.job.id)
+
+    # --- renew leases -------------------------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lease_ttl / 2)
+            jobs = list(self.leased.values())
+            try:
+                async with self.pool.connection() as conn:  # type: ignore[union-attr]
+                    held = await leases.renew(conn, jobs, self.settings.lease_ttl)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("renewing %d lease(s) failed: %s", len(jobs), exc)
+                continue
+            for job in jobs:
+                if job.id not in held and job.id in self.leased:
+                    log.warning("job %s: lease lost (recovered by another worker); its outcome will be discarded",
+                                job.id)
+
+    # --- maintenance ---------------------------------------------------------------------------------
+
+    async def _maintain_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            try:
+                await self._heartbeat()
+                await self._recover()
+                async with self.pool.connection() as conn:  # type: ignore[union-attr]
+                    await leases.forget_stale_workers(conn, HEARTBEAT_INTERVAL * 12)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("maintenance failed: %s", exc)
+
+    async def _heartbeat(self) -> None:
+        async with self.pool.connection() as conn:  # type: ignore[union-attr]
+            await leases.heartbeat(conn, self.id, socket.gethostname(), os.getpid(), self.options.queues)
+
+    async def _recover(self) -> None:
+        self.last_recovery = time.monotonic()
+        async with self.pool.connection() as conn:  # type: ignore[union-attr]
+            recovered = await leases.recover_expired(conn, self.settings.max_reaps)
+        for job_id, state in recovered:
+            log.warning("job %s: lease expired, %s", job_id,
+                        "dead as poison (recovered too often)" if state == "dead" else "back to pending")
+
+    # --- wake-up --------------------------------------------------------------------------------------
+
+    async def _listen_loop(self) -> None:
+        """Wake producers on NOTIFY. On a lost connection, reconnect with backoff (polling goes on)."""
+        delay = 0.5
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                async with conn:
+                    await leases.listen(conn)
+                    delay = 0.5
+                    for slots in self.slots.values():  # catch up on anything sent while not listening
+                        slots.wake.set()
+                    async for notify in conn.notifies():
+                        slots = self.slots.get(notify.payload)
+                        if slots is not None:
+                            slots.wake.set()
+            except (psycopg.Error, OSError) as exc:
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+
+def say(line: str) -> None:
+    """Lifecycle lines go to stdout; everything else is a log line on stderr."""
+    print(line, file=sys.stdout, flush=True)
