@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("migrate", "apply pending database migrations")
 
     serve = command("serve", "run the admin service (HTTP API)")
-    serve.add_argument("--host", help="bind address (default: 0.0.0.0 when $PORT is set, else 127.0.0.1)")
+    serve.add_argument("--host", help="bind address (default: $DYGO_HOST, else 0.0.0.0 when $PORT is set "
+                       "as on Heroku, else 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: $PORT or 8000)")
 
     worker = command("worker", "run a worker process")
@@ -123,7 +124,7 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     jobs = load_jobs(settings)
     url = database_url(settings)
     _check_schema(url)
-    host = args.host or ("0.0.0.0" if os.environ.get("PORT") else "127.0.0.1")
+    host = args.host or os.environ.get("DYGO_HOST") or ("0.0.0.0" if os.environ.get("PORT") else "127.0.0.1")
     port = args.port or int(os.environ.get("PORT", "8000"))
     print(f"dygo serve: http://{host}:{port} (API docs at /docs)", flush=True)
     uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info")

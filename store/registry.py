@@ -186,8 +186,9 @@ def _args_model(handler: Handler) -> type[BaseModel] | None:
         raise ConfigError(handler.__module__, handler.__qualname__, "a handler takes exactly (ctx, args)")
     try:
         hint = get_type_hints(handler).get(parameters[1].name)
-    except Exception:  # unresolvable forward references: treat args as a plain dict
-        return None
+    except NameError as exc:
+        raise ConfigError(handler.__module__, handler.__qualname__,
+                          f"cannot resolve the args annotation ({exc}); define the model at module level") from None
     if inspect.isclass(hint) and issubclass(hint, BaseModel):
         return hint
     return None

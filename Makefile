@@ -1,0 +1,42 @@
+# The two commands: `make run` and `make test`. Both set up everything from a bare Python 3.11+.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PORT   ?= 8000
+
+.PHONY: run test setup lint bench stop-db
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	@$(BIN)/dygo db start > /dev/null
+	@$(BIN)/dygo migrate
+	@echo
+	@echo "  dygo is starting: API on http://127.0.0.1:$(PORT)  (docs: http://127.0.0.1:$(PORT)/docs)"
+	@echo "  enqueue a job:  curl -s -X POST http://127.0.0.1:$(PORT)/api/v1/jobs -H 'content-type: application/json' \\"
+	@echo "                    -d '{\"kind\": \"example.flaky\", \"args\": {\"failures\": 2}}'"
+	@echo "  see it:         curl -s http://127.0.0.1:$(PORT)/api/v1/jobs/1"
+	@echo "  Ctrl-C stops serve and worker; 'make stop-db' (or .venv/bin/dygo db stop) stops PostgreSQL."
+	@echo
+	DYGO_HOST=127.0.0.1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start --port $(PORT) web worker
+
+stop-db: setup
+	$(BIN)/dygo db stop
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python bench/run.py

@@ -1,0 +1,115 @@
+"""Job kinds the tests run in real worker processes. Each run is recorded in `test_runs`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import psycopg
+from pydantic import BaseModel
+
+from store import Abort, JobContext, Reportable, RetryAfter, Snooze, job
+
+_local = threading.local()
+
+
+def record(ctx: JobContext, note: str = "") -> int:
+    """Insert one row per execution and return how many runs this job has had so far."""
+    conn = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = _local.conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+    conn.execute("INSERT INTO test_runs (job_id, attempt, pid, note) VALUES (%s, %s, %s, %s)",
+                 (ctx.id, ctx.attempt, os.getpid(), note))
+    return conn.execute("SELECT count(*) FROM test_runs WHERE job_id = %s", (ctx.id,)).fetchone()[0]
+
+
+class Sleep(BaseModel):
+    seconds: float = 0.0
+
+
+@job("test.record")
+async def record_async(ctx: JobContext, args: Sleep) -> dict:
+    await asyncio.to_thread(record, ctx)
+    if args.seconds:
+        await asyncio.sleep(args.seconds)
+    return {"attempt": ctx.attempt, "retry": ctx.is_retry}
+
+
+@job("test.record_sync", queue="other")
+def record_sync(ctx: JobContext, args: Sleep) -> dict:
+    record(ctx)
+    time.sleep(args.seconds)
+    return {"thread": threading.current_thread().name}
+
+
+@job("test.noop")
+async def noop(ctx: JobContext, args: dict) -> None:
+    return None
+
+
+class Fail(BaseModel):
+    times: int = 1
+
+
+@job("test.fail", max_attempts=3, retry_backoff="50ms")
+def fail(ctx: JobContext, args: Fail) -> str:
+    record(ctx)
+    if ctx.attempt <= args.times:
+        raise ValueError(f"failure number {ctx.attempt}")
+    return "recovered"
+
+
+@job("test.abort")
+async def abort(ctx: JobContext, args: dict) -> None:
+    raise Abort("bad input, never retry")
+
+
+@job("test.retry_after", max_attempts=2)
+async def retry_after(ctx: JobContext, args: dict) -> None:
+    raise RetryAfter("come back later", delay=30)
+
+
+@job("test.reportable", max_attempts=1)
+async def reportable(ctx: JobContext, args: dict) -> None:
+    raise Reportable("the payment provider refused")
+
+
+@job("test.snooze", max_attempts=1, retry_backoff="50ms")
+def snooze(ctx: JobContext, args: dict) -> str:
+    runs = record(ctx)
+    if runs <= 2:
+        raise Snooze(0.05)
+    return f"ran after {runs - 1} snoozes"
+
+
+@job("test.hang", timeout="200ms", max_attempts=1)
+async def hang(ctx: JobContext, args: dict) -> None:
+    await asyncio.sleep(60)
+
+
+@job("test.hang_sync", timeout="200ms", max_attempts=1)
+def hang_sync(ctx: JobContext, args: dict) -> None:
+    time.sleep(5)
+
+
+@job("test.unserialisable", max_attempts=1)
+async def unserialisable(ctx: JobContext, args: dict) -> object:
+    return object()
+
+
+@job("test.exit", max_attempts=1)
+def exits(ctx: JobContext, args: dict) -> None:
+    raise SystemExit(3)
+
+
+class Context(BaseModel):
+    pass
+
+
+@job("test.context", queue="other", priority=5)
+async def context(ctx: JobContext, args: Context) -> dict:
+    return {"id": ctx.id, "kind": ctx.kind, "queue": ctx.queue, "attempt": ctx.attempt,
+            "max_attempts": ctx.max_attempts, "meta": dict(ctx.meta), "is_retry": ctx.is_retry,
+            "has_deadline": ctx.deadline is not None, "enqueued_at": ctx.enqueued_at.isoformat()}

@@ -1,0 +1,138 @@
+"""Enqueue: every option, both idempotency modes, batches by COPY, the outbox, and bad input."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from store import EnqueueError, JobRequest, enqueue, enqueue_many
+
+
+def row(conn, job_id: int) -> dict:
+    cursor = conn.cursor(row_factory=psycopg.rows.dict_row)
+    return cursor.execute("SELECT *, run_at - enqueued_at AS lead FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()
+
+
+def test_enqueue_stores_the_job_with_definition_defaults(conn):
+    result = enqueue(conn, "test.context", {})
+    job = row(conn, result.id)
+    assert not result.deduplicated
+    assert (job["kind"], job["queue"], job["priority"], job["state"], job["attempt"]) == (
+        "test.context", "other", 5, "pending", 0)
+    assert job["max_attempts"] == 20
+
+
+def test_enqueue_options_are_stored(conn):
+    result = enqueue(conn, "test.record", {"seconds": 0.5}, queue="other", priority=-3, max_attempts=7,
+                     meta={"tenant": "acme"})
+    job = row(conn, result.id)
+    assert (job["queue"], job["priority"], job["max_attempts"], job["meta"], job["args"]) == (
+        "other", -3, 7, {"tenant": "acme"}, {"seconds": 0.5})
+
+
+def test_delay_is_computed_on_the_database_clock(conn):
+    result = enqueue(conn, "test.noop", {}, delay="90s")
+    job = row(conn, result.id)
+    assert job["lead"] == timedelta(seconds=90)
+    assert result.run_at == job["run_at"]
+
+
+def test_run_at_is_kept_exactly(conn):
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert row(conn, enqueue(conn, "test.noop", {}, run_at=when).id)["run_at"] == when
+
+
+def test_live_idempotency_key_deduplicates_until_the_job_finishes(conn):
+    first = enqueue(conn, "test.noop", {}, idempotency_key="order-42")
+    again = enqueue(conn, "test.noop", {}, idempotency_key="order-42")
+    assert (again.id, again.deduplicated) == (first.id, True)
+    conn.execute("UPDATE dygo_jobs SET state = 'succeeded' WHERE id = %s", (first.id,))
+    after = enqueue(conn, "test.noop", {}, idempotency_key="order-42")
+    assert not after.deduplicated and after.id != first.id
+
+
+def test_windowed_idempotency_key_survives_completion_until_it_expires(conn):
+    first = enqueue(conn, "test.noop", {}, idempotency_key="hook-7", idempotency_ttl="1h")
+    conn.execute("UPDATE dygo_jobs SET state = 'succeeded' WHERE id = %s", (first.id,))
+    again = enqueue(conn, "test.noop", {}, idempotency_key="hook-7", idempotency_ttl="1h")
+    assert (again.id, again.deduplicated) == (first.id, True)
+    conn.execute("UPDATE dygo_idempotency_keys SET expires_at = now() - interval '1s'")
+    later = enqueue(conn, "test.noop", {}, idempotency_key="hook-7", idempotency_ttl="1h")
+    assert not later.deduplicated and later.id != first.id
+
+
+def test_batch_is_copied_in_order_with_per_row_options(conn):
+    requests = [JobRequest("test.noop", {}, priority=i % 3) for i in range(2500)]
+    requests.append(JobRequest("test.record", {"seconds": 1}, delay="1h", queue="other"))
+    results = enqueue_many(conn, requests)
+    assert len(results) == 2501 and not any(r.deduplicated for r in results)
+    assert [r.id for r in results] == sorted(r.id for r in results)
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 2501
+    last = row(conn, results[-1].id)
+    assert (last["queue"], last["args"], last["lead"]) == ("other", {"seconds": 1}, timedelta(hours=1))
+    assert row(conn, results[4].id)["priority"] == 1
+
+
+def test_batch_with_keys_reports_deduplicated_rows(conn):
+    held = enqueue(conn, "test.noop", {}, idempotency_key="a")
+    results = enqueue_many(conn, [
+        {"kind": "test.noop", "idempotency_key": "a"},
+        {"kind": "test.noop", "idempotency_key": "b"},
+        {"kind": "test.noop", "idempotency_key": "b"},
+        {"kind": "test.noop"},
+        {"kind": "test.noop", "idempotency_key": "w", "idempotency_ttl": "1m"},
+    ])
+    assert [r.deduplicated for r in results] == [True, False, True, False, False]
+    assert results[0].id == held.id and results[2].id == results[1].id
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 4
+
+
+def test_batch_is_all_or_nothing(conn):
+    with pytest.raises(EnqueueError):
+        enqueue_many(conn, [{"kind": "test.noop"}, {"kind": "no.such.kind"}])
+    with pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
+        enqueue_many(conn, [{"kind": "test.noop"}])
+        conn.execute("INSERT INTO dygo_jobs (kind, queue, max_attempts) VALUES ('x', 'default', 0)")
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
+
+
+def test_enqueue_inside_the_callers_transaction_commits_and_notifies_with_it(db_url):
+    with psycopg.connect(db_url, autocommit=True) as listener, psycopg.connect(db_url) as app:
+        listener.execute("LISTEN dygo_jobs")
+        app.execute("CREATE TABLE orders (id int)")
+        app.commit()
+        with app.transaction():
+            app.execute("INSERT INTO orders VALUES (1)")
+            job = enqueue(app, "test.noop", {})
+            assert list(listener.notifies(timeout=0.2, stop_after=1)) == []  # nothing before commit
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["default"]
+
+        with pytest.raises(RuntimeError), app.transaction():
+            enqueue(app, "test.noop", {})
+            raise RuntimeError("the order failed")
+        app.commit()
+        assert app.execute("SELECT array_agg(id) FROM dygo_jobs").fetchone()[0] == [job.id]
+
+
+@pytest.mark.parametrize(("kind", "args", "options", "code", "message"), [
+    ("no.such.kind", {}, {}, "unknown_kind", "not registered"),
+    ("test.noop", {}, {"queue": "nope"}, "unknown_queue", "queue 'nope' is not configured"),
+    ("test.record", {"seconds": "long"}, {}, "invalid_args", "invalid"),
+    ("test.noop", [], {}, "invalid_args", "JSON object"),
+    ("test.noop", {}, {"priority": 5000}, "invalid_option", "priority must be an integer from -1000 to 1000"),
+    ("test.noop", {}, {"max_attempts": 0}, "invalid_option", "max_attempts"),
+    ("test.noop", {}, {"delay": "-5s"}, "invalid_option", "delay: must not be negative"),
+    ("test.noop", {}, {"delay": "5s", "run_at": datetime.now(UTC)}, "invalid_option", "not both"),
+    ("test.noop", {}, {"run_at": datetime(2030, 1, 1)}, "invalid_option", "timezone"),
+    ("test.noop", {}, {"meta": {"n": 1}}, "invalid_option", "meta must map strings"),
+    ("test.noop", {}, {"idempotency_ttl": "1h"}, "invalid_option", "needs an idempotency_key"),
+    ("test.noop", {}, {"idempotency_key": "x" * 300}, "invalid_option", "1 to 255"),
+])
+def test_bad_enqueue_names_the_field_and_writes_nothing(conn, kind, args, options, code, message):
+    with pytest.raises(EnqueueError) as caught:
+        enqueue(conn, kind, args, **options)
+    assert caught.value.code == code
+    assert message in str(caught.value)
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
