@@ -13,8 +13,3 @@ from store import queries
 def get_job(conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
     with conn.cursor(row_factory=dict_row) as cursor:
         return cursor.execute(queries.GET_JOB, (job_id,)).fetchone()
-
-
-def schema_version(conn: psycopg.Connection) -> int | None:
-    row = conn.execute(queries.SCHEMA_VERSION).fetchone()
-    return row[0] if row else None

@@ -54,8 +54,9 @@ Outcome = Succeeded | Unsuccessful
 
 
 async def check_schema(conn: psycopg.AsyncConnection) -> None:
-    row = await (await conn.execute(queries.SCHEMA_VERSION)).fetchone()
-    check_version(row[0] if row else None)
+    exists = (await (await conn.execute(queries.HAS_MIGRATIONS_TABLE)).fetchone())[0]
+    version = (await (await conn.execute(queries.SCHEMA_VERSION)).fetchone())[0] if exists else None
+    check_version(version)
 
 
 async def listen(conn: psycopg.AsyncConnection) -> None:
@@ -101,7 +102,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[
                 "ids": [o.job.id for o in others],
                 "tokens": [o.job.lease_token for o in others],
                 "states": [o.state for o in others],
-                "delays": [o.delay for o in others],
+                "delays": [float(o.delay) for o in others],
                 "refunds": [o.refund_attempt for o in others],
                 "errors": [o.error for o in others],
                 "tracebacks": [o.traceback for o in others],

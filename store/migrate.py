@@ -61,6 +61,12 @@ def check_version(version: int | None) -> None:
         raise SchemaError(f"the database schema is at version {version}, newer than this code ({latest}): upgrade dygo")
 
 
+def schema_version(conn: psycopg.Connection) -> int | None:
+    """The latest applied migration, or None when dygo never migrated this database."""
+    if not conn.execute(queries.HAS_MIGRATIONS_TABLE).fetchone()[0]:
+        return None
+    return conn.execute(queries.SCHEMA_VERSION).fetchone()[0]
+
+
 def check_schema(conn: psycopg.Connection) -> None:
-    row = conn.execute(queries.SCHEMA_VERSION).fetchone()
-    check_version(row[0] if row else None)
+    check_version(schema_version(conn))

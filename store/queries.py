@@ -12,9 +12,9 @@ CREATE TABLE IF NOT EXISTS dygo_migrations (
 MIGRATIONS_LOCK = "SELECT pg_advisory_xact_lock(hashtext('dygo.migrate'))"
 APPLIED_MIGRATIONS = "SELECT version FROM dygo_migrations ORDER BY version"
 RECORD_MIGRATION = "INSERT INTO dygo_migrations (version, name) VALUES (%s, %s)"
-SCHEMA_VERSION = """
-SELECT CASE WHEN to_regclass('dygo_migrations') IS NULL THEN NULL
-            ELSE (SELECT coalesce(max(version), 0) FROM dygo_migrations) END"""
+# The migrations table may not exist yet, so its name is looked up before it is read.
+HAS_MIGRATIONS_TABLE = "SELECT to_regclass('dygo_migrations') IS NOT NULL"
+SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM dygo_migrations"
 
 # --- Enqueue -----------------------------------------------------------------------------------
 

@@ -113,3 +113,25 @@ async def context(ctx: JobContext, args: Context) -> dict:
     return {"id": ctx.id, "kind": ctx.kind, "queue": ctx.queue, "attempt": ctx.attempt,
             "max_attempts": ctx.max_attempts, "meta": dict(ctx.meta), "is_retry": ctx.is_retry,
             "has_deadline": ctx.deadline is not None, "enqueued_at": ctx.enqueued_at.isoformat()}
+
+
+@job("test.slow_first")
+async def slow_first(ctx: JobContext, args: dict) -> str:
+    """Hangs on its first run (so a test can kill or stop the worker), quick on any later run."""
+    runs = await asyncio.to_thread(record, ctx)
+    if runs == 1:
+        await asyncio.sleep(60)
+    return f"run {runs}"
+
+
+_marker: psycopg.AsyncConnection | None = None
+
+
+@job("test.mark")
+async def mark(ctx: JobContext, args: dict) -> None:
+    """Records the execution on one async connection per process: cheap enough for 20,000 jobs."""
+    global _marker
+    if _marker is None or _marker.closed:
+        _marker = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True)
+    await _marker.execute("INSERT INTO test_runs (job_id, attempt, pid) VALUES (%s, %s, %s)",
+                          (ctx.id, ctx.attempt, os.getpid()))

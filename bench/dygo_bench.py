@@ -1,0 +1,200 @@
+"""dygo's side of the benchmark (run by run.py with dygo's own .venv; prints one JSON Result line).
+
+    .venv/bin/python bench/dygo_bench.py --url postgresql://...dbname=bench_dygo [--profile-with PY_SPY]
+
+The worker is the real `dygo worker --queue default --concurrency 200` subprocess, configured
+for throughput through a config directory written here (DYGO_CONFIG_DIR):
+`claim_batch_size` from --claim-batch-size, and DYGO_LOG_LEVEL=WARNING so it does not write one
+log line per job to stderr (`--log-level INFO` measures that cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+from common import (
+    BENCH_DIR,
+    CpuMeter,
+    Plan,
+    ProcessingRound,
+    Result,
+    WorkerProcess,
+    add_plan_arguments,
+    emit,
+    log,
+    median_round,
+    paced,
+    percentiles,
+    plan_from,
+    py_spy,
+    rate,
+    summarise_profile,
+    wait_for_rows,
+)
+
+from store.config import load_settings
+from store.enqueue import JobRequest, enqueue, enqueue_many
+from store.migrate import migrate
+from store.registry import load_jobs
+
+KIND = "example.noop"
+QUEUE = "default"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_plan_arguments(parser)
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--claim-batch-size", type=int, default=200)
+    parser.add_argument("--log-level", default="WARNING", help="the worker's DYGO_LOG_LEVEL")
+    parser.add_argument("--profile-with", metavar="PY_SPY", help="py-spy binary: profile one extra processing round")
+    parser.add_argument("--profile-jobs", type=int, default=30_000)
+    args = parser.parse_args()
+    plan = plan_from(args)
+
+    with tempfile.TemporaryDirectory(prefix="dygo-bench-config-") as config_dir:
+        write_config(Path(config_dir), args.concurrency, args.claim_batch_size)
+        load_jobs(load_settings(config_dir))
+        with psycopg.connect(plan.url, autocommit=True) as conn:
+            migrate(conn)
+        result = Result(
+            system="dygo", version=dygo_version(),
+            settings=f"dygo worker --queue {QUEUE} --concurrency {args.concurrency}, "
+                     f"claim_batch_size {args.claim_batch_size}, log level {args.log_level}; "
+                     f"enqueue_many batches of {plan.batch_size}",
+        )
+        result.enqueue_one = measure_enqueue_one(plan)
+        result.enqueue_batched = measure_enqueue_batched(plan)
+        env = {"DATABASE_URL": plan.url, "DYGO_CONFIG_DIR": config_dir, "DYGO_LOG_LEVEL": args.log_level}
+        command = [str(Path(sys.executable).with_name("dygo")), "worker", "--queue", QUEUE,
+                   "--concurrency", str(args.concurrency)]
+        with WorkerProcess(command, env) as worker:
+            warm_up(plan, worker)
+            result.p50_ms, result.p95_ms, result.p99_ms = measure_latency(plan, worker)
+            result.rounds = [measure_processing(plan, worker, plan.process_jobs) for _ in range(plan.process_rounds)]
+            result.processed = median_round(result.rounds)
+            if args.profile_with:
+                result.profile = profile_processing(plan, worker, args.profile_with, args.profile_jobs)
+    emit(result)
+    return 0
+
+
+def write_config(config_dir: Path, concurrency: int, claim_batch_size: int) -> None:
+    # `slow` is there because jobs/examples.py declares a job on it.
+    (config_dir / "queues.yml").write_text(
+        f"queues:\n  - name: {QUEUE}\n    concurrency: {concurrency}\n  - name: slow\n    concurrency: 2\n")
+    (config_dir / "dygo.yml").write_text(f"jobs: [jobs]\nclaim_batch_size: {claim_batch_size}\n")
+
+
+def dygo_version() -> str:
+    from importlib.metadata import version
+
+    return version("dygo")
+
+
+def truncate(plan: Plan) -> None:
+    with psycopg.connect(plan.url, autocommit=True) as conn:
+        conn.execute("TRUNCATE dygo_jobs")
+
+
+def last_id(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT coalesce(max(id), 0) FROM dygo_jobs").fetchone()
+    return row[0] if row else 0
+
+
+# --- 1 and 2: enqueue -----------------------------------------------------------------------------------
+
+
+def measure_enqueue_one(plan: Plan) -> float:
+    truncate(plan)
+    with psycopg.connect(plan.url, autocommit=True) as conn:
+        started = time.perf_counter()
+        for i in range(plan.one_jobs):
+            enqueue(conn, KIND, {"n": i})
+        seconds = time.perf_counter() - started
+    log(f"dygo: enqueued {plan.one_jobs} one at a time in {seconds:.2f}s ({rate(plan.one_jobs, seconds):,.0f}/s)")
+    truncate(plan)
+    return rate(plan.one_jobs, seconds)
+
+
+def measure_enqueue_batched(plan: Plan) -> float:
+    truncate(plan)
+    with psycopg.connect(plan.url, autocommit=True) as conn:
+        started = time.perf_counter()
+        for first in range(0, plan.batched_jobs, plan.batch_size):
+            count = min(plan.batch_size, plan.batched_jobs - first)
+            enqueue_many(conn, [JobRequest(KIND, {"n": first + i}) for i in range(count)])
+        seconds = time.perf_counter() - started
+    log(f"dygo: enqueued {plan.batched_jobs} in batches of {plan.batch_size} in {seconds:.2f}s "
+        f"({rate(plan.batched_jobs, seconds):,.0f}/s)")
+    truncate(plan)
+    return rate(plan.batched_jobs, seconds)
+
+
+# --- 3 and 4: the worker --------------------------------------------------------------------------------
+
+
+def count_succeeded(plan: Plan, after_id: int) -> int:
+    with psycopg.connect(plan.url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM dygo_jobs WHERE id > %s AND state = 'succeeded'",
+                           (after_id,)).fetchone()
+    return row[0] if row else 0
+
+
+def warm_up(plan: Plan, worker: WorkerProcess) -> None:
+    """One job through the worker: it is then started, listening and idle."""
+    with psycopg.connect(plan.url, autocommit=True) as conn:
+        before = last_id(conn)
+        enqueue(conn, KIND, {})
+    wait_for_rows(lambda: count_succeeded(plan, before), 1, worker, plan.timeout, "warm-up job")
+    time.sleep(0.5)
+
+
+def measure_latency(plan: Plan, worker: WorkerProcess) -> tuple[float, float, float]:
+    with psycopg.connect(plan.url, autocommit=True) as conn:
+        before = last_id(conn)
+        for i in paced(plan.latency_jobs, plan.latency_interval):
+            enqueue(conn, KIND, {"n": i})
+        wait_for_rows(lambda: count_succeeded(plan, before), plan.latency_jobs, worker, plan.timeout,
+                      "latency jobs")
+        rows = conn.execute(
+            "SELECT extract(epoch FROM started_at - enqueued_at) * 1000 FROM dygo_jobs WHERE id > %s",
+            (before,)).fetchall()
+    p50, p95, p99 = percentiles([float(r[0]) for r in rows])
+    log(f"dygo: latency over {len(rows)} jobs p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms")
+    return p50, p95, p99
+
+
+def measure_processing(plan: Plan, worker: WorkerProcess, jobs: int) -> ProcessingRound:
+    with psycopg.connect(plan.url, autocommit=True) as conn:
+        before = last_id(conn)
+        meter = CpuMeter(worker.pid).start()
+        enqueue_many(conn, [JobRequest(KIND, {"n": i}) for i in range(jobs)])
+        wait_for_rows(lambda: count_succeeded(plan, before), jobs, worker, plan.timeout, "processed jobs")
+        meter.stop()
+        row = conn.execute(
+            "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM dygo_jobs WHERE id > %s",
+            (before,)).fetchone()
+    seconds = float(row[0]) if row and row[0] is not None else float("nan")
+    result = ProcessingRound(jobs=jobs, seconds=round(seconds, 4), rate=rate(jobs, seconds),
+                             worker_cpu_seconds=round(meter.worker, 2), machine_busy_seconds=round(meter.machine, 2))
+    log(f"dygo: processed {jobs} in {seconds:.3f}s ({result.rate:,.0f}/s); worker CPU {meter.worker:.2f}s, "
+        f"machine busy {meter.machine:.2f} CPU-s")
+    return result
+
+
+def profile_processing(plan: Plan, worker: WorkerProcess, py_spy_binary: str, jobs: int) -> dict[str, object]:
+    raw = BENCH_DIR / "profiles" / "dygo-worker.txt"
+    with py_spy(py_spy_binary, worker.pid, raw):
+        profiled = measure_processing(plan, worker, jobs)
+    log(f"dygo: profiled round (py-spy attached) ran at {profiled.rate:,.0f}/s")
+    return summarise_profile(raw) if raw.exists() else {"error": "py-spy wrote no profile"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Claim order, SKIP LOCKED, lease renewal, fencing, settling and recovery of expired leases."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import psycopg
+
+from store import enqueue, enqueue_many
+from store.backoff import retry_delay
+from store.leases import Succeeded, Unsuccessful, claim, recover_expired, renew, settle
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def aconnect(url: str) -> psycopg.AsyncConnection:
+    return await psycopg.AsyncConnection.connect(url, autocommit=True)
+
+
+def claim_now(url: str, queue: str = "default", limit: int = 100, owner: str = "w1", ttl: float = 30):
+    async def go():
+        async with await aconnect(url) as conn:
+            return await claim(conn, queue, limit, owner, ttl)
+    return run(go())
+
+
+def state(conn, job_id: int) -> tuple:
+    return conn.execute("SELECT state, attempt, lease_owner IS NOT NULL FROM dygo_jobs WHERE id = %s",
+                        (job_id,)).fetchone()
+
+
+def test_claim_order_is_priority_then_run_at_then_id(conn, db_url):
+    low = enqueue(conn, "test.noop", {}, priority=0)
+    high = enqueue(conn, "test.noop", {}, priority=10)
+    older = enqueue(conn, "test.noop", {}, priority=0)
+    conn.execute("UPDATE dygo_jobs SET run_at = now() - interval '1 minute' WHERE id = %s", (older.id,))
+    future = enqueue(conn, "test.noop", {}, priority=99, delay="1h")
+    enqueue(conn, "test.context", {})  # another queue
+    claimed = claim_now(db_url)
+    assert [j.id for j in claimed] == [high.id, older.id, low.id]
+    assert future.id not in [j.id for j in claimed]
+    assert all(j.attempt == 1 and j.lease_token for j in claimed)
+    assert state(conn, high.id) == ("active", 1, True)
+
+
+def test_two_concurrent_claimers_skip_each_others_rows(conn, db_url):
+    enqueue_many(conn, [{"kind": "test.noop"}] * 10)
+
+    async def go():
+        async with await aconnect(db_url) as first, await aconnect(db_url) as second:
+            async with first.transaction():  # hold the first claim's row locks open
+                mine = await claim(first, "default", 6, "w1", 30)
+                theirs = await asyncio.wait_for(claim(second, "default", 6, "w2", 30), timeout=2)
+            return mine, theirs
+
+    mine, theirs = run(go())
+    assert len(mine) == 6 and len(theirs) == 4
+    assert not {j.id for j in mine} & {j.id for j in theirs}
+
+
+def test_settle_is_fenced_by_the_lease_token(conn, db_url):
+    job_id = enqueue(conn, "test.noop", {}).id
+    [stale] = claim_now(db_url, ttl=30)
+    conn.execute("UPDATE dygo_jobs SET lease_deadline = now() - interval '1s' WHERE id = %s", (job_id,))
+
+    async def go():
+        async with await aconnect(db_url) as c:
+            assert await recover_expired(c, max_reaps=3) == [(job_id, "pending")]
+            [fresh] = await claim(c, "default", 1, "w2", 30)
+            assert await settle(c, [Succeeded(stale, json.dumps("stale"))]) == set()
+            assert await settle(c, [Unsuccessful(stale, "dead", error="stale")]) == set()
+            assert await renew(c, [stale], 30) == set()
+            assert await renew(c, [fresh], 30) == {job_id}
+            assert await settle(c, [Succeeded(fresh, json.dumps("fresh"))]) == {job_id}
+
+    run(go())
+    assert conn.execute("SELECT state, result, lease_owner FROM dygo_jobs WHERE id = %s",
+                        (job_id,)).fetchone() == ("succeeded", "fresh", None)
+
+
+def test_failure_records_the_attempt_history_and_backoff(conn, db_url):
+    job_id = enqueue(conn, "test.noop", {}).id
+    [job] = claim_now(db_url)
+    delay = retry_delay(job.id, job.attempt, 15)
+
+    async def go():
+        async with await aconnect(db_url) as c:
+            await settle(c, [Unsuccessful(job, "pending", delay=delay, error="ValueError: boom", traceback="tb")])
+
+    run(go())
+    row = conn.execute("SELECT state, run_at - now() > interval '14 seconds', last_error, errors "
+                       "FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row[:3] == ("pending", True, "ValueError: boom")
+    [entry] = row[3]
+    assert (entry["attempt"], entry["error"], entry["traceback"], entry["worker"]) == (1, "ValueError: boom", "tb", "w1")
+
+
+def test_backoff_is_deterministic_and_exponential():
+    assert retry_delay(7, 3, 10) == retry_delay(7, 3, 10)
+    assert 40 <= retry_delay(7, 3, 10) < 50
+    assert retry_delay(7, 4, 10) > retry_delay(7, 3, 10)
+    assert retry_delay(7, 40, 10) <= 6 * 3600 * 1.25
+
+
+def test_expired_lease_is_recovered_then_dies_as_poison_after_max_reaps(conn, db_url):
+    job_id = enqueue(conn, "test.noop", {}).id
+
+    async def crash_once():
+        async with await aconnect(db_url) as c:
+            await claim(c, "default", 1, "crashy", 30)
+            await c.execute("UPDATE dygo_jobs SET lease_deadline = now() - interval '1s'")
+            return await recover_expired(c, max_reaps=2)
+
+    assert run(crash_once()) == [(job_id, "pending")]
+    assert state(conn, job_id) == ("pending", 0, False)  # the lost attempt is refunded
+    assert run(crash_once()) == [(job_id, "pending")]
+    assert run(crash_once()) == [(job_id, "dead")]
+    reaps, errors = conn.execute("SELECT reap_count, errors FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()
+    assert reaps == 3 and len(errors) == 3
+    assert "lease expired: worker crashy" in errors[0]["error"]
+
+
+def test_renewal_extends_the_lease(conn, db_url):
+    enqueue(conn, "test.noop", {})
+    [job] = claim_now(db_url, ttl=5)
+
+    async def go():
+        async with await aconnect(db_url) as c:
+            return await renew(c, [job], 600)
+
+    assert run(go()) == {job.id}
+    assert conn.execute("SELECT lease_deadline > now() + interval '500 seconds' FROM dygo_jobs").fetchone()[0]
+
+
+def test_snooze_and_hand_back_refund_the_attempt(conn, db_url):
+    enqueue_many(conn, [{"kind": "test.noop"}] * 2)
+    first, second = claim_now(db_url)
+
+    async def go():
+        async with await aconnect(db_url) as c:
+            await settle(c, [Unsuccessful(first, "pending", delay=60, refund_attempt=True),
+                             Unsuccessful(second, "pending", refund_attempt=True)])
+
+    run(go())
+    rows = conn.execute("SELECT attempt, run_at > now(), errors FROM dygo_jobs ORDER BY id").fetchall()
+    assert rows == [(0, True, []), (0, False, [])]
