@@ -101,11 +101,13 @@ class DygoProcess:
 
     def __init__(self, db_url: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.args = args
-        self.stderr_file = tempfile.NamedTemporaryFile(prefix="dygo-stderr-", suffix=".log", delete=False)
+        fd, path = tempfile.mkstemp(prefix="dygo-stderr-", suffix=".log")
+        self.stderr_path = Path(path)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "dygo", *args], cwd=REPO, env=env or dygo_env(db_url),
-            stdout=subprocess.PIPE, stderr=self.stderr_file, text=True,
+            stdout=subprocess.PIPE, stderr=fd, text=True,
         )
+        os.close(fd)
         self.lines: list[str] = []
 
     def wait_for_line(self, fragment: str, timeout: float = 20.0) -> str:
@@ -123,7 +125,7 @@ class DygoProcess:
                              f"stderr={self.stderr()[-3000:]}")
 
     def stderr(self) -> str:
-        return Path(self.stderr_file.name).read_text()
+        return self.stderr_path.read_text()
 
     def signal(self, sig: int) -> None:
         self.process.send_signal(sig)

@@ -38,7 +38,7 @@ def test_once_runs_one_batch_then_exits_0(conn, spawn):
     assert "ran 3 job(s) once" in "".join(process.lines)
     states = conn.execute("SELECT array_agg(DISTINCT state) FROM dygo_jobs WHERE id = ANY(%s)", (ids,)).fetchone()[0]
     assert states == ["succeeded"]
-    assert "job %d test.record attempt 1/20 succeeded" % ids[0] in process.stderr()
+    assert f"job {ids[0]} test.record attempt 1/20 succeeded" in process.stderr()
 
 
 def test_stdout_has_lifecycle_lines_and_stderr_one_line_per_execution(conn, worker):
