@@ -90,7 +90,8 @@ class ProcessingRound:
     seconds: float  # last settle - first claim, from the rows
     rate: float
     worker_cpu_seconds: float  # CPU the worker process used during the round
-    machine_busy_seconds: float  # CPU all processes used (both cores), worker + PostgreSQL + this script
+    postgres_cpu_seconds: float  # CPU the PostgreSQL server processes used during the round
+    machine_busy_seconds: float  # CPU all processes used (both cores): worker + PostgreSQL + this script
 
 
 @dataclass
@@ -194,21 +195,43 @@ def machine_busy_seconds() -> float:
     return (sum(values[:8]) - idle) / CLOCK_TICKS
 
 
+def postgres_cpu_seconds() -> dict[int, float]:
+    """CPU of every PostgreSQL server process (postmaster, backends, background workers), by pid."""
+    found: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    found[int(entry.name)] = process_cpu_seconds(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 @dataclass
 class CpuMeter:
-    """CPU used by `pid` and by the whole machine between start() and stop()."""
+    """CPU used between start() and stop() by one process, by PostgreSQL, and by the whole machine.
+
+    PostgreSQL's share counts the server processes alive at stop(); the benchmark keeps its
+    connections open, so only short-lived helper processes can be missed.
+    """
 
     pid: int
     worker: float = 0.0
+    postgres: float = 0.0
     machine: float = 0.0
+    _postgres_before: dict[int, float] = field(default_factory=dict)
 
     def start(self) -> CpuMeter:
         self.worker, self.machine = -process_cpu_seconds(self.pid), -machine_busy_seconds()
+        self._postgres_before = postgres_cpu_seconds()
         return self
 
     def stop(self) -> CpuMeter:
         self.worker += process_cpu_seconds(self.pid)
         self.machine += machine_busy_seconds()
+        after = postgres_cpu_seconds()
+        self.postgres = sum(cpu - self._postgres_before.get(pid, 0.0) for pid, cpu in after.items())
         return self
 
 

@@ -139,10 +139,8 @@ def measure_enqueue_batched(plan: Plan) -> float:
 # --- 3 and 4: the worker --------------------------------------------------------------------------------
 
 
-def count_succeeded(plan: Plan, after_id: int) -> int:
-    with psycopg.connect(plan.url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM dygo_jobs WHERE id > %s AND state = 'succeeded'",
-                           (after_id,)).fetchone()
+def count_succeeded(conn: psycopg.Connection, after_id: int) -> int:
+    row = conn.execute("SELECT count(*) FROM dygo_jobs WHERE id > %s AND state = 'succeeded'", (after_id,)).fetchone()
     return row[0] if row else 0
 
 
@@ -151,7 +149,7 @@ def warm_up(plan: Plan, worker: WorkerProcess) -> None:
     with psycopg.connect(plan.url, autocommit=True) as conn:
         before = last_id(conn)
         enqueue(conn, KIND, {})
-    wait_for_rows(lambda: count_succeeded(plan, before), 1, worker, plan.timeout, "warm-up job")
+        wait_for_rows(lambda: count_succeeded(conn, before), 1, worker, plan.timeout, "warm-up job")
     time.sleep(0.5)
 
 
@@ -160,7 +158,7 @@ def measure_latency(plan: Plan, worker: WorkerProcess) -> tuple[float, float, fl
         before = last_id(conn)
         for i in paced(plan.latency_jobs, plan.latency_interval):
             enqueue(conn, KIND, {"n": i})
-        wait_for_rows(lambda: count_succeeded(plan, before), plan.latency_jobs, worker, plan.timeout,
+        wait_for_rows(lambda: count_succeeded(conn, before), plan.latency_jobs, worker, plan.timeout,
                       "latency jobs")
         rows = conn.execute(
             "SELECT extract(epoch FROM started_at - enqueued_at) * 1000 FROM dygo_jobs WHERE id > %s",
@@ -173,18 +171,19 @@ def measure_latency(plan: Plan, worker: WorkerProcess) -> tuple[float, float, fl
 def measure_processing(plan: Plan, worker: WorkerProcess, jobs: int) -> ProcessingRound:
     with psycopg.connect(plan.url, autocommit=True) as conn:
         before = last_id(conn)
-        meter = CpuMeter(worker.pid).start()
         enqueue_many(conn, [JobRequest(KIND, {"n": i}) for i in range(jobs)])
-        wait_for_rows(lambda: count_succeeded(plan, before), jobs, worker, plan.timeout, "processed jobs")
+        meter = CpuMeter(worker.pid).start()
+        wait_for_rows(lambda: count_succeeded(conn, before), jobs, worker, plan.timeout, "processed jobs")
         meter.stop()
         row = conn.execute(
             "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM dygo_jobs WHERE id > %s",
             (before,)).fetchone()
     seconds = float(row[0]) if row and row[0] is not None else float("nan")
     result = ProcessingRound(jobs=jobs, seconds=round(seconds, 4), rate=rate(jobs, seconds),
-                             worker_cpu_seconds=round(meter.worker, 2), machine_busy_seconds=round(meter.machine, 2))
-    log(f"dygo: processed {jobs} in {seconds:.3f}s ({result.rate:,.0f}/s); worker CPU {meter.worker:.2f}s, "
-        f"machine busy {meter.machine:.2f} CPU-s")
+                             worker_cpu_seconds=round(meter.worker, 2), postgres_cpu_seconds=round(meter.postgres, 2),
+                             machine_busy_seconds=round(meter.machine, 2))
+    log(f"dygo: processed {jobs} in {seconds:.3f}s ({result.rate:,.0f}/s); CPU: worker {meter.worker:.2f}s, "
+        f"PostgreSQL {meter.postgres:.2f}s, machine {meter.machine:.2f}s")
     return result
 
 

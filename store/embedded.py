@@ -17,6 +17,7 @@ Traps of the package handled here:
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -94,6 +95,9 @@ def ensure_running(data_dir: Path) -> str:
         _prune_dead_handles(pgdata)
     for attempt in range(2):
         server = get_server(pgdata, cleanup_mode=None)
+        # The server outlives this process by design: drop the package's per-process handle.
+        atexit.unregister(server._cleanup)
+        server.global_process_id_list.get_and_remove(os.getpid())
         url = server.get_uri()
         if _can_connect(url):
             return url

@@ -1,0 +1,45 @@
+"""`dygo migrate`: applies once, reports, is safe to run twice at once; version checks."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from store.errors import SchemaError
+from store.migrate import available_migrations, check_version, latest_version
+from tests.conftest import dygo_env
+
+
+@pytest.fixture
+def empty_db(server_url):
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS dygo_migrate_test WITH (FORCE)")
+        admin.execute("CREATE DATABASE dygo_migrate_test")
+    yield make_conninfo(server_url, dbname="dygo_migrate_test")
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS dygo_migrate_test WITH (FORCE)")
+
+
+def test_two_concurrent_migrates_apply_each_migration_once(empty_db, spawn):
+    env = dygo_env(empty_db)
+    processes = [spawn("migrate", env=env) for _ in range(2)]
+    assert [p.wait() for p in processes] == [0, 0]
+    outputs = sorted("".join(p.lines) for p in processes)
+    assert outputs == sorted(["applied 0001_jobs\n", "schema is up to date\n"])
+    with psycopg.connect(empty_db) as conn:
+        assert conn.execute("SELECT version FROM dygo_migrations").fetchall() == [(1,)]
+
+
+def test_migrations_are_numbered_plain_sql_files():
+    versions = [m.version for m in available_migrations()]
+    assert versions == sorted(set(versions)) and versions[0] == 1
+    assert all(m.path.suffix == ".sql" for m in available_migrations())
+
+
+def test_outdated_or_newer_schema_is_refused_with_what_to_do():
+    with pytest.raises(SchemaError, match="run `dygo migrate`"):
+        check_version(None)
+    with pytest.raises(SchemaError, match="newer than this code"):
+        check_version(latest_version() + 1)
+    check_version(latest_version())
