@@ -1,0 +1,204 @@
+"""pgqueuer's side of the benchmark (run by run.py with `.venv-bench`; prints one JSON Result line).
+
+    .venv-bench/bin/python bench/peer_pgqueuer.py --url postgresql://postgres@/bench_pgqueuer?host=...
+
+Set up as pgqueuer's own documentation and benchmark (tools/benchmark.py) do: the asyncpg driver,
+`Queries.enqueue` with lists for batches, and the worker started by its CLI,
+`pgq run peer_pgqueuer:create_worker --batch-size N`, which runs on uvloop when installed (it is,
+as a pgqueuer dependency). Tables are `durable` (pgqueuer's default): logged, as dygo's are.
+Its timestamps are in `pgqueuer_log` (one row per status: queued, picked, successful), whose
+`created` is `now()` of the writing transaction, like dygo's columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import version
+from pathlib import Path
+
+import asyncpg
+from common import (
+    BENCH_DIR,
+    CpuMeter,
+    Plan,
+    ProcessingRound,
+    Result,
+    WorkerProcess,
+    add_plan_arguments,
+    emit,
+    log,
+    median_round,
+    percentiles,
+    plan_from,
+    rate,
+    wait_until,
+)
+from pgqueuer import AsyncpgDriver, PgQueuer, Queries
+from pgqueuer.models import Job
+
+ENTRYPOINT = "noop"
+
+
+# --- the worker's factory (imported by `pgq run` in the worker subprocess) -------------------------------
+
+
+@asynccontextmanager
+async def create_worker() -> AsyncIterator[PgQueuer]:
+    connection = await asyncpg.connect(os.environ["BENCH_URL"])
+    pgq = PgQueuer(AsyncpgDriver(connection))
+
+    @pgq.entrypoint(ENTRYPOINT)
+    async def noop(job: Job) -> None:
+        """Does nothing, like dygo's example.noop."""
+
+    try:
+        yield pgq
+    finally:
+        await connection.close()
+
+
+# --- the measurements -----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_plan_arguments(parser)
+    parser.add_argument("--worker-batch-size", type=int, default=10,
+                        help="pgq run --batch-size (pgqueuer's default and its benchmark's: 10)")
+    args = parser.parse_args()
+    result = asyncio.run(run(plan_from(args), args.worker_batch_size))
+    emit(result)
+    return 0
+
+
+async def run(plan: Plan, worker_batch_size: int) -> Result:
+    connection = await asyncpg.connect(plan.url)
+    queries = Queries(AsyncpgDriver(connection))
+    await queries.install()
+    result = Result(
+        system="pgqueuer", version=version("pgqueuer"),
+        settings=f"pgq run --batch-size {worker_batch_size} (asyncpg, uvloop, durable tables); "
+                 f"Queries.enqueue lists of {plan.batch_size}",
+    )
+    result.enqueue_one = await measure_enqueue_one(plan, queries, connection)
+    result.enqueue_batched = await measure_enqueue_batched(plan, queries, connection)
+    command = [str(Path(sys.executable).with_name("pgq")), "run", "peer_pgqueuer:create_worker",
+               "--batch-size", str(worker_batch_size), "--log-level", "WARNING"]
+    postmaster = await postmaster_pid(connection)
+    with WorkerProcess(command, {"BENCH_URL": plan.url}, cwd=BENCH_DIR) as worker:
+        await warm_up(plan, queries, connection, worker)
+        result.p50_ms, result.p95_ms, result.p99_ms = await measure_latency(plan, queries, connection, worker)
+        for _ in range(plan.process_rounds):
+            result.rounds.append(await measure_processing(plan, queries, connection, worker, postmaster))
+        result.processed = median_round(result.rounds)
+    await connection.close()
+    return result
+
+
+async def truncate(connection: asyncpg.Connection) -> None:
+    await connection.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")
+
+
+async def last_id(connection: asyncpg.Connection) -> int:
+    return await connection.fetchval("SELECT coalesce(max(job_id), 0) FROM pgqueuer_log")
+
+
+async def postmaster_pid(connection: asyncpg.Connection) -> int:
+    backend = await connection.fetchval("SELECT pg_backend_pid()")
+    return int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def measure_enqueue_one(plan: Plan, queries: Queries, connection: asyncpg.Connection) -> float:
+    await truncate(connection)
+    started = time.perf_counter()
+    for _ in range(plan.one_jobs):
+        await queries.enqueue(ENTRYPOINT, None)
+    seconds = time.perf_counter() - started
+    log(f"pgqueuer: enqueued {plan.one_jobs} one at a time in {seconds:.2f}s ({rate(plan.one_jobs, seconds):,.0f}/s)")
+    await truncate(connection)
+    return rate(plan.one_jobs, seconds)
+
+
+async def enqueue_batch(queries: Queries, count: int) -> None:
+    await queries.enqueue([ENTRYPOINT] * count, [None] * count, [0] * count)
+
+
+async def measure_enqueue_batched(plan: Plan, queries: Queries, connection: asyncpg.Connection) -> float:
+    await truncate(connection)
+    started = time.perf_counter()
+    for first in range(0, plan.batched_jobs, plan.batch_size):
+        await enqueue_batch(queries, min(plan.batch_size, plan.batched_jobs - first))
+    seconds = time.perf_counter() - started
+    log(f"pgqueuer: enqueued {plan.batched_jobs} in batches of {plan.batch_size} in {seconds:.2f}s "
+        f"({rate(plan.batched_jobs, seconds):,.0f}/s)")
+    await truncate(connection)
+    return rate(plan.batched_jobs, seconds)
+
+
+async def wait_for_successes(connection: asyncpg.Connection, after_id: int, expected: int, worker: WorkerProcess,
+                             timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        worker.check_alive()
+        done = await connection.fetchval(
+            "SELECT count(*) FROM pgqueuer_log WHERE job_id > $1 AND status = 'successful'", after_id)
+        if done >= expected:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pgqueuer: {done} of {expected} jobs done after {timeout:g}s")
+        await asyncio.sleep(0.2)
+
+
+async def warm_up(plan: Plan, queries: Queries, connection: asyncpg.Connection, worker: WorkerProcess) -> None:
+    before = await last_id(connection)
+    await queries.enqueue(ENTRYPOINT, None)
+    await wait_for_successes(connection, before, 1, worker, plan.timeout)
+    await asyncio.sleep(0.5)
+
+
+async def measure_latency(plan: Plan, queries: Queries, connection: asyncpg.Connection,
+                          worker: WorkerProcess) -> tuple[float, float, float]:
+    before = await last_id(connection)
+    start = time.perf_counter()
+    for i in range(plan.latency_jobs):
+        delay = start + i * plan.latency_interval - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await queries.enqueue(ENTRYPOINT, None)
+    await wait_for_successes(connection, before, plan.latency_jobs, worker, plan.timeout)
+    rows = await connection.fetch(
+        """SELECT extract(epoch FROM p.created - q.created) * 1000 AS ms
+           FROM pgqueuer_log q JOIN pgqueuer_log p ON p.job_id = q.job_id AND p.status = 'picked'
+           WHERE q.job_id > $1 AND q.status = 'queued'""", before)
+    p50, p95, p99 = percentiles([float(r["ms"]) for r in rows])
+    log(f"pgqueuer: latency over {len(rows)} jobs p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms")
+    return p50, p95, p99
+
+
+async def measure_processing(plan: Plan, queries: Queries, connection: asyncpg.Connection, worker: WorkerProcess,
+                             postmaster: int) -> ProcessingRound:
+    before = await last_id(connection)
+    await enqueue_batch(queries, plan.process_jobs)
+    meter = CpuMeter(worker.pid, postmaster).start()
+    await wait_for_successes(connection, before, plan.process_jobs, worker, plan.timeout)
+    meter.stop()
+    seconds = float(await connection.fetchval(
+        """SELECT extract(epoch FROM max(created) FILTER (WHERE status = 'successful')
+                                   - min(created) FILTER (WHERE status = 'picked'))
+           FROM pgqueuer_log WHERE job_id > $1""", before))
+    result = ProcessingRound(jobs=plan.process_jobs, seconds=round(seconds, 4), rate=rate(plan.process_jobs, seconds),
+                             worker_cpu_seconds=round(meter.worker, 2), postgres_cpu_seconds=round(meter.postgres, 2),
+                             machine_busy_seconds=round(meter.machine, 2))
+    log(f"pgqueuer: processed {plan.process_jobs} in {seconds:.3f}s ({result.rate:,.0f}/s); CPU: worker "
+        f"{meter.worker:.2f}s, PostgreSQL {meter.postgres:.2f}s, machine {meter.machine:.2f}s")
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
