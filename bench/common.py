@@ -195,28 +195,36 @@ def machine_busy_seconds() -> float:
     return (sum(values[:8]) - idle) / CLOCK_TICKS
 
 
-def postgres_cpu_seconds() -> dict[int, float]:
-    """CPU of every PostgreSQL server process (postmaster, backends, background workers), by pid."""
-    found: dict[int, float] = {}
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def server_cpu_seconds(postmaster: int) -> dict[int, float]:
+    """CPU of one PostgreSQL server's processes (postmaster, backends, background workers), by pid.
+
+    Filtered by parent so another server on the machine (a test suite's) is not counted.
+    """
+    found = {postmaster: process_cpu_seconds(postmaster)}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().strip() == "postgres":
+                if parent_pid(int(entry.name)) == postmaster:
                     found[int(entry.name)] = process_cpu_seconds(int(entry.name))
-            except OSError:
+            except (OSError, ValueError, IndexError):
                 continue
     return found
 
 
 @dataclass
 class CpuMeter:
-    """CPU used between start() and stop() by one process, by PostgreSQL, and by the whole machine.
+    """CPU used between start() and stop() by one process, by a PostgreSQL server, and by the machine.
 
-    PostgreSQL's share counts the server processes alive at stop(); the benchmark keeps its
-    connections open, so only short-lived helper processes can be missed.
+    The server's share counts its processes alive at stop(); the benchmark keeps its connections
+    open, so only short-lived ones (an autovacuum worker) can be missed.
     """
 
     pid: int
+    postmaster: int  # parent of every backend: parent_pid(connection's backend pid)
     worker: float = 0.0
     postgres: float = 0.0
     machine: float = 0.0
@@ -224,13 +232,13 @@ class CpuMeter:
 
     def start(self) -> CpuMeter:
         self.worker, self.machine = -process_cpu_seconds(self.pid), -machine_busy_seconds()
-        self._postgres_before = postgres_cpu_seconds()
+        self._postgres_before = server_cpu_seconds(self.postmaster)
         return self
 
     def stop(self) -> CpuMeter:
         self.worker += process_cpu_seconds(self.pid)
         self.machine += machine_busy_seconds()
-        after = postgres_cpu_seconds()
+        after = server_cpu_seconds(self.postmaster)
         self.postgres = sum(cpu - self._postgres_before.get(pid, 0.0) for pid, cpu in after.items())
         return self
 

@@ -29,6 +29,7 @@ from common import (
     log,
     median_round,
     paced,
+    parent_pid,
     percentiles,
     plan_from,
     py_spy,
@@ -172,7 +173,7 @@ def measure_processing(plan: Plan, worker: WorkerProcess, jobs: int) -> Processi
     with psycopg.connect(plan.url, autocommit=True) as conn:
         before = last_id(conn)
         enqueue_many(conn, [JobRequest(KIND, {"n": i}) for i in range(jobs)])
-        meter = CpuMeter(worker.pid).start()
+        meter = CpuMeter(worker.pid, parent_pid(conn.info.backend_pid)).start()
         wait_for_rows(lambda: count_succeeded(conn, before), jobs, worker, plan.timeout, "processed jobs")
         meter.stop()
         row = conn.execute(

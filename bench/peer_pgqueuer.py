@@ -34,10 +34,10 @@ from common import (
     emit,
     log,
     median_round,
+    parent_pid,
     percentiles,
     plan_from,
     rate,
-    wait_until,
 )
 from pgqueuer import AsyncpgDriver, PgQueuer, Queries
 from pgqueuer.models import Job
@@ -110,8 +110,7 @@ async def last_id(connection: asyncpg.Connection) -> int:
 
 
 async def postmaster_pid(connection: asyncpg.Connection) -> int:
-    backend = await connection.fetchval("SELECT pg_backend_pid()")
-    return int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return parent_pid(await connection.fetchval("SELECT pg_backend_pid()"))
 
 
 async def measure_enqueue_one(plan: Plan, queries: Queries, connection: asyncpg.Connection) -> float:

@@ -240,3 +240,15 @@ def test_worker_and_serve_refuse_to_start_without_the_schema(server_url, spawn, 
         process = spawn(command, env=env)
         assert process.wait() == 1
         assert "run `dygo migrate`" in process.stderr()
+
+
+def test_lease_is_renewed_while_a_long_job_runs(conn, spawn):
+    job = enqueue(conn, "test.record", {"seconds": 5})  # lease TTL is 2 s in tests
+    runner = spawn("worker", "--queue", "default")
+    runner.wait_for_line("started")
+    wait_until(lambda: job_row(conn, job.id)["state"] == "active")
+    rival = spawn("worker", "--queue", "default")  # would recover the job if its lease lapsed
+    rival.wait_for_line("started")
+    row = wait_for_state(conn, job.id, "succeeded", timeout=15)
+    assert (row["reap_count"], row["attempt"], row["errors"]) == (0, 1, [])
+    assert conn.execute("SELECT count(*) FROM test_runs").fetchone()[0] == 1
