@@ -80,17 +80,19 @@ class Executor:
 
     @staticmethod
     def _log(job: ClaimedJob, outcome: Outcome, elapsed: float) -> None:
+        """One line per execution: `job 12 email.send attempt 1/5 failed in 2ms, retry in 1.2s: ...`."""
         if isinstance(outcome, Succeeded):
-            word, level = "succeeded", logging.INFO
+            word, detail, level = "succeeded", "", logging.INFO
         elif outcome.state == "dead":
-            word, level = f"dead: {outcome.error}", logging.WARNING
+            word, detail, level = "dead", f": {outcome.error}", logging.WARNING
         elif outcome.refund_attempt:
-            word, level = f"snoozed for {format_duration(outcome.delay)}", logging.INFO
+            word, detail, level = "snoozed", f", again in {format_duration(outcome.delay)}", logging.INFO
         else:
-            word, level = f"failed, retry in {format_duration(outcome.delay)}: {outcome.error}", logging.WARNING
+            word, detail, level = "failed", f", retry in {format_duration(outcome.delay)}: {outcome.error}", \
+                logging.WARNING
         if log.isEnabledFor(level):
-            log.log(level, "job %s %s attempt %s/%s %s in %s", job.id, job.kind, job.attempt,
-                    job.max_attempts, word, format_duration(elapsed))
+            log.log(level, "job %s %s attempt %s/%s %s in %s%s", job.id, job.kind, job.attempt, job.max_attempts,
+                    word, format_duration(elapsed), detail)
 
 
 def run_in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
