@@ -50,7 +50,8 @@ class Executor:
                 call = definition.handler(ctx, args)
             else:
                 call = run_in_daemon_thread(definition.handler, ctx, args)
-            result = await asyncio.wait_for(call, timeout or None)
+            async with asyncio.timeout(timeout or None):
+                result = await call
             return Succeeded(job, None if result is None else json.dumps(result))
         except asyncio.CancelledError:
             raise

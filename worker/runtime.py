@@ -83,13 +83,12 @@ class Worker:
         self.outbox_ready = asyncio.Event()
         self.stopping = asyncio.Event()
         self.last_recovery = 0.0
-        self.pool: AsyncConnectionPool | None = None
+        self.pool = AsyncConnectionPool(url, min_size=1, max_size=len(self.slots) + 4,
+                                        kwargs={"autocommit": True}, open=False)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        self.pool = AsyncConnectionPool(self.url, min_size=1, max_size=len(self.slots) + 4,
-                                        kwargs={"autocommit": True}, open=False)
         await self.pool.open(wait=True, timeout=30)
         try:
             async with self.pool.connection() as conn:
@@ -132,7 +131,7 @@ class Worker:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         await self._flush()
-        async with self.pool.connection() as conn:  # type: ignore[union-attr]
+        async with self.pool.connection() as conn:
             await leases.worker_gone(conn, self.id)
         say(f"dygo worker {self.id} stopped")
         return 0
@@ -184,7 +183,7 @@ class Worker:
                 await asyncio.wait_for(slots.wake.wait(), wait)
 
     async def _claim(self, slots: QueueSlots, limit: int) -> list[ClaimedJob]:
-        async with self.pool.connection() as conn:  # type: ignore[union-attr]
+        async with self.pool.connection() as conn:
             claimed = await leases.claim(conn, slots.name, limit, self.id, self.settings.lease_ttl)
         for job in claimed:
             self.leased[job.id] = job
@@ -194,7 +193,7 @@ class Worker:
 
     async def _idle_wait(self, slots: QueueSlots) -> float:
         """Sleep until the next pending job is due, or the poll interval, whichever is first."""
-        async with self.pool.connection() as conn:  # type: ignore[union-attr]
+        async with self.pool.connection() as conn:
             due_in = await leases.seconds_to_next_run(conn, [slots.name])
         wait = self.options.poll_interval
         if due_in is not None:
@@ -226,7 +225,7 @@ class Worker:
             # Removed from the outbox only once settled, so a cancelled flush loses nothing.
             batch = self.outbox[:SETTLE_BATCH]
             try:
-                async with self.pool.connection() as conn:  # type: ignore[union-attr]
+                async with self.pool.connection() as conn:
                     settled = await leases.settle(conn, batch)
                 del self.outbox[:len(batch)]
             except (psycopg.Error, OSError) as exc:
@@ -246,7 +245,7 @@ class Worker:
             await asyncio.sleep(self.settings.lease_ttl / 2)
             jobs = list(self.leased.values())
             try:
-                async with self.pool.connection() as conn:  # type: ignore[union-attr]
+                async with self.pool.connection() as conn:
                     held = await leases.renew(conn, jobs, self.settings.lease_ttl)
             except (psycopg.Error, OSError) as exc:
                 log.warning("renewing %d lease(s) failed: %s", len(jobs), exc)
@@ -264,18 +263,18 @@ class Worker:
             try:
                 await self._heartbeat()
                 await self._recover()
-                async with self.pool.connection() as conn:  # type: ignore[union-attr]
+                async with self.pool.connection() as conn:
                     await leases.forget_stale_workers(conn, HEARTBEAT_INTERVAL * 12)
             except (psycopg.Error, OSError) as exc:
                 log.warning("maintenance failed: %s", exc)
 
     async def _heartbeat(self) -> None:
-        async with self.pool.connection() as conn:  # type: ignore[union-attr]
+        async with self.pool.connection() as conn:
             await leases.heartbeat(conn, self.id, socket.gethostname(), os.getpid(), self.options.queues)
 
     async def _recover(self) -> None:
         self.last_recovery = time.monotonic()
-        async with self.pool.connection() as conn:  # type: ignore[union-attr]
+        async with self.pool.connection() as conn:
             recovered = await leases.recover_expired(conn, self.settings.max_reaps)
         for job_id, state in recovered:
             log.warning("job %s: lease expired, %s", job_id,
