@@ -36,6 +36,7 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
+OUTPUT_DIR = ROOT / ".dygo" / "bench"  # profiles; .dygo/ is git-ignored
 
 
 # --- the plan ---------------------------------------------------------------------------------------
@@ -47,6 +48,7 @@ class Plan:
     one_jobs: int = 5_000
     batched_jobs: int = 50_000
     batch_size: int = 5_000
+    enqueue_rounds: int = 3  # each enqueue figure is the median of this many rounds
     process_jobs: int = 10_000
     process_rounds: int = 3
     latency_jobs: int = 200
@@ -60,6 +62,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--one-jobs", type=int, default=defaults.one_jobs)
     parser.add_argument("--batched-jobs", type=int, default=defaults.batched_jobs)
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--enqueue-rounds", type=int, default=defaults.enqueue_rounds)
     parser.add_argument("--process-jobs", type=int, default=defaults.process_jobs)
     parser.add_argument("--process-rounds", type=int, default=defaults.process_rounds)
     parser.add_argument("--latency-jobs", type=int, default=defaults.latency_jobs)
@@ -68,17 +71,15 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def plan_from(args: argparse.Namespace) -> Plan:
-    return Plan(url=args.url, one_jobs=args.one_jobs, batched_jobs=args.batched_jobs, batch_size=args.batch_size,
-                process_jobs=args.process_jobs, process_rounds=args.process_rounds, latency_jobs=args.latency_jobs,
-                latency_interval=args.latency_interval, timeout=args.timeout)
+    return Plan(**{name: getattr(args, name) for name in Plan.__dataclass_fields__})
 
 
 def plan_arguments(plan: Plan) -> list[str]:
     """The command-line flags that give a script `plan` (run.py passes them on)."""
-    return ["--url", plan.url, "--one-jobs", str(plan.one_jobs), "--batched-jobs", str(plan.batched_jobs),
-            "--batch-size", str(plan.batch_size), "--process-jobs", str(plan.process_jobs),
-            "--process-rounds", str(plan.process_rounds), "--latency-jobs", str(plan.latency_jobs),
-            "--latency-interval", str(plan.latency_interval), "--timeout", str(plan.timeout)]
+    flags: list[str] = []
+    for name, value in asdict(plan).items():
+        flags += [f"--{name.replace('_', '-')}", str(value)]
+    return flags
 
 
 # --- results ----------------------------------------------------------------------------------------
@@ -99,12 +100,14 @@ class Result:
     system: str
     version: str
     settings: str  # how the worker and the enqueues were configured
-    enqueue_one: float = 0.0  # jobs/s
-    enqueue_batched: float = 0.0  # jobs/s
+    enqueue_one: float = 0.0  # jobs/s, median of the rounds
+    enqueue_batched: float = 0.0  # jobs/s, median of the rounds
     processed: float = 0.0  # jobs/s, median of the rounds
     p50_ms: float = 0.0
     p95_ms: float = 0.0
     p99_ms: float = 0.0
+    enqueue_one_rounds: list[float] = field(default_factory=list)
+    enqueue_batched_rounds: list[float] = field(default_factory=list)
     rounds: list[ProcessingRound] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     profile: dict[str, Any] | None = None
@@ -144,6 +147,13 @@ def percentiles(values_ms: Sequence[float]) -> tuple[float, float, float]:
 
 def median_round(rounds: Sequence[ProcessingRound]) -> float:
     return statistics.median(r.rate for r in rounds) if rounds else 0.0
+
+
+def enqueue_rates(system: str, what: str, jobs: int, seconds: Sequence[float]) -> tuple[float, list[float]]:
+    """The median rate of the enqueue rounds, and every round's rate; logs them."""
+    rates = [rate(jobs, s) for s in seconds]
+    log(f"{system}: enqueue {what}: {jobs} jobs per round, {', '.join(f'{r:,.0f}' for r in rates)} jobs/s")
+    return statistics.median(rates), rates
 
 
 # --- timing ------------------------------------------------------------------------------------------
@@ -303,11 +313,11 @@ def wait_for_rows(count_done: Callable[[], int], expected: int, worker: WorkerPr
     wait_until(done, timeout, f"{expected} {what}", interval=0.2)
 
 
-# --- profiles (py-spy --format raw: "frame;frame;... count" lines) -------------------------------------------
+# --- profiles (py-spy --format raw: "func (pkg/module.py);func (...);... count" lines) ------------------------
 
 
 @contextlib.contextmanager
-def py_spy(py_spy_binary: str | None, pid: int, output: Path, rate_hz: int = 250) -> Iterator[None]:
+def py_spy(py_spy_binary: str | None, pid: int, output: Path, rate_hz: int = 500) -> Iterator[None]:
     """Sample `pid` with py-spy while the block runs; no-op without a py-spy binary."""
     if not py_spy_binary:
         yield
@@ -328,12 +338,16 @@ def py_spy(py_spy_binary: str | None, pid: int, output: Path, rate_hz: int = 250
         except subprocess.TimeoutExpired:
             recorder.kill()
             _, errors = recorder.communicate()
-        if recorder.returncode not in (0, -signal.SIGINT) and not output.exists():
-            log(f"py-spy failed ({recorder.returncode}): {errors.strip()[-500:]}")
+        if not output.exists():
+            log(f"py-spy wrote no profile ({recorder.returncode}): {errors.strip()[-500:]}")
+
+
+PROJECT_DIRS = ("store/", "worker/", "jobs/")  # not dygo/: its CLI frames are under every sample
 
 
 def summarise_profile(raw: Path, top: int = 15) -> dict[str, Any]:
-    """Top functions by own time (leaf frames) and by total time (anywhere on the stack)."""
+    """Top functions by own time (leaf frames, any code) and by total time (dygo's own functions only:
+    the frames above them are the event loop, the same in every sample)."""
     own: dict[str, int] = {}
     total: dict[str, int] = {}
     samples = 0
@@ -342,30 +356,17 @@ def summarise_profile(raw: Path, top: int = 15) -> dict[str, Any]:
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        frames = [_short_frame(f) for f in stack.split(";")]
-        frames = [f for f in frames if f]
+        frames = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
         if not frames:
             continue
         samples += count
         own[frames[-1]] = own.get(frames[-1], 0) + count
         for frame in set(frames):
-            total[frame] = total.get(frame, 0) + count
+            if any(f"({d}" in frame for d in PROJECT_DIRS):
+                total[frame] = total.get(frame, 0) + count
 
     def ranked(table: dict[str, int]) -> list[tuple[str, float]]:
         best = sorted(table.items(), key=lambda item: item[1], reverse=True)[:top]
         return [(name, round(100 * count / samples, 1)) for name, count in best]
 
     return {"samples": samples, "own": ranked(own), "total": ranked(total), "raw": str(raw)}
-
-
-def _short_frame(frame: str) -> str:
-    """'func (/long/path/site-packages/pkg/mod.py:12)' -> 'func (pkg/mod.py:12)'; drops process/thread labels."""
-    if frame.startswith(("process ", "thread ")):
-        return ""
-    name, _, where = frame.partition(" (")
-    where = where.rstrip(")")
-    for marker in ("site-packages/", "lib/python3.11/", str(ROOT) + "/"):
-        if marker in where:
-            where = where.split(marker, 1)[1]
-            break
-    return f"{name} ({where})" if where else name

@@ -1,6 +1,6 @@
 """dygo's side of the benchmark (run by run.py with dygo's own .venv; prints one JSON Result line).
 
-    .venv/bin/python bench/dygo_bench.py --url postgresql://...dbname=bench_dygo [--profile-with PY_SPY]
+    .venv/bin/python bench/dygo_bench.py --url postgresql://postgres@/bench_dygo?host=... [--profile-with PY_SPY]
 
 The worker is the real `dygo worker --queue default --concurrency 200` subprocess, configured
 for throughput through a config directory written here (DYGO_CONFIG_DIR):
@@ -14,11 +14,12 @@ import argparse
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import psycopg
 from common import (
-    BENCH_DIR,
+    OUTPUT_DIR,
     CpuMeter,
     Plan,
     ProcessingRound,
@@ -26,6 +27,7 @@ from common import (
     WorkerProcess,
     add_plan_arguments,
     emit,
+    enqueue_rates,
     log,
     median_round,
     paced,
@@ -51,10 +53,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_plan_arguments(parser)
     parser.add_argument("--concurrency", type=int, default=200)
-    parser.add_argument("--claim-batch-size", type=int, default=200)
+    parser.add_argument("--claim-batch-size", type=int, default=100, help="dygo.yml claim_batch_size (default 100)")
     parser.add_argument("--log-level", default="WARNING", help="the worker's DYGO_LOG_LEVEL")
     parser.add_argument("--profile-with", metavar="PY_SPY", help="py-spy binary: profile one extra processing round")
-    parser.add_argument("--profile-jobs", type=int, default=30_000)
+    parser.add_argument("--profile-jobs", type=int, default=50_000)
     args = parser.parse_args()
     plan = plan_from(args)
 
@@ -69,14 +71,15 @@ def main() -> int:
                      f"claim_batch_size {args.claim_batch_size}, log level {args.log_level}; "
                      f"enqueue_many batches of {plan.batch_size}",
         )
-        result.enqueue_one = measure_enqueue_one(plan)
-        result.enqueue_batched = measure_enqueue_batched(plan)
+        result.enqueue_one, result.enqueue_one_rounds = measure_enqueue_one(plan)
+        result.enqueue_batched, result.enqueue_batched_rounds = measure_enqueue_batched(plan)
         env = {"DATABASE_URL": plan.url, "DYGO_CONFIG_DIR": config_dir, "DYGO_LOG_LEVEL": args.log_level}
         command = [str(Path(sys.executable).with_name("dygo")), "worker", "--queue", QUEUE,
                    "--concurrency", str(args.concurrency)]
         with WorkerProcess(command, env) as worker:
             warm_up(plan, worker)
             result.p50_ms, result.p95_ms, result.p99_ms = measure_latency(plan, worker)
+            vacuum_analyze(plan)
             result.rounds = [measure_processing(plan, worker, plan.process_jobs) for _ in range(plan.process_rounds)]
             result.processed = median_round(result.rounds)
             if args.profile_with:
@@ -93,14 +96,17 @@ def write_config(config_dir: Path, concurrency: int, claim_batch_size: int) -> N
 
 
 def dygo_version() -> str:
-    from importlib.metadata import version
-
     return version("dygo")
 
 
-def truncate(plan: Plan) -> None:
+def truncate(conn: psycopg.Connection) -> None:
+    conn.execute("TRUNCATE dygo_jobs")
+
+
+def vacuum_analyze(plan: Plan) -> None:
+    """What autovacuum would have done by now in a running system (every system gets it)."""
     with psycopg.connect(plan.url, autocommit=True) as conn:
-        conn.execute("TRUNCATE dygo_jobs")
+        conn.execute("VACUUM ANALYZE dygo_jobs")
 
 
 def last_id(conn: psycopg.Connection) -> int:
@@ -111,30 +117,31 @@ def last_id(conn: psycopg.Connection) -> int:
 # --- 1 and 2: enqueue -----------------------------------------------------------------------------------
 
 
-def measure_enqueue_one(plan: Plan) -> float:
-    truncate(plan)
+def measure_enqueue_one(plan: Plan) -> tuple[float, list[float]]:
+    seconds = []
     with psycopg.connect(plan.url, autocommit=True) as conn:
-        started = time.perf_counter()
-        for i in range(plan.one_jobs):
-            enqueue(conn, KIND, {"n": i})
-        seconds = time.perf_counter() - started
-    log(f"dygo: enqueued {plan.one_jobs} one at a time in {seconds:.2f}s ({rate(plan.one_jobs, seconds):,.0f}/s)")
-    truncate(plan)
-    return rate(plan.one_jobs, seconds)
+        truncate(conn)
+        for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
+            started = time.perf_counter()
+            for i in range(plan.one_jobs):
+                enqueue(conn, KIND, {"n": i})
+            seconds.append(time.perf_counter() - started)
+        truncate(conn)
+    return enqueue_rates("dygo", "one at a time", plan.one_jobs, seconds)
 
 
-def measure_enqueue_batched(plan: Plan) -> float:
-    truncate(plan)
+def measure_enqueue_batched(plan: Plan) -> tuple[float, list[float]]:
+    seconds = []
     with psycopg.connect(plan.url, autocommit=True) as conn:
-        started = time.perf_counter()
-        for first in range(0, plan.batched_jobs, plan.batch_size):
-            count = min(plan.batch_size, plan.batched_jobs - first)
-            enqueue_many(conn, [JobRequest(KIND, {"n": first + i}) for i in range(count)])
-        seconds = time.perf_counter() - started
-    log(f"dygo: enqueued {plan.batched_jobs} in batches of {plan.batch_size} in {seconds:.2f}s "
-        f"({rate(plan.batched_jobs, seconds):,.0f}/s)")
-    truncate(plan)
-    return rate(plan.batched_jobs, seconds)
+        truncate(conn)
+        for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
+            started = time.perf_counter()
+            for first in range(0, plan.batched_jobs, plan.batch_size):
+                count = min(plan.batch_size, plan.batched_jobs - first)
+                enqueue_many(conn, [JobRequest(KIND, {"n": first + i}) for i in range(count)])
+            seconds.append(time.perf_counter() - started)
+        truncate(conn)
+    return enqueue_rates("dygo", f"in batches of {plan.batch_size}", plan.batched_jobs, seconds)
 
 
 # --- 3 and 4: the worker --------------------------------------------------------------------------------
@@ -189,7 +196,7 @@ def measure_processing(plan: Plan, worker: WorkerProcess, jobs: int) -> Processi
 
 
 def profile_processing(plan: Plan, worker: WorkerProcess, py_spy_binary: str, jobs: int) -> dict[str, object]:
-    raw = BENCH_DIR / "profiles" / "dygo-worker.txt"
+    raw = OUTPUT_DIR / "dygo-worker-profile.txt"
     with py_spy(py_spy_binary, worker.pid, raw):
         profiled = measure_processing(plan, worker, jobs)
     log(f"dygo: profiled round (py-spy attached) ran at {profiled.rate:,.0f}/s")

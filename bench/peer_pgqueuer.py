@@ -3,9 +3,11 @@
     .venv-bench/bin/python bench/peer_pgqueuer.py --url postgresql://postgres@/bench_pgqueuer?host=...
 
 Set up as pgqueuer's own documentation and benchmark (tools/benchmark.py) do: the asyncpg driver,
-`Queries.enqueue` with lists for batches, and the worker started by its CLI,
-`pgq run peer_pgqueuer:create_worker --batch-size N`, which runs on uvloop when installed (it is,
-as a pgqueuer dependency). Tables are `durable` (pgqueuer's default): logged, as dygo's are.
+`Queries.enqueue` with lists for batches, and a worker subprocess running what `pgq run
+peer_pgqueuer:create_worker --batch-size N` runs: `pgqueuer.run(factory, batch_size=N)` on uvloop.
+(It is started as `peer_pgqueuer.py --worker` because `pgq run` 1.6.0 crashes with typer 0.29 on its
+--log-level default: "'str' object has no attribute 'name'".) Tables are `durable` (pgqueuer's
+default): logged, as dygo's are.
 Its timestamps are in `pgqueuer_log` (one row per status: queued, picked, successful), whose
 `created` is `now()` of the writing transaction, like dygo's columns.
 """
@@ -23,6 +25,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import asyncpg
+import pgqueuer
+import uvloop
 from common import (
     BENCH_DIR,
     CpuMeter,
@@ -32,6 +36,7 @@ from common import (
     WorkerProcess,
     add_plan_arguments,
     emit,
+    enqueue_rates,
     log,
     median_round,
     parent_pid,
@@ -45,7 +50,7 @@ from pgqueuer.models import Job
 ENTRYPOINT = "noop"
 
 
-# --- the worker's factory (imported by `pgq run` in the worker subprocess) -------------------------------
+# --- the worker (the subprocess runs this factory) --------------------------------------------------------
 
 
 @asynccontextmanager
@@ -69,31 +74,41 @@ async def create_worker() -> AsyncIterator[PgQueuer]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_plan_arguments(parser)
-    parser.add_argument("--worker-batch-size", type=int, default=10,
-                        help="pgq run --batch-size (pgqueuer's default and its benchmark's: 10)")
+    parser.add_argument("--worker-batch-size", type=int, default=100,
+                        help="pgq run --batch-size (default 10; its tuning guide: raise it for short jobs)")
+    parser.add_argument("--max-concurrent-tasks", type=int, default=200,
+                        help="pgq run --max-concurrent-tasks, at least 2 x batch size (0: unlimited, its default)")
+    parser.add_argument("--worker", action="store_true", help="be the worker process (BENCH_URL names the database)")
     args = parser.parse_args()
-    result = asyncio.run(run(plan_from(args), args.worker_batch_size))
+    if args.worker:
+        uvloop.run(pgqueuer.run(create_worker, batch_size=args.worker_batch_size,
+                                max_concurrent_tasks=args.max_concurrent_tasks or None))
+        return 0
+    result = asyncio.run(run(plan_from(args), args.worker_batch_size, args.max_concurrent_tasks))
     emit(result)
     return 0
 
 
-async def run(plan: Plan, worker_batch_size: int) -> Result:
+async def run(plan: Plan, worker_batch_size: int, max_concurrent_tasks: int) -> Result:
     connection = await asyncpg.connect(plan.url)
     queries = Queries(AsyncpgDriver(connection))
-    await queries.install()
+    if not await queries.has_table("pgqueuer"):
+        await queries.install()  # `pgq install`
+        await queries.optimize_autovacuum()  # `pgq autovac`, first item of its tuning checklist
     result = Result(
         system="pgqueuer", version=version("pgqueuer"),
-        settings=f"pgq run --batch-size {worker_batch_size} (asyncpg, uvloop, durable tables); "
-                 f"Queries.enqueue lists of {plan.batch_size}",
+        settings=f"pgq run --batch-size {worker_batch_size} --max-concurrent-tasks {max_concurrent_tasks} "
+                 f"(asyncpg, uvloop, durable tables, pgq autovac); Queries.enqueue lists of {plan.batch_size}",
     )
-    result.enqueue_one = await measure_enqueue_one(plan, queries, connection)
-    result.enqueue_batched = await measure_enqueue_batched(plan, queries, connection)
-    command = [str(Path(sys.executable).with_name("pgq")), "run", "peer_pgqueuer:create_worker",
-               "--batch-size", str(worker_batch_size), "--log-level", "WARNING"]
+    result.enqueue_one, result.enqueue_one_rounds = await measure_enqueue_one(plan, queries, connection)
+    result.enqueue_batched, result.enqueue_batched_rounds = await measure_enqueue_batched(plan, queries, connection)
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--url", plan.url,
+               "--worker-batch-size", str(worker_batch_size), "--max-concurrent-tasks", str(max_concurrent_tasks)]
     postmaster = await postmaster_pid(connection)
     with WorkerProcess(command, {"BENCH_URL": plan.url}, cwd=BENCH_DIR) as worker:
         await warm_up(plan, queries, connection, worker)
         result.p50_ms, result.p95_ms, result.p99_ms = await measure_latency(plan, queries, connection, worker)
+        await connection.execute("VACUUM ANALYZE pgqueuer, pgqueuer_log")
         for _ in range(plan.process_rounds):
             result.rounds.append(await measure_processing(plan, queries, connection, worker, postmaster))
         result.processed = median_round(result.rounds)
@@ -113,31 +128,34 @@ async def postmaster_pid(connection: asyncpg.Connection) -> int:
     return parent_pid(await connection.fetchval("SELECT pg_backend_pid()"))
 
 
-async def measure_enqueue_one(plan: Plan, queries: Queries, connection: asyncpg.Connection) -> float:
+async def measure_enqueue_one(plan: Plan, queries: Queries,
+                              connection: asyncpg.Connection) -> tuple[float, list[float]]:
+    seconds = []
     await truncate(connection)
-    started = time.perf_counter()
-    for _ in range(plan.one_jobs):
-        await queries.enqueue(ENTRYPOINT, None)
-    seconds = time.perf_counter() - started
-    log(f"pgqueuer: enqueued {plan.one_jobs} one at a time in {seconds:.2f}s ({rate(plan.one_jobs, seconds):,.0f}/s)")
+    for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
+        started = time.perf_counter()
+        for _ in range(plan.one_jobs):
+            await queries.enqueue(ENTRYPOINT, None)
+        seconds.append(time.perf_counter() - started)
     await truncate(connection)
-    return rate(plan.one_jobs, seconds)
+    return enqueue_rates("pgqueuer", "one at a time", plan.one_jobs, seconds)
 
 
 async def enqueue_batch(queries: Queries, count: int) -> None:
     await queries.enqueue([ENTRYPOINT] * count, [None] * count, [0] * count)
 
 
-async def measure_enqueue_batched(plan: Plan, queries: Queries, connection: asyncpg.Connection) -> float:
+async def measure_enqueue_batched(plan: Plan, queries: Queries,
+                                  connection: asyncpg.Connection) -> tuple[float, list[float]]:
+    seconds = []
     await truncate(connection)
-    started = time.perf_counter()
-    for first in range(0, plan.batched_jobs, plan.batch_size):
-        await enqueue_batch(queries, min(plan.batch_size, plan.batched_jobs - first))
-    seconds = time.perf_counter() - started
-    log(f"pgqueuer: enqueued {plan.batched_jobs} in batches of {plan.batch_size} in {seconds:.2f}s "
-        f"({rate(plan.batched_jobs, seconds):,.0f}/s)")
+    for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
+        started = time.perf_counter()
+        for first in range(0, plan.batched_jobs, plan.batch_size):
+            await enqueue_batch(queries, min(plan.batch_size, plan.batched_jobs - first))
+        seconds.append(time.perf_counter() - started)
     await truncate(connection)
-    return rate(plan.batched_jobs, seconds)
+    return enqueue_rates("pgqueuer", f"in batches of {plan.batch_size}", plan.batched_jobs, seconds)
 
 
 async def wait_for_successes(connection: asyncpg.Connection, after_id: int, expected: int, worker: WorkerProcess,

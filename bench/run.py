@@ -1,0 +1,302 @@
+"""Benchmark dygo side by side with pgqueuer and procrastinate on the embedded PostgreSQL server.
+
+    .venv/bin/python bench/run.py                 # everything (a few minutes), prints the table
+    .venv/bin/python bench/run.py --quick         # smaller counts, for a smoke run (under a minute)
+    .venv/bin/python bench/run.py --profile       # also py-spy the dygo worker during one extra round
+    .venv/bin/python bench/run.py --systems dygo --markdown --json bench/results.json
+
+Each system gets a fresh database on the same server (bench_dygo, bench_pgqueuer,
+bench_procrastinate) and runs in its own interpreter, printing one JSON line that this script
+collects: dygo with .venv (`bench/dygo_bench.py`), the peers with `.venv-bench`
+(`bench/peer_pgqueuer.py`, `bench/peer_procrastinate.py`). Peers are skipped, with a note, when
+`.venv-bench` or their package is missing. Set it up once with:
+
+    python3 -m venv .venv-bench
+    .venv-bench/bin/pip install pgqueuer procrastinate 'psycopg[binary,pool]' asyncpg py-spy
+
+What is measured, and how, is described in bench/common.py and bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from common import BENCH_DIR, ROOT, Plan, Result, log, machine_busy_seconds, plan_arguments
+from psycopg.conninfo import make_conninfo
+
+PEER_VENV = ROOT / ".venv-bench"
+
+# What dygo must beat (the issue); p50/p95/p99 are ceilings in ms, the rest floors in jobs/s.
+TARGETS = {"enqueue_one": 2_500, "enqueue_batched": 60_000, "processed": 6_000, "p50_ms": 3.0, "p99_ms": 8.0}
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    script: str
+    python: Path
+    needs: tuple[str, ...]  # modules that must import in `python`
+
+
+def main() -> int:
+    args = parse_arguments()
+    server_url = args.server_url or embedded_server_url()
+    log(f"server: {server_url}")
+    loads = [background_load()]
+    log(f"background load before the run: {loads[0]:.2f} of {os.cpu_count()} cores busy")
+
+    base = Plan(url="")
+    if args.quick:
+        base = replace(base, one_jobs=1_000, batched_jobs=10_000, process_jobs=5_000, process_rounds=2,
+                       latency_jobs=100)
+    systems, notes = available_systems(args.systems)
+    passes: dict[str, list[Result]] = {system.name: [] for system in systems}
+    failed = False
+    for number in range(1, args.repeat + 1):  # systems take turns, so a noisy minute hits them alike
+        for system in systems:
+            log(f"--- {system.name}, pass {number} of {args.repeat} ({system.python})")
+            url = fresh_database(server_url, f"bench_{system.name}")
+            checkpoint(server_url)  # every system starts from the same WAL state
+            profile = args.profile and number == 1
+            result = run_system(system, replace(base, url=url), system_arguments(system, profile))
+            if result is None:
+                failed = True
+                notes.append(f"{system.name} failed in pass {number}; see its output above")
+            else:
+                passes[system.name].append(result)
+            loads.append(background_load())  # idle again: anything busy now is not ours
+    results = [combine(runs) for runs in passes.values() if runs]
+
+    print()
+    print(markdown_table(results) if args.markdown else text_table(results))
+    for result in results:
+        print(f"  {result.system}: {result.settings}")
+        for line in result.notes:
+            print(f"    {line}")
+    print(f"  machine: {os.cpu_count()} cores; background load between systems: up to {max(loads):.2f} cores")
+    if args.repeat > 1:
+        print(f"  each figure: the median of {args.repeat} passes (each pass: the median of its rounds)")
+    for note in notes:
+        print(f"  note: {note}")
+    dygo = next((r for r in results if r.system == "dygo"), None)
+    if dygo is not None:
+        print(target_report(dygo))
+        if dygo.profile:
+            print(profile_report(dygo.profile))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+        log(f"wrote {args.json}")
+    return 1 if failed else 0
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", type=lambda text: text.split(","), default=["dygo", "pgqueuer", "procrastinate"],
+                        help="comma-separated subset of dygo,pgqueuer,procrastinate")
+    parser.add_argument("--quick", action="store_true", help="smaller counts: a smoke run")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run every system N times, taking turns; report the median of the passes")
+    parser.add_argument("--profile", action="store_true", help="py-spy the dygo worker in one extra round")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument("--json", metavar="PATH", help="also write the full results (rounds, CPU, profile) here")
+    parser.add_argument("--server-url", help="PostgreSQL server to use (default: `dygo db url`, the embedded one)")
+    return parser.parse_args()
+
+
+def all_systems() -> list[System]:
+    peer_python = PEER_VENV / "bin" / "python"
+    return [
+        System("dygo", "dygo_bench.py", Path(sys.executable), ("store",)),
+        System("pgqueuer", "peer_pgqueuer.py", peer_python, ("pgqueuer", "asyncpg", "uvloop")),
+        System("procrastinate", "peer_procrastinate.py", peer_python, ("procrastinate", "psycopg")),
+    ]
+
+
+def available_systems(names: list[str]) -> tuple[list[System], list[str]]:
+    """The systems asked for that can run here, and a note for each one skipped."""
+    systems, notes = [], []
+    for system in all_systems():
+        if system.name not in names:
+            continue
+        missing = unavailable(system)
+        if missing:
+            notes.append(f"{system.name} skipped: {missing}")
+            log(notes[-1])
+        else:
+            systems.append(system)
+    return systems, notes
+
+
+def system_arguments(system: System, profile: bool) -> list[str]:
+    if system.name == "dygo" and profile:
+        py_spy = PEER_VENV / "bin" / "py-spy"
+        binary = str(py_spy) if py_spy.exists() else shutil.which("py-spy")
+        if binary:
+            return ["--profile-with", binary]
+        log("no py-spy (pip install py-spy into .venv-bench): dygo runs without the profile")
+    return []
+
+
+# --- the server and its databases ---------------------------------------------------------------------------
+
+
+def embedded_server_url() -> str:
+    """`dygo db url`: starts the embedded server if needed."""
+    dygo = Path(sys.executable).with_name("dygo")
+    return subprocess.run([str(dygo), "db", "url"], check=True, capture_output=True, text=True,
+                          cwd=ROOT).stdout.strip()
+
+
+def database_url(server_url: str, name: str) -> str:
+    """The server URL naming another database. Kept a URI where it is one: asyncpg reads URIs only."""
+    if "://" in server_url:
+        return urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
+    return make_conninfo(server_url, dbname=name)
+
+
+def fresh_database(server_url: str, name: str) -> str:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return database_url(server_url, name)
+
+
+def checkpoint(server_url: str) -> None:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+
+
+def background_load(seconds: float = 1.0) -> float:
+    """Cores busy while this script waits: anything else running skews the figures."""
+    before = machine_busy_seconds()
+    time.sleep(seconds)
+    return (machine_busy_seconds() - before) / seconds
+
+
+# --- running one system -----------------------------------------------------------------------------------------
+
+
+def unavailable(system: System) -> str | None:
+    """Why `system` cannot run here, or None."""
+    if not system.python.exists():
+        return f"{system.python} not found (create .venv-bench: see bench/README.md)"
+    probe = subprocess.run([str(system.python), "-c", f"import {', '.join(system.needs)}"],
+                           capture_output=True, text=True, cwd=BENCH_DIR)
+    if probe.returncode != 0:
+        return f"cannot import {', '.join(system.needs)} in {system.python}: {probe.stderr.strip().splitlines()[-1]}"
+    return None
+
+
+def run_system(system: System, plan: Plan, extra: list[str]) -> Result | None:
+    command = [str(system.python), str(BENCH_DIR / system.script), *plan_arguments(plan), *extra]
+    started = time.monotonic()
+    finished = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)  # stderr: progress, shown live
+    log(f"--- {system.name} took {time.monotonic() - started:.0f}s")
+    lines = finished.stdout.strip().splitlines()
+    if finished.returncode != 0 or not lines:
+        log(f"{system.name} exited with {finished.returncode}")
+        return None
+    return Result.from_json(lines[-1])
+
+
+def combine(passes: list[Result]) -> Result:
+    """One result from several passes of a system: the median of each figure, every round kept."""
+    first = passes[0]
+    if len(passes) == 1:
+        return first
+
+    def median(attribute: str) -> float:
+        return statistics.median(getattr(r, attribute) for r in passes)
+
+    return replace(
+        first,
+        enqueue_one=median("enqueue_one"), enqueue_batched=median("enqueue_batched"), processed=median("processed"),
+        p50_ms=median("p50_ms"), p95_ms=median("p95_ms"), p99_ms=median("p99_ms"),
+        enqueue_one_rounds=[x for r in passes for x in r.enqueue_one_rounds],
+        enqueue_batched_rounds=[x for r in passes for x in r.enqueue_batched_rounds],
+        rounds=[x for r in passes for x in r.rounds],
+        notes=[f"pass {i}: enqueue one {r.enqueue_one:,.0f}/s, batched {r.enqueue_batched:,.0f}/s, processed "
+               f"{r.processed:,.0f}/s, p50/p95/p99 {r.p50_ms:.2f}/{r.p95_ms:.2f}/{r.p99_ms:.2f} ms"
+               for i, r in enumerate(passes, 1)],
+        profile=next((r.profile for r in passes if r.profile), None),
+    )
+
+
+# --- reporting ----------------------------------------------------------------------------------------------------
+
+COLUMNS = [("system", "system"), ("version", "version"), ("enqueue one/s", "enqueue_one"),
+           ("enqueue batched/s", "enqueue_batched"), ("processed/s", "processed"), ("p50 ms", "p50_ms"),
+           ("p95 ms", "p95_ms"), ("p99 ms", "p99_ms")]
+
+
+def cell(value: object) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
+    return str(value)
+
+
+def rows(results: list[Result]) -> list[list[str]]:
+    return [[cell(getattr(r, attribute)) for _, attribute in COLUMNS] for r in results]
+
+
+def text_table(results: list[Result]) -> str:
+    table = [[title for title, _ in COLUMNS], *rows(results)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+    def line(row: list[str]) -> str:
+        return "  ".join(value.ljust(width) if i < 2 else value.rjust(width)
+                         for i, (value, width) in enumerate(zip(row, widths, strict=True)))
+
+    lines = [line(row) for row in table]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+def markdown_table(results: list[Result]) -> str:
+    header = "| " + " | ".join(title for title, _ in COLUMNS) + " |"
+    rule = "|" + "|".join("---" if i < 2 else "---:" for i in range(len(COLUMNS))) + "|"
+    return "\n".join([header, rule, *("| " + " | ".join(row) + " |" for row in rows(results))])
+
+
+def target_report(dygo: Result) -> str:
+    lines = ["", "dygo against its targets:"]
+    for attribute, target in TARGETS.items():
+        value = getattr(dygo, attribute)
+        ceiling = attribute.endswith("_ms")
+        ok = value <= target if ceiling else value >= target
+        relation = "<=" if ceiling else ">="
+        verdict = "ok  " if ok else "MISS"
+        lines.append(f"  {verdict} {attribute:16} {cell(value):>8}  (target {relation} {cell(target)})")
+    for r in dygo.rounds:
+        lines.append(f"  round: {r.jobs} jobs in {r.seconds:.3f}s = {r.rate:,.0f}/s; CPU worker "
+                     f"{r.worker_cpu_seconds}s, PostgreSQL {r.postgres_cpu_seconds}s, "
+                     f"machine {r.machine_busy_seconds}s")
+    return "\n".join(lines)
+
+
+def profile_report(profile: dict[str, object]) -> str:
+    if "error" in profile:
+        return f"\nprofile: {profile['error']}"
+    lines = ["", f"dygo worker profile (py-spy, {profile['samples']} samples of busy threads; raw: {profile['raw']})"]
+    titles = (("own time (the frame itself)", "own"), ("total time (dygo's functions, callees included)", "total"))
+    for title, key in titles:
+        lines.append(f"  top by {title}:")
+        for name, percent in profile[key]:  # type: ignore[attr-defined]
+            lines.append(f"    {percent:5.1f}%  {name}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
