@@ -4,8 +4,8 @@
 
 The worker is the real `dygo worker --queue default --concurrency 200` subprocess, configured
 for throughput through a config directory written here (DYGO_CONFIG_DIR):
-`claim_batch_size` from --claim-batch-size, and DYGO_LOG_LEVEL=WARNING so it does not write one
-log line per job to stderr (`--log-level INFO` measures that cost).
+`claim_batch_size` from --claim-batch-size. The log level is the default INFO, so the worker writes
+its one line per job to stderr as a user's would (`--log-level WARNING` measures without them).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main() -> int:
     add_plan_arguments(parser)
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--claim-batch-size", type=int, default=100, help="dygo.yml claim_batch_size (default 100)")
-    parser.add_argument("--log-level", default="WARNING", help="the worker's DYGO_LOG_LEVEL")
+    parser.add_argument("--log-level", default="INFO", help="the worker's DYGO_LOG_LEVEL")
     parser.add_argument("--profile-with", metavar="PY_SPY", help="py-spy binary: profile one extra processing round")
     parser.add_argument("--profile-jobs", type=int, default=50_000)
     args = parser.parse_args()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from pathlib import Path
 
+from dygo.logs import configure_logging
 from store.config import ENVIRONMENTS, Settings, load_settings
 from store.durations import parse_duration
 from store.errors import ConfigError, SchemaError
@@ -69,8 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("DYGO_LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     args = build_parser().parse_args(argv)
     try:
         if args.command == "db":

@@ -18,7 +18,7 @@ from store import queries
 from store.migrate import check_version
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ClaimedJob:
     id: int
     kind: str
@@ -32,13 +32,13 @@ class ClaimedJob:
     lease_deadline: datetime
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Succeeded:
     job: ClaimedJob
     result: str | None  # JSON text
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Unsuccessful:
     """Back to pending after `delay` (retry, snooze, hand-back), or dead."""
 

@@ -83,15 +83,18 @@ WITH picked AS (
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE dygo_jobs AS j
+    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
+        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
+        lease_deadline = now() + make_interval(secs => %(ttl)s)
+    -- ANY(ARRAY(...)) keeps this a primary-key lookup whatever the table statistics say.
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
+              j.lease_token, j.lease_deadline, j.priority, j.run_at
 )
-UPDATE dygo_jobs AS j
-SET state = 'active', attempt = j.attempt + 1, started_at = now(),
-    lease_owner = %(owner)s, lease_token = gen_random_uuid(),
-    lease_deadline = now() + make_interval(secs => %(ttl)s)
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
-          j.lease_token, j.lease_deadline"""
+SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline
+FROM claimed ORDER BY priority DESC, run_at, id"""
 
 # Seconds until the next pending job is due, on the database clock (negative: due already).
 SECONDS_TO_NEXT_RUN = """
@@ -101,7 +104,7 @@ WHERE state = 'pending' AND queue = ANY(%s)"""
 RENEW_LEASES = """
 UPDATE dygo_jobs AS j SET lease_deadline = now() + make_interval(secs => %(ttl)s)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS s(id, token)
-WHERE j.id = s.id AND j.lease_token = s.token
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
 RETURNING j.id"""
 
 # Every settle is fenced by the lease token: a worker that lost its lease changes nothing.
@@ -110,7 +113,7 @@ UPDATE dygo_jobs AS j
 SET state = 'succeeded', finished_at = now(), result = s.result,
     lease_owner = NULL, lease_token = NULL, lease_deadline = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS s(id, token, result)
-WHERE j.id = s.id AND j.lease_token = s.token
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
 RETURNING j.id"""
 
 # Retry (pending after a delay), dead, snooze and hand-back (pending, attempt refunded) in one
@@ -129,7 +132,7 @@ SET state = s.state,
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::float8[],
             %(refunds)s::boolean[], %(errors)s::text[], %(tracebacks)s::text[])
      AS s(id, token, state, delay, refund, error, traceback)
-WHERE j.id = s.id AND j.lease_token = s.token
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
 RETURNING j.id"""
 
 # A lease that ran out means its worker died or stalled: the job goes back, its attempt refunded,
