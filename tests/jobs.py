@@ -135,3 +135,11 @@ async def mark(ctx: JobContext, args: dict) -> None:
         _marker = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True)
     await _marker.execute("INSERT INTO test_runs (job_id, attempt, pid) VALUES (%s, %s, %s)",
                           (ctx.id, ctx.attempt, os.getpid()))
+
+
+@job("test.span")
+def span(ctx: JobContext, args: Sleep) -> None:
+    """Records when its handler starts and ends, so a test can measure real concurrency."""
+    record(ctx, "start")
+    time.sleep(args.seconds)
+    record(ctx, "end")
