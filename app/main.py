@@ -1,10 +1,16 @@
-"""The admin service: a FastAPI app over the store. It never runs jobs."""
+"""The admin service: a FastAPI app over the store. It never runs jobs.
+
+create_app wires the pieces: the pool, the error handlers (every error is
+`{"error": {"code", "message", "details"}}`, never a stack trace), the body-size limit, bearer
+auth, one router per area, and the OpenAPI document with each kind's args.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -12,101 +18,136 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from store import inspect
+from app.auth import BearerAuth, Tokens, check_protection
+from app.errors import ApiError, error_response
+from app.jobs import router as jobs_router
+from app.limits import BodyLimit
+from app.openapi import install_openapi
+from app.queues import router as queues_router
+from app.schedules import router as schedules_router
+from app.system import router as system_router
+from store import admin
 from store.config import Settings
-from store.enqueue import enqueue
-from store.errors import EnqueueError
+from store.errors import Conflict, EnqueueError, NotFound
 from store.registry import Registry
 
+log = logging.getLogger("dygo.serve")
 
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
-        self.status, self.code, self.message, self.details = status, code, message, details
-        super().__init__(message)
-
-
-def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "details": details}}
-
-
-class EnqueueBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    kind: str = Field(description="A registered job kind, e.g. 'email.send'")
-    args: dict[str, Any] = Field(default_factory=dict, description="Validated against the kind's args model")
-    queue: str | None = Field(None, description="Defaults to the kind's queue")
-    priority: int | None = Field(None, description="Higher runs first; -1000 to 1000")
-    run_at: datetime | None = Field(None, description="When to run, with a timezone")
-    delay: str | float | None = Field(None, description="Run after this long, e.g. '30s' (database clock)")
-    max_attempts: int | None = None
-    meta: dict[str, str] = Field(default_factory=dict)
-    idempotency_key: str | None = Field(None, description="Deduplicates while a live job holds the key")
-    idempotency_ttl: str | float | None = Field(None, description="Keeps the key for this long, even after completion")
+# How often serve folds the stats deltas into the daily rollups (stats reads fold too).
+FOLD_INTERVAL = 30.0
 
 
 def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI:
+    check_protection(settings, host=None)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.pool = ConnectionPool(database_url, min_size=1, max_size=10,
+        app.state.pool = ConnectionPool(database_url, min_size=1, max_size=10, timeout=10,
                                         kwargs={"autocommit": True}, open=True)
+        folder = StatsFolder(app.state.pool)
+        folder.start()
         try:
             yield
         finally:
+            folder.stop()
             app.state.pool.close()
 
     app = FastAPI(title="dygo", version="1", lifespan=lifespan,
-                  description="Durable background jobs on PostgreSQL: the admin API.")
+                  description="Durable background jobs on PostgreSQL: the admin API. "
+                              "Errors are `{\"error\": {\"code\", \"message\", \"details\"}}`.")
+    app.state.settings = settings
+    app.state.jobs = jobs
+    install_error_handlers(app)
+    # The last middleware added runs first: auth, then the body limit, then the routes.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_payload_bytes)
+    app.add_middleware(BearerAuth, tokens=Tokens(settings.api_tokens))
 
+    app.include_router(jobs_router)
+    app.include_router(queues_router)
+    app.include_router(schedules_router)
+    app.include_router(system_router)
+
+    install_openapi(app, jobs)
+    return app
+
+
+def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message, exc.details), status_code=exc.status)
+        return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
+
+    @app.exception_handler(EnqueueError)
+    async def enqueue_error(_: Request, exc: EnqueueError) -> JSONResponse:
+        return error_response(409 if exc.code == "conflict" else 422, exc.code, str(exc), exc.details)
+
+    @app.exception_handler(NotFound)
+    async def not_found(_: Request, exc: NotFound) -> JSONResponse:
+        return error_response(404, exc.code, str(exc), exc.details)
+
+    @app.exception_handler(Conflict)
+    async def conflict(_: Request, exc: Conflict) -> JSONResponse:
+        return error_response(409, exc.code, str(exc), exc.details)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        details = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        return JSONResponse(error_body("invalid_request", "the request body or parameters are invalid", details),
-                            status_code=422)
+        return validation_error(exc.errors())
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+        return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(psycopg.OperationalError)
     async def database_down(_: Request, exc: psycopg.OperationalError) -> JSONResponse:
-        return JSONResponse(error_body("database_unavailable", "the database is not reachable; try again shortly"),
-                            status_code=503)
+        log.warning("database unavailable: %s", exc)
+        return error_response(503, "database_unavailable", "the database is not reachable; try again shortly")
+
+    @app.exception_handler(psycopg.DataError)
+    async def value_rejected(_: Request, exc: psycopg.DataError) -> JSONResponse:
+        # A value PostgreSQL cannot store (a NUL character, a number out of range): bad input.
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return error_response(422, "invalid_value", f"a value was rejected by the database: {reason}")
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(error_body("internal_error", "an unexpected error occurred; see the server log"),
-                            status_code=500)
+        log.error("unexpected error", exc_info=exc)
+        return error_response(500, "internal_error", "an unexpected error occurred; see the server log")
 
-    @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
 
-    @app.post("/api/v1/jobs", status_code=201, tags=["jobs"])
-    def enqueue_job(body: EnqueueBody, request: Request) -> JSONResponse:
-        options = body.model_dump(exclude={"kind", "args"}, exclude_none=True)
-        try:
-            with request.app.state.pool.connection() as conn:
-                result = enqueue(conn, body.kind, body.args, **options)
-        except EnqueueError as exc:
-            raise ApiError(422, exc.code, str(exc), exc.details) from None
-        payload = {"id": result.id, "deduplicated": result.deduplicated,
-                   "run_at": result.run_at.isoformat() if result.run_at else None}
-        return JSONResponse(payload, status_code=200 if result.deduplicated else 201)
+def validation_error(errors: list[Any]) -> JSONResponse:
+    """400 for a body that is not JSON at all; 422 for JSON that does not fit, naming each field."""
+    details = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
+    types = {e["type"] for e in errors}
+    if "json_invalid" in types:
+        return error_response(400, "invalid_json", "the request body is not valid JSON", details)
+    if all(t.startswith(("datetime", "timezone")) for t in types):
+        return error_response(422, "invalid_timestamp",
+                              "a timestamp is invalid; use ISO 8601 with a timezone, e.g. 2030-01-02T03:04:05Z",
+                              details)
+    return error_response(422, "invalid_request", "the request body or parameters are invalid", details)
 
-    @app.get("/api/v1/jobs/{job_id}", tags=["jobs"])
-    def get_job(job_id: int, request: Request) -> dict[str, Any]:
-        with request.app.state.pool.connection() as conn:
-            job = inspect.get_job(conn, job_id)
-        if job is None:
-            raise ApiError(404, "job_not_found", f"no job with id {job_id}")
-        return job
 
-    return app
+class StatsFolder:
+    """Folds the stats deltas into the daily rollups every FOLD_INTERVAL, in a daemon thread."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="dygo-stats-folder", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self.stopping.wait(FOLD_INTERVAL):
+            try:
+                with self.pool.connection() as conn:
+                    admin.fold_stats(conn)
+            except psycopg.Error as exc:
+                log.warning("folding stats failed (will retry): %s", exc)

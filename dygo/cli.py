@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from dygo.logs import configure_logging
@@ -58,10 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fallback poll when no notification arrives (default: 60s)")
     worker.add_argument("--poll-only", action="store_true", help="do not LISTEN; rely on polling and timers")
     worker.add_argument("--once", action="store_true",
-                        help="recover expired leases, claim one batch, run it, settle, exit")
+                        help="fire due schedules, recover expired leases, claim one batch, run it, settle, exit")
     worker.add_argument("--shutdown-timeout", type=duration, default=30.0, metavar="DURATION",
                         help="on SIGTERM, how long in-flight jobs may finish before they are handed back "
                         "(default: 30s)")
+
+    command("schedules", "list the cron schedules: spec, time zone, next and last fire, status")
 
     db = commands.add_parser("db", help="the embedded PostgreSQL server (used when DATABASE_URL is unset)")
     db.add_argument("action", choices=["url", "status", "start", "stop"])
@@ -79,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             return migrate_command(settings)
         if args.command == "serve":
             return serve_command(settings, args)
+        if args.command == "schedules":
+            return schedules_command(settings)
         return worker_command(settings, args)
     except ConfigError as exc:
         print(f"dygo: configuration error: {exc}", file=sys.stderr)
@@ -116,18 +121,32 @@ def _check_schema(url: str) -> None:
 def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.auth import check_protection
     from app.main import create_app
     from store.db import database_url
     from store.registry import load_jobs
 
     jobs = load_jobs(settings)
-    url = database_url(settings)
-    _check_schema(url)
     host = args.host or os.environ.get("DYGO_HOST") or ("0.0.0.0" if os.environ.get("PORT") else "127.0.0.1")
     port = args.port or int(os.environ.get("PORT", "8000"))
+    # Before any database work: an unprotected API outside development on localhost is refused.
+    check_protection(settings, host)
+    url = database_url(settings)
+    _check_schema(url)
     print(f"dygo serve: http://{host}:{port} (API docs at /docs)", flush=True)
-    uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info")
+    print(f"dygo serve: auth {_auth_summary(settings)}", flush=True)
+    # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
+    # stdout keeps lifecycle lines only, as for the worker.
+    uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info", log_config=None)
     return 0
+
+
+def _auth_summary(settings: Settings) -> str:
+    """How the API is protected, without ever showing a token."""
+    if not settings.api_tokens:
+        return "off (development on localhost, no token configured)"
+    roles = [role for role, _ in settings.api_tokens]
+    return f"bearer tokens: {roles.count('admin')} admin, {roles.count('read')} read-only"
 
 
 def worker_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -147,6 +166,39 @@ def worker_command(settings: Settings, args: argparse.Namespace) -> int:
     jobs.freeze()
     url = database_url(settings)
     return asyncio.run(Worker(settings, jobs, options, url).run())
+
+
+def schedules_command(settings: Settings) -> int:
+    """The schedules as the workers last synced them, as a plain table; times in each schedule's zone."""
+    import psycopg
+
+    from store.db import database_url
+    from store.migrate import check_schema
+    from store.schedules import list_schedules
+
+    with psycopg.connect(database_url(settings), autocommit=True) as conn:
+        check_schema(conn)
+        rows = list_schedules(conn)
+    if not rows:
+        print("no schedules (declare them in code or config/schedules.yml; a worker syncs them when it starts)")
+        return 0
+    table = [("NAME", "SPEC", "TIMEZONE", "NEXT", "LAST", "STATUS", "LAST JOB", "WHEN")]
+    for row in rows:
+        last_job = f"{row['last_job']['id']} {row['last_job']['state'] or 'gone'}" if row["last_job"] else "-"
+        table.append((row["name"], row["spec"], row["timezone"], _local_time(row["next_run_at"], row["timezone"]),
+                      _local_time(row["last_run_at"], row["timezone"]), row["status"], last_job, row["description"]))
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]) - 1)]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[-1])
+    return 0
+
+
+def _local_time(moment: datetime | None, timezone: str) -> str:
+    if moment is None:
+        return "-"
+    from zoneinfo import ZoneInfo
+
+    return moment.astimezone(ZoneInfo(timezone)).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def db_command(action: str) -> int:

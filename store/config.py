@@ -19,6 +19,11 @@ from store.errors import ConfigError
 
 KEBAB_CASE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 ENVIRONMENTS = ("development", "test", "production")
+# API roles: `read` may call every GET, `admin` everything.
+ROLES = ("admin", "read")
+TOKEN_ENV = {"admin": "DYGO_ADMIN_TOKEN", "read": "DYGO_READ_TOKEN"}
+MIN_TOKEN_LENGTH = 16
+_TOKEN_PATTERN = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII without spaces: safe in a header
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,11 @@ class Settings:
     default_timeout: float = 300.0
     default_max_attempts: int = 20
     claim_batch_size: int = 100
+    max_batch_size: int = 1000  # jobs in one POST /api/v1/jobs/batch
+    max_payload_bytes: int = 1024 * 1024  # request bodies above this are refused with 413
+    # (role, token) pairs for the API, from config/dygo.yml and DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN.
+    # Kept out of repr so a logged Settings never shows a token.
+    api_tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     data_dir: Path = field(default_factory=lambda: Path(".dygo"))
 
     @property
@@ -73,6 +83,65 @@ def _module_list(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2}
+_BYTE_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$")
+
+
+def _byte_size(value: Any) -> int:
+    """Bytes: an integer, or a number with a unit (B, KB, KiB, MB, MiB), e.g. '1MiB'."""
+    if isinstance(value, bool):
+        raise ValueError("must be a size like 1048576 or '1MiB'")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _BYTE_SIZE.match(str(value).lower())
+        if not match or match.group(2) not in _BYTE_UNITS:
+            raise ValueError(f"{value!r} is not a size; use bytes or a unit: B, KB, KiB, MB, MiB (e.g. '1MiB')")
+        size = int(match.group(1)) * _BYTE_UNITS[match.group(2)]
+    if size <= 0:
+        raise ValueError("must be a size greater than 0")
+    return size
+
+
+def _token_list(value: Any, source: str) -> list[str]:
+    tokens = [value] if isinstance(value, str) else value
+    if not isinstance(tokens, list) or not tokens:
+        raise ValueError(f"{source}: must be a token or a list of tokens")
+    for token in tokens:
+        # The token itself is never put in a message.
+        if not isinstance(token, str) or not _TOKEN_PATTERN.match(token):
+            raise ValueError(f"{source}: a token must be printable ASCII without spaces")
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ValueError(f"{source}: a token must be at least {MIN_TOKEN_LENGTH} characters long")
+    return tokens
+
+
+def _api_tokens(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict) or not value:
+        raise ValueError("must map a role (admin, read) to a token or a list of tokens")
+    pairs: list[tuple[str, str]] = []
+    for role, tokens in value.items():
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+        pairs += [(role, token) for token in _token_list(tokens, f"role {role}")]
+    return tuple(pairs)
+
+
+def tokens_from_env() -> tuple[tuple[str, str], ...]:
+    """Tokens from DYGO_ADMIN_TOKEN and DYGO_READ_TOKEN (each may hold several, comma-separated)."""
+    pairs: list[tuple[str, str]] = []
+    for role, variable in TOKEN_ENV.items():
+        raw = os.environ.get(variable, "").strip()
+        if not raw:
+            continue
+        try:
+            tokens = _token_list([t.strip() for t in raw.split(",") if t.strip()], f"role {role}")
+        except ValueError as exc:
+            raise ConfigError(variable, "environment", str(exc)) from None
+        pairs += [(role, token) for token in tokens]
+    return tuple(pairs)
+
+
 SETTING_PARSERS = {
     "jobs": ("job_modules", _module_list),
     "lease_ttl": ("lease_ttl", _positive_duration),
@@ -80,6 +149,9 @@ SETTING_PARSERS = {
     "default_timeout": ("default_timeout", _duration),
     "default_max_attempts": ("default_max_attempts", _positive_int),
     "claim_batch_size": ("claim_batch_size", _positive_int),
+    "max_batch_size": ("max_batch_size", _positive_int),
+    "max_payload_bytes": ("max_payload_bytes", _byte_size),
+    "api_tokens": ("api_tokens", _api_tokens),
 }
 
 
@@ -113,6 +185,7 @@ def load_settings(config_dir: Path | str | None = None, *, env: str | None = Non
             except ValueError as exc:
                 raise ConfigError(str(settings_file), str(key), str(exc)) from None
     data_dir = Path(os.environ.get("DYGO_DATA_DIR", ".dygo"))
+    values["api_tokens"] = values.get("api_tokens", ()) + tokens_from_env()
     return Settings(config_dir=config_dir, queues=queues, env=resolve_env(env), data_dir=data_dir, **values)
 
 

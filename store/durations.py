@@ -21,6 +21,8 @@ def parse_duration(value: str | int | float, *, field: str = "duration") -> floa
                 f"{field}: {value!r} is not a duration; use a number with a unit: ms, s, m, h or d (e.g. '30s')"
             )
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if seconds != seconds:  # NaN compares unequal to itself
+        raise ValueError(f"{field}: {value!r} is not a duration")
     if seconds < 0:
         raise ValueError(f"{field}: must not be negative, got {value!r}")
     if seconds > 366 * 86400:

@@ -82,7 +82,7 @@ def prepare(request: JobRequest, jobs: Registry = registry) -> dict[str, Any]:
     if request.run_at is not None and request.delay is not None:
         raise EnqueueError("invalid_option", "give run_at or delay, not both")
     if request.run_at is not None and (not isinstance(request.run_at, datetime) or request.run_at.tzinfo is None):
-        raise EnqueueError("invalid_option", "run_at must be a datetime with a timezone")
+        raise EnqueueError("invalid_timestamp", "run_at must be a datetime with a timezone")
     delay = _seconds(request.delay, "delay") if request.delay is not None else 0.0
 
     meta = dict(request.meta or {})
@@ -98,7 +98,7 @@ def prepare(request: JobRequest, jobs: Registry = registry) -> dict[str, Any]:
             raise EnqueueError("invalid_option", "idempotency_ttl needs an idempotency_key")
         ttl = _seconds(request.idempotency_ttl, "idempotency_ttl")
         if ttl <= 0:
-            raise EnqueueError("invalid_option", "idempotency_ttl must be greater than 0")
+            raise EnqueueError("invalid_duration", "idempotency_ttl must be greater than 0")
 
     return {
         "kind": request.kind, "queue": queue, "args": json.dumps(args), "meta": json.dumps(meta),
@@ -113,7 +113,7 @@ def _seconds(value: str | float | timedelta, name: str) -> float:
     try:
         return parse_duration(value, field=name)
     except ValueError as exc:
-        raise EnqueueError("invalid_option", str(exc)) from None
+        raise EnqueueError("invalid_duration", str(exc)) from None
 
 
 def _requests(jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[JobRequest]:
@@ -165,9 +165,17 @@ def _insert_one(conn: psycopg.Connection, row: dict[str, Any]) -> Enqueued:
     raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
 
 
+def _prepare_in_batch(index: int, request: JobRequest) -> dict[str, Any]:
+    """`prepare`, with the job's position in the batch in the error (message and details)."""
+    try:
+        return prepare(request)
+    except EnqueueError as exc:
+        raise EnqueueError(exc.code, f"jobs[{index}]: {exc}", {"index": index, "errors": exc.details}) from None
+
+
 def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
     """Enqueue a batch all-or-nothing, rows without keys by COPY; results are in the order of `jobs`."""
-    rows = [prepare(request) for request in _requests(jobs)]
+    rows = [_prepare_in_batch(index, request) for index, request in enumerate(_requests(jobs))]
     results: dict[int, Enqueued] = {}
     if not rows:
         return []

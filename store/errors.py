@@ -62,3 +62,22 @@ class Snooze(DygoError):
             raise ValueError(f"Snooze delay must not be negative, got {delay}")
         self.delay = float(delay)
         super().__init__(f"snoozed for {delay}s")
+
+
+# --- Admin operations ---------------------------------------------------------------------------
+
+
+class AdminError(DygoError):
+    """An admin operation that cannot be done; `code` is machine-readable, the message says why."""
+
+    def __init__(self, code: str, message: str, details: object = None) -> None:
+        self.code, self.details = code, details
+        super().__init__(message)
+
+
+class NotFound(AdminError):
+    """No such job or queue."""
+
+
+class Conflict(AdminError):
+    """The job or queue is not in a state that allows the operation."""

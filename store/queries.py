@@ -76,10 +76,12 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 # --- Claim, lease, settle ------------------------------------------------------------------------
 
 # Served from the dygo_jobs_ready partial index; SKIP LOCKED lets any number of workers claim at once.
+# A paused queue (dygo_queues) yields nothing: one primary-key probe, evaluated once per claim.
 CLAIM_JOBS = """
 WITH picked AS (
     SELECT id FROM dygo_jobs
     WHERE state = 'pending' AND queue = %(queue)s AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = %(queue)s AND q.paused)
     ORDER BY priority DESC, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -97,9 +99,11 @@ SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_to
 FROM claimed ORDER BY priority DESC, run_at, id"""
 
 # Seconds until the next pending job is due, on the database clock (negative: due already).
+# Paused queues are left out: their due jobs cannot be claimed, so they must not wake anyone.
 SECONDS_TO_NEXT_RUN = """
 SELECT extract(epoch FROM min(run_at) - now())::float8 FROM dygo_jobs
-WHERE state = 'pending' AND queue = ANY(%s)"""
+WHERE state = 'pending' AND queue = ANY(%s)
+  AND queue <> ALL(ARRAY(SELECT name FROM dygo_queues WHERE paused))"""
 
 RENEW_LEASES = """
 UPDATE dygo_jobs AS j SET lease_deadline = now() + make_interval(secs => %(ttl)s)
@@ -108,17 +112,26 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
 RETURNING j.id"""
 
 # Every settle is fenced by the lease token: a worker that lost its lease changes nothing.
+# Each settle statement also appends its counts, one row per queue and kind, to the stats
+# deltas: an insert with no key, so settling workers never wait on each other for it.
 SETTLE_SUCCEEDED = """
-UPDATE dygo_jobs AS j
-SET state = 'succeeded', finished_at = now(), result = s.result,
-    lease_owner = NULL, lease_token = NULL, lease_deadline = NULL
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS s(id, token, result)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
-RETURNING j.id"""
+WITH settled AS (
+    UPDATE dygo_jobs AS j
+    SET state = 'succeeded', finished_at = now(), result = s.result,
+        lease_owner = NULL, lease_token = NULL, lease_deadline = NULL
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS s(id, token, result)
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
+    RETURNING j.id, j.queue, j.kind
+), counted AS (
+    INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded)
+    SELECT (now() AT TIME ZONE 'UTC')::date, queue, kind, count(*) FROM settled GROUP BY queue, kind
+)
+SELECT id FROM settled"""
 
 # Retry (pending after a delay), dead, snooze and hand-back (pending, attempt refunded) in one
 # statement per batch; an error, when given, is appended to the attempt history.
 SETTLE_UNSUCCESSFUL = """
+WITH settled AS (
 UPDATE dygo_jobs AS j
 SET state = s.state,
     run_at = CASE WHEN s.state = 'pending' THEN now() + make_interval(secs => s.delay) ELSE j.run_at END,
@@ -133,7 +146,14 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(states)s::text[], %(delays)
             %(refunds)s::boolean[], %(errors)s::text[], %(tracebacks)s::text[])
      AS s(id, token, state, delay, refund, error, traceback)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
-RETURNING j.id"""
+RETURNING j.id, j.queue, j.kind, j.state, s.error IS NOT NULL AS failed
+), counted AS (
+    INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead)
+    SELECT (now() AT TIME ZONE 'UTC')::date, queue, kind,
+           count(*) FILTER (WHERE failed), count(*) FILTER (WHERE state = 'dead')
+    FROM settled GROUP BY queue, kind HAVING count(*) FILTER (WHERE failed OR state = 'dead') > 0
+)
+SELECT id FROM settled"""
 
 # A lease that ran out means its worker died or stalled: the job goes back, its attempt refunded,
 # unless this has happened more than max_reaps times (poison: dead).
@@ -144,7 +164,7 @@ WITH expired AS (
     ORDER BY lease_deadline
     LIMIT 1000
     FOR UPDATE SKIP LOCKED
-)
+), recovered AS (
 UPDATE dygo_jobs AS j
 SET state = CASE WHEN j.reap_count + 1 > %(max_reaps)s THEN 'dead' ELSE 'pending' END,
     finished_at = CASE WHEN j.reap_count + 1 > %(max_reaps)s THEN now() END,
@@ -157,7 +177,13 @@ SET state = CASE WHEN j.reap_count + 1 > %(max_reaps)s THEN 'dead' ELSE 'pending
     lease_owner = NULL, lease_token = NULL, lease_deadline = NULL
 FROM expired
 WHERE j.id = expired.id
-RETURNING j.id, j.state"""
+RETURNING j.id, j.state, j.queue, j.kind
+), counted AS (
+    INSERT INTO dygo_stats_deltas (day, queue, kind, reaped, dead)
+    SELECT (now() AT TIME ZONE 'UTC')::date, queue, kind, count(*), count(*) FILTER (WHERE state = 'dead')
+    FROM recovered GROUP BY queue, kind
+)
+SELECT id, state FROM recovered"""
 
 # --- Workers -------------------------------------------------------------------------------------
 
@@ -177,3 +203,281 @@ JOB_COLUMNS = """id, kind, queue, args, meta,
     priority, run_at, attempt, max_attempts, lease_owner, lease_deadline, enqueued_at, started_at,
     finished_at, result, last_error, errors, reap_count, idempotency_key"""
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM dygo_jobs WHERE id = %s"
+
+# --- Admin: job lists ----------------------------------------------------------------------------
+# A list is LIST_JOBS with the filters a request asks for, joined by AND (store.admin composes
+# them; only these fragments are ever spliced in, values always travel as parameters). Pages are
+# keyset on id, so a page costs the same on page 1 and page 10,000, and rows inserted while a
+# client pages never shift what it has not seen yet.
+
+JOB_SUMMARY_COLUMNS = """id, kind, queue, args, meta,
+    CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END AS state,
+    priority, run_at, attempt, max_attempts, enqueued_at, started_at, finished_at, last_error"""
+LIST_JOBS = "SELECT {columns} FROM dygo_jobs WHERE {filters} ORDER BY {key} {direction} LIMIT %(limit)s"
+# The keys a list orders by. `id + 0` is the same order, but no index provides it: the planner
+# then finds the rows through their own index (pending and scheduled rows: dygo_jobs_ready) and
+# sorts them, instead of walking the primary key past every finished job to reach sparse ones.
+JOB_ORDER_KEYS = {"by_primary_key": "id", "sorted": "id + 0"}
+JOB_FILTERS = {
+    "queue": "queue = %(queue)s",
+    "kind": "kind = %(kind)s",
+    # Text search scans, so admin bounds it to a window of ids per page (see list_jobs).
+    "text": "(args::text ILIKE %(pattern)s OR last_error ILIKE %(pattern)s)",
+    "below": "id < %(below)s",
+    "above": "id > %(above)s",
+    "floor": "id >= %(floor)s",
+    "ceiling": "id <= %(ceiling)s",
+    "everything": "true",
+}
+# 'scheduled' and 'pending' are the same stored state, told apart by the database clock.
+JOB_STATE_FILTERS = {
+    "scheduled": "state = 'pending' AND run_at > now()",
+    "pending": "state = 'pending' AND run_at <= now()",
+    "active": "state = 'active'",
+    "succeeded": "state = 'succeeded'",
+    "dead": "state = 'dead'",
+    "paused": "state = 'paused'",
+    "cancelled": "state = 'cancelled'",
+}
+# Both ends of the primary key: two index probes, however big the table.
+JOB_ID_RANGE = "SELECT min(id), max(id) FROM dygo_jobs"
+
+# --- Admin: one job ------------------------------------------------------------------------------
+# Each action is one statement whose WHERE holds the states it may start from, so a job that
+# changed meanwhile is never half-updated; no row back means unknown id or wrong state
+# (JOB_STATE tells which).
+
+JOB_STATE = """
+SELECT CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END
+FROM dygo_jobs WHERE id = %s"""
+
+# Dead or cancelled -> pending now, with a fresh attempt budget; the error history is kept.
+RETRY_JOB = f"""
+UPDATE dygo_jobs SET state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
+    started_at = NULL, finished_at = NULL, result = NULL
+WHERE id = %(id)s AND state IN ('dead', 'cancelled')
+RETURNING {JOB_COLUMNS}"""
+
+# A running handler cannot be stopped from here, so an active job is not cancellable.
+CANCEL_JOB = f"""
+UPDATE dygo_jobs SET state = 'cancelled', finished_at = now()
+WHERE id = %(id)s AND state IN ('pending', 'paused')
+RETURNING {JOB_COLUMNS}"""
+
+PAUSE_JOB = f"""
+UPDATE dygo_jobs SET state = 'paused' WHERE id = %(id)s AND state = 'pending'
+RETURNING {JOB_COLUMNS}"""
+
+# Back to pending with its run_at: due now, or still scheduled.
+RESUME_JOB = f"""
+UPDATE dygo_jobs SET state = 'pending' WHERE id = %(id)s AND state = 'paused'
+RETURNING {JOB_COLUMNS}"""
+
+# Scheduled (a delay, a retry backoff or a snooze) -> due now; the update trigger wakes workers.
+RUN_JOB_NOW = f"""
+UPDATE dygo_jobs SET run_at = now() WHERE id = %(id)s AND state = 'pending' AND run_at > now()
+RETURNING {JOB_COLUMNS}"""
+
+# Pending or scheduled -> dead without running, counted in the day's dead.
+ARCHIVE_JOB = f"""
+WITH archived AS (
+    UPDATE dygo_jobs SET state = 'dead', finished_at = now(),
+        last_error = 'archived by an operator before it ran'
+    WHERE id = %(id)s AND state = 'pending'
+    RETURNING *
+), counted AS (
+    INSERT INTO dygo_stats_deltas (day, queue, kind, dead)
+    SELECT (now() AT TIME ZONE 'UTC')::date, queue, kind, 1 FROM archived
+)
+SELECT {JOB_COLUMNS} FROM archived"""
+
+# An active job's row belongs to the worker running it.
+DELETE_JOB = "DELETE FROM dygo_jobs WHERE id = %(id)s AND state <> 'active' RETURNING id"
+
+# --- Admin: queues -------------------------------------------------------------------------------
+
+# Instantaneous counts, each part read from a partial index: pending and scheduled from
+# dygo_jobs_ready, active from dygo_jobs_leases (at most the workers' concurrency), dead, paused
+# and cancelled from dygo_jobs_parked. Succeeded rows are history and never counted here (the
+# daily stats have them).
+QUEUE_COUNTS = """
+SELECT queue, CASE WHEN run_at > now() THEN 'scheduled' ELSE 'pending' END, count(*)
+FROM dygo_jobs WHERE state = 'pending' GROUP BY 1, 2
+UNION ALL
+SELECT queue, 'active', count(*) FROM dygo_jobs WHERE state = 'active' GROUP BY 1
+UNION ALL
+SELECT queue, state, count(*) FROM dygo_jobs WHERE state IN ('dead', 'paused', 'cancelled') GROUP BY 1, 2"""
+
+PAUSED_QUEUES = "SELECT name, paused_at FROM dygo_queues WHERE paused"
+PAUSE_QUEUE = """
+INSERT INTO dygo_queues AS q (name, paused, paused_at) VALUES (%s, true, now())
+ON CONFLICT (name) DO UPDATE SET paused = true, paused_at = CASE WHEN q.paused THEN q.paused_at ELSE now() END
+RETURNING paused_at"""
+# Resuming wakes the queue's workers at once (they were idling until their poll interval).
+RESUME_QUEUE = """
+WITH resumed AS (
+    UPDATE dygo_queues SET paused = false, paused_at = NULL WHERE name = %s AND paused RETURNING name
+)
+SELECT pg_notify('dygo_jobs', name) FROM resumed"""
+
+# Every dead job of the queue -> pending now, in one statement. A dead job whose idempotency key
+# is held by a live job stays dead (reviving it would break the key's uniqueness), as do all
+# but the newest dead job sharing a key.
+RETRY_DEAD_JOBS = """
+WITH keyed AS (
+    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM dygo_jobs
+    WHERE state = 'dead' AND queue = %(queue)s AND idempotency_key IS NOT NULL
+    ORDER BY idempotency_key, id DESC
+), chosen AS (
+    SELECT id FROM dygo_jobs WHERE state = 'dead' AND queue = %(queue)s AND idempotency_key IS NULL
+    UNION ALL
+    SELECT k.id FROM keyed k WHERE NOT EXISTS (
+        SELECT 1 FROM dygo_jobs l
+        WHERE l.idempotency_key = k.idempotency_key AND l.state IN ('pending', 'active', 'paused'))
+)
+UPDATE dygo_jobs AS j SET state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
+    started_at = NULL, finished_at = NULL, result = NULL
+FROM chosen
+WHERE j.id = chosen.id AND j.state = 'dead'
+RETURNING j.id"""
+
+# Pending, scheduled and dead jobs go; active ones belong to their workers and paused ones were
+# parked on purpose, so both stay (and are reported).
+PURGE_QUEUE = """
+WITH purged AS (
+    DELETE FROM dygo_jobs WHERE queue = %(queue)s AND state IN ('pending', 'dead')
+    RETURNING CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END AS state
+)
+SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'scheduled'),
+       count(*) FILTER (WHERE state = 'dead'),
+       (SELECT count(*) FROM dygo_jobs WHERE queue = %(queue)s AND state = 'active'),
+       (SELECT count(*) FROM dygo_jobs WHERE queue = %(queue)s AND state = 'paused')
+FROM purged"""
+
+VACUUM_DEAD = """
+DELETE FROM dygo_jobs
+WHERE state = 'dead' AND queue = %(queue)s AND finished_at < now() - make_interval(secs => %(older_than)s)"""
+
+# --- Admin: daily stats --------------------------------------------------------------------------
+
+# One folder at a time (several `dygo serve` may run); the others skip and read the deltas too.
+FOLD_STATS_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('dygo.stats.fold'))"
+FOLD_STATS = """
+WITH moved AS (DELETE FROM dygo_stats_deltas RETURNING *)
+INSERT INTO dygo_daily_stats AS s (day, queue, kind, enqueued, succeeded, failed, dead, reaped)
+SELECT day, queue, kind, sum(enqueued), sum(succeeded), sum(failed), sum(dead), sum(reaped)
+FROM moved GROUP BY day, queue, kind
+ON CONFLICT (day, queue, kind) DO UPDATE SET
+    enqueued = s.enqueued + excluded.enqueued, succeeded = s.succeeded + excluded.succeeded,
+    failed = s.failed + excluded.failed, dead = s.dead + excluded.dead, reaped = s.reaped + excluded.reaped"""
+
+# The last %(days)s UTC days, oldest first, zero-filled; folded rows plus deltas not folded yet.
+# A NULL queue means every queue.
+DAILY_STATS = """
+WITH days AS (
+    SELECT d::date AS day FROM generate_series(
+        (now() AT TIME ZONE 'UTC')::date - (%(days)s - 1), (now() AT TIME ZONE 'UTC')::date, interval '1 day') AS d
+), counts AS (
+    SELECT day, enqueued, succeeded, failed, dead, reaped FROM dygo_daily_stats
+    WHERE day > (now() AT TIME ZONE 'UTC')::date - %(days)s AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    UNION ALL
+    SELECT day, enqueued, succeeded, failed, dead, reaped FROM dygo_stats_deltas
+    WHERE day > (now() AT TIME ZONE 'UTC')::date - %(days)s AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+)
+SELECT days.day, coalesce(sum(c.enqueued), 0)::bigint, coalesce(sum(c.succeeded), 0)::bigint,
+       coalesce(sum(c.failed), 0)::bigint, coalesce(sum(c.dead), 0)::bigint, coalesce(sum(c.reaped), 0)::bigint
+FROM days LEFT JOIN counts c USING (day)
+GROUP BY days.day ORDER BY days.day"""
+
+# --- Admin: development only ---------------------------------------------------------------------
+
+NUKE = """
+WITH jobs AS (DELETE FROM dygo_jobs RETURNING 1),
+     keys AS (DELETE FROM dygo_idempotency_keys RETURNING 1),
+     deltas AS (DELETE FROM dygo_stats_deltas RETURNING 1),
+     daily AS (DELETE FROM dygo_daily_stats RETURNING 1),
+     queues AS (DELETE FROM dygo_queues RETURNING 1)
+SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM keys),
+       (SELECT count(*) FROM deltas) + (SELECT count(*) FROM daily), (SELECT count(*) FROM queues)"""
+
+# --- Schedules -----------------------------------------------------------------------------------
+
+# Two workers starting at once with different declarations (a rolling deploy) sync one after the other.
+SCHEDULES_SYNC_LOCK = "SELECT pg_advisory_xact_lock(hashtext('dygo.schedules.sync'))"
+DATABASE_NOW = "SELECT now()"
+# `scheduled`: enabled with a next fire time; false makes the sync recompute it.
+STORED_SCHEDULES = """
+SELECT name, spec, timezone, kind, args, queue, priority, max_attempts, missed,
+       enabled AND next_run_at IS NOT NULL AS scheduled
+FROM dygo_schedules"""
+
+_SCHEDULE_VALUES = """%(name)s, %(spec)s, %(timezone)s, %(kind)s, %(args)s, %(queue)s, %(priority)s,
+        %(max_attempts)s, %(missed)s, %(next_run_at)s"""
+INSERT_SCHEDULE = f"""
+INSERT INTO dygo_schedules (name, spec, timezone, kind, args, queue, priority, max_attempts, missed, next_run_at)
+VALUES ({_SCHEDULE_VALUES})
+ON CONFLICT (name) DO NOTHING"""
+
+# The next fire time is only recomputed when the timing changed, the schedule comes back after
+# removal, or it has none: a worker restart must neither skip nor repeat an occurrence. (SET reads
+# the old row.)
+UPDATE_SCHEDULE_DEFINITION = """
+UPDATE dygo_schedules
+SET spec = %(spec)s, timezone = %(timezone)s, kind = %(kind)s, args = %(args)s, queue = %(queue)s,
+    priority = %(priority)s, max_attempts = %(max_attempts)s, missed = %(missed)s, enabled = true,
+    next_run_at = CASE WHEN spec <> %(spec)s OR timezone <> %(timezone)s OR NOT enabled OR next_run_at IS NULL
+                       THEN %(next_run_at)s ELSE next_run_at END,
+    updated_at = now()
+WHERE name = %(name)s"""
+
+# Removed declarations are disabled, not deleted, so their history (last fire, last job) stays.
+DISABLE_UNDECLARED_SCHEDULES = """
+UPDATE dygo_schedules SET enabled = false, updated_at = now()
+WHERE enabled AND NOT (name = ANY(%s))
+RETURNING name"""
+
+# One due schedule, locked for the transaction that enqueues its job and advances it: any number of
+# workers fire at once, each occurrence exactly once. `now` is the caller's clock in tests, else now().
+LOCK_DUE_SCHEDULE = """
+SELECT name, spec, timezone, kind, args, queue, priority, max_attempts, missed, next_run_at,
+       coalesce(%(now)s::timestamptz, now())
+FROM dygo_schedules
+WHERE enabled AND NOT paused AND next_run_at <= coalesce(%(now)s::timestamptz, now())
+ORDER BY next_run_at, name
+LIMIT 1
+FOR UPDATE SKIP LOCKED"""
+
+ADVANCE_SCHEDULE = """
+UPDATE dygo_schedules
+SET next_run_at = %(next_run_at)s,
+    last_run_at = CASE WHEN %(job_id)s::bigint IS NULL THEN last_run_at ELSE %(fired_at)s END,
+    last_job_id = coalesce(%(job_id)s, last_job_id),
+    updated_at = now()
+WHERE name = %(name)s"""
+
+# Seconds until the next schedule falls due, on the database clock (negative: due already).
+SECONDS_TO_NEXT_FIRE = """
+SELECT extract(epoch FROM min(next_run_at) - now())::float8 FROM dygo_schedules WHERE enabled AND NOT paused"""
+
+# The channel the dygo_schedules triggers send a schedule's name to when it may fall due sooner.
+LISTEN_FOR_SCHEDULES = "LISTEN dygo_schedules"
+
+_SCHEDULE_COLUMNS = """s.name, s.spec, s.timezone, s.kind, s.args, s.queue, s.priority, s.max_attempts, s.missed,
+    s.enabled, s.paused, s.next_run_at, s.last_run_at, s.last_job_id,
+    CASE WHEN j.state = 'pending' AND j.run_at > now() THEN 'scheduled' ELSE j.state END AS last_job_state,
+    s.created_at, s.updated_at
+FROM dygo_schedules s LEFT JOIN dygo_jobs j ON j.id = s.last_job_id"""
+LIST_SCHEDULES = f"SELECT {_SCHEDULE_COLUMNS} ORDER BY s.name"
+GET_SCHEDULE = f"SELECT {_SCHEDULE_COLUMNS} WHERE s.name = %s"
+
+# Waits for a worker that is firing this schedule, so a manual fire never interleaves with it.
+LOCK_SCHEDULE = """
+SELECT name, spec, timezone, kind, args, queue, priority, max_attempts, enabled, paused, now()
+FROM dygo_schedules WHERE name = %s FOR UPDATE"""
+PAUSE_SCHEDULE = "UPDATE dygo_schedules SET paused = true, updated_at = now() WHERE name = %s RETURNING name"
+# Resuming starts from the next occurrence after now: the paused ones are not made up.
+RESUME_SCHEDULE = """
+UPDATE dygo_schedules SET paused = false, next_run_at = %(next_run_at)s, updated_at = now()
+WHERE name = %(name)s AND paused"""
+RECORD_MANUAL_FIRE = """
+UPDATE dygo_schedules SET last_run_at = now(), last_job_id = %(job_id)s, updated_at = now() WHERE name = %(name)s"""

@@ -64,6 +64,8 @@ class JobDefinition:
     retry_backoff: float  # seconds before the first retry; doubles each attempt
     args_model: type[BaseModel] | None
     is_async: bool
+    cron: str | None = None  # `@job(..., cron=...)`: a schedule named after the kind (store.schedules)
+    cron_timezone: str = "UTC"
 
     @property
     def queue_name(self) -> str:
@@ -103,6 +105,8 @@ class Registry:
         # Known once config is loaded (`load_jobs`): enqueue then refuses unknown queues.
         self.queues: list[str] | None = None
         self.default_max_attempts = 20
+        # Validated cron schedules by name, filled by `load_jobs` (store.schedules.Schedule values).
+        self.schedules: dict[str, Any] = {}
 
     def add(self, definition: JobDefinition) -> None:
         source = getattr(definition.handler, "__module__", "?")
@@ -153,9 +157,14 @@ def job(
     max_attempts: int | None = None,
     priority: int = 0,
     retry_backoff: str | float = "15s",
+    cron: str | None = None,
+    timezone: str = "UTC",
     registry: Registry = registry,
 ) -> Callable[[Handler], Handler]:
-    """Declare a handler for `kind`. Handlers take `(ctx, args)` and may be `async def` or plain `def`."""
+    """Declare a handler for `kind`. Handlers take `(ctx, args)` and may be `async def` or plain `def`.
+
+    `cron` (with `timezone`) also schedules the kind, with default args, under the kind's name; use
+    `store.schedules.schedule` for args or other options. Both are validated when the jobs load."""
 
     def decorate(handler: Handler) -> Handler:
         source = getattr(handler, "__module__", "?")
@@ -173,7 +182,7 @@ def job(
         registry.add(JobDefinition(
             kind=kind, handler=handler, queue=queue, timeout=timeout_s, max_attempts=max_attempts,
             priority=priority, retry_backoff=backoff_s, args_model=_args_model(handler),
-            is_async=inspect.iscoroutinefunction(handler),
+            is_async=inspect.iscoroutinefunction(handler), cron=cron, cron_timezone=timezone,
         ))
         return handler
 
@@ -195,7 +204,8 @@ def _args_model(handler: Handler) -> type[BaseModel] | None:
 
 
 def load_jobs(settings: Settings, modules: Iterable[str] | None = None) -> Registry:
-    """Import the configured job modules and check every job names a configured queue."""
+    """Import the configured job modules, check every job names a configured queue, load the schedules."""
+    from store.schedules import load_schedules  # it builds on this module
     for module in modules or settings.job_modules:
         try:
             importlib.import_module(module)
@@ -207,4 +217,5 @@ def load_jobs(settings: Settings, modules: Iterable[str] | None = None) -> Regis
     registry.check_queues(settings)
     registry.queues = settings.queue_names
     registry.default_max_attempts = settings.default_max_attempts
+    registry.schedules = load_schedules(settings, registry)
     return registry

@@ -167,3 +167,105 @@ def wait_until(predicate, timeout: float = 20.0, interval: float = 0.02, message
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+# --- The admin API: a real `dygo serve` ---------------------------------------------------------
+
+ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+READ_TOKEN = "read-token-for-tests-0123456789"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Api:
+    """A running `dygo serve`, with a client per role: admin, reader (read-only token) and anon."""
+
+    def __init__(self, process: DygoProcess, port: int) -> None:
+        import httpx
+
+        self.process = process
+        self.url = f"http://127.0.0.1:{port}"
+        self.admin = httpx.Client(base_url=self.url, timeout=10, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        self.reader = httpx.Client(base_url=self.url, timeout=10, headers={"Authorization": f"Bearer {READ_TOKEN}"})
+        self.anon = httpx.Client(base_url=self.url, timeout=10)
+
+    def wait_until_healthy(self) -> None:
+        import httpx
+
+        def healthy() -> bool:
+            try:
+                return self.anon.get("/healthz").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(healthy, message="serve to answer /healthz")
+
+    def close(self) -> None:
+        for client in (self.admin, self.reader, self.anon):
+            client.close()
+
+
+def start_serve(db_url: str, starter, *args: str, tokens: bool = True, **env: str) -> Api:
+    """`dygo serve` on a free port; with tokens (the default) the API needs ADMIN_TOKEN or READ_TOKEN."""
+    port = free_port()
+    if tokens:
+        env = {"DYGO_ADMIN_TOKEN": ADMIN_TOKEN, "DYGO_READ_TOKEN": READ_TOKEN, **env}
+    process = starter("serve", "--port", str(port), *args, env=dygo_env(db_url, **env))
+    process.wait_for_line("dygo serve: auth")
+    api = Api(process, port)
+    api.wait_until_healthy()
+    return api
+
+
+@pytest.fixture
+def serve(db_url: str, spawn) -> Iterator:
+    """Start `dygo serve` processes for this test (see start_serve)."""
+    started: list[Api] = []
+
+    def start(*args: str, tokens: bool = True, **env: str) -> Api:
+        api = start_serve(db_url, spawn, *args, tokens=tokens, **env)
+        started.append(api)
+        return api
+
+    yield start
+    for api in started:
+        api.close()
+
+
+@pytest.fixture
+def api(serve) -> Api:
+    """`dygo serve` in development on localhost, with an admin and a read-only token configured."""
+    return serve()
+
+
+@pytest.fixture(scope="module")
+def module_db_url(server_url: str, template_url: str) -> Iterator[str]:
+    """A fresh migrated database shared by one module's tests (for read-mostly, server-per-module tests)."""
+    name = f"dygo_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE} STRATEGY FILE_COPY")
+    yield make_conninfo(server_url, dbname=name)
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="module")
+def module_api(module_db_url: str) -> Iterator[Api]:
+    """One `dygo serve` (tokens configured) for a whole module."""
+    processes: list[DygoProcess] = []
+
+    def starter(*args: str, env: dict[str, str] | None = None) -> DygoProcess:
+        processes.append(DygoProcess(module_db_url, *args, env=env))
+        return processes[-1]
+
+    api = start_serve(module_db_url, starter)
+    yield api
+    api.close()
+    for process in processes:
+        process.stop()

@@ -57,7 +57,7 @@ def test_idempotency_key_over_http_answers_200_with_the_same_job(api):
     ({"kind": "test.noop", "queue": "nope"}, "unknown_queue", "'nope' is not configured"),
     ({"kind": "test.record", "args": {"seconds": "soon"}}, "invalid_args", "invalid"),
     ({"kind": "test.noop", "priorty": 1}, "invalid_request", "invalid"),
-    ({"kind": "test.noop", "delay": "tomorrow"}, "invalid_option", "not a duration"),
+    ({"kind": "test.noop", "delay": "tomorrow"}, "invalid_duration", "not a duration"),
     ({"args": {}}, "invalid_request", "invalid"),
 ])
 def test_bad_enqueue_is_a_422_naming_the_problem(api, conn, body, code, fragment):
@@ -73,10 +73,10 @@ def test_invalid_args_details_name_the_field(api):
     assert error["details"][0]["loc"] == ["seconds"]
 
 
-def test_malformed_json_is_a_422_not_a_stack_trace(api):
+def test_malformed_json_is_a_400_not_a_stack_trace(api):
     response = api.post("/api/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
-    assert response.status_code == 422
-    assert response.json()["error"]["code"] == "invalid_request"
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_json"
 
 
 def test_unknown_job_is_404(api):

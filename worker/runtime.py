@@ -5,6 +5,7 @@
 * settle    - record finished jobs, a whole batch per statement, fenced by lease token
 * renew     - extend the leases of everything claimed and not yet settled, at half the TTL
 * maintain  - heartbeat row, recovery of expired leases, forgetting dead workers
+* schedule  - fire due cron schedules, sleeping until the next fire time (or a NOTIFY that one changed)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from store import leases
+from store import leases, schedules
 from store.config import Settings
 from store.leases import ClaimedJob, Outcome, Unsuccessful
 from store.registry import Registry
@@ -34,6 +35,7 @@ log = logging.getLogger("dygo.worker")
 HEARTBEAT_INTERVAL = 5.0
 RECOVER_INTERVAL = 1.0  # at most this often before a claim, so recovery stays cheap under load
 SETTLE_BATCH = 1000
+SCHEDULE_LOCKED_RETRY = 0.25  # a due schedule another worker is firing: its fire takes milliseconds
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Worker:
         self.outbox: list[Outcome] = []  # finished, waiting for the settle loop
         self.outbox_ready = asyncio.Event()
         self.stopping = asyncio.Event()
+        self.schedules_changed = asyncio.Event()  # a NOTIFY: some schedule may be due sooner
         self.last_recovery = 0.0
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=len(self.slots) + 4,
                                         kwargs={"autocommit": True}, open=False)
@@ -100,6 +103,8 @@ class Worker:
             await self.pool.close()
 
     async def _run_once(self) -> int:
+        await self._sync_schedules()
+        await self._fire_due_schedules()
         await self._recover()
         claimed: list[ClaimedJob] = []
         for slots in self.slots.values():
@@ -114,12 +119,13 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         await self._heartbeat()
+        await self._sync_schedules()
         queues = ", ".join(f"{s.name}({s.concurrency})" for s in self.slots.values())
         mode = "polling only" if self.options.poll_only else "listening"
         say(f"dygo worker {self.id} started: queues {queues}; {mode}, poll every {self.options.poll_interval:g}s")
         loops = [asyncio.create_task(self._produce(s), name=f"produce:{s.name}") for s in self.slots.values()]
         background = [asyncio.create_task(coro) for coro in (self._settle_loop(), self._renew_loop(),
-                                                              self._maintain_loop())]
+                                                              self._maintain_loop(), self._schedule_loop())]
         if not self.options.poll_only:
             background.append(asyncio.create_task(self._listen_loop()))
         await self.stopping.wait()
@@ -280,6 +286,49 @@ class Worker:
             log.warning("job %s: lease expired, %s", job_id,
                         "dead as poison (recovered too often)" if state == "dead" else "back to pending")
 
+    # --- schedules ------------------------------------------------------------------------------------
+
+    async def _sync_schedules(self) -> None:
+        """Bring the schedules table in line with this process's declarations (at start)."""
+        async with self.pool.connection() as conn:
+            changes = await schedules.sync(conn, self.jobs.schedules.values())
+        if changes:
+            log.info("schedules synced: %s", changes)
+
+    async def _fire_due_schedules(self) -> None:
+        async with self.pool.connection() as conn:
+            fired = await schedules.fire_due(conn)
+        for f in fired:
+            when = f"occurrence {f.occurrence.isoformat()}"
+            if f.error:
+                log.error("schedule %s %s: %s", f.name, when, f.error)
+            elif f.skipped:
+                log.warning("schedule %s %s missed, skipped (missed: skip)", f.name, when)
+            else:
+                log.info("schedule %s %s fired: job %s%s", f.name, when, f.job_id,
+                         " (already enqueued)" if f.deduplicated else "")
+
+    async def _schedule_loop(self) -> None:
+        """Fire due schedules; sleep until the next fire time, a schedule change or the poll interval."""
+        failures = 0
+        while True:
+            self.schedules_changed.clear()
+            try:
+                await self._fire_due_schedules()
+                async with self.pool.connection() as conn:
+                    due_in = await schedules.seconds_to_next_fire(conn)
+                failures = 0
+                wait = self.options.poll_interval
+                if due_in is not None:
+                    # Due yet not fired: another worker holds it this instant; look again shortly.
+                    wait = min(wait, due_in + 0.005 if due_in > 0 else SCHEDULE_LOCKED_RETRY)
+            except Exception as exc:  # noqa: BLE001 - one bad fire must not stop every schedule for good
+                failures += 1
+                wait = min(30.0, 0.5 * 2**failures)
+                log.warning("firing schedules failed (%s); retrying in %.1fs", exc, wait)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.schedules_changed.wait(), wait)
+
     # --- wake-up --------------------------------------------------------------------------------------
 
     async def _listen_loop(self) -> None:
@@ -290,10 +339,15 @@ class Worker:
                 conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
                 async with conn:
                     await leases.listen(conn)
+                    await schedules.listen(conn)
                     delay = 0.5
                     for slots in self.slots.values():  # catch up on anything sent while not listening
                         slots.wake.set()
+                    self.schedules_changed.set()
                     async for notify in conn.notifies():
+                        if notify.channel == schedules.CHANNEL:
+                            self.schedules_changed.set()
+                            continue
                         slots = self.slots.get(notify.payload)
                         if slots is not None:
                             slots.wake.set()

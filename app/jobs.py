@@ -1,0 +1,135 @@
+"""/api/v1/jobs: enqueue one or a batch, read one, list with keyset pagination, act on one."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from app.db import Conn
+from app.errors import ApiError, documented
+from app.schemas import BatchEnqueued, BatchRequest, Enqueued, EnqueueRequest, Job, JobPage, JobState
+from store import admin, inspect
+from store.enqueue import Enqueued as EnqueueResult
+from store.enqueue import JobRequest, enqueue, enqueue_many
+
+router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=documented(401, 403, 413, 503))
+
+MAX_JOB_ID = 2**63 - 1
+JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="The job's id")]
+
+
+def _options(body: EnqueueRequest) -> dict[str, Any]:
+    return body.model_dump(exclude={"kind", "args"}, exclude_none=True)
+
+
+def _enqueued(result: EnqueueResult) -> dict[str, Any]:
+    return Enqueued(id=result.id, deduplicated=result.deduplicated, run_at=result.run_at).model_dump(mode="json")
+
+
+@router.post("/jobs", status_code=201, response_model=Enqueued, summary="Enqueue a job",
+             responses={200: {"model": Enqueued, "description": "Deduplicated: a live job already holds the key"},
+                        **documented(400, 409, 422)})
+def enqueue_job(
+    body: EnqueueRequest, conn: Conn,
+    idempotency_header: Annotated[str | None, Header(
+        alias="Idempotency-Key", description="Same as the body's idempotency_key")] = None,
+) -> JSONResponse:
+    options = _options(body)
+    if idempotency_header is not None:
+        if options.get("idempotency_key", idempotency_header) != idempotency_header:
+            raise ApiError(422, "invalid_option", "the Idempotency-Key header and the body's idempotency_key differ")
+        options["idempotency_key"] = idempotency_header
+    result = enqueue(conn, body.kind, body.args, **options)
+    return JSONResponse(_enqueued(result), status_code=200 if result.deduplicated else 201)
+
+
+@router.post("/jobs/batch", status_code=201, response_model=BatchEnqueued, summary="Enqueue many jobs, all or nothing",
+             responses=documented(400, 409, 422))
+def enqueue_batch(body: BatchRequest, conn: Conn, request: Request) -> dict[str, Any]:
+    most = request.app.state.settings.max_batch_size
+    if len(body.jobs) > most:
+        raise ApiError(422, "batch_too_large", f"a batch holds at most {most} jobs (max_batch_size), "
+                       f"got {len(body.jobs)}", {"max": most, "got": len(body.jobs)})
+    results = enqueue_many(conn, [JobRequest(job.kind, job.args, **_options(job)) for job in body.jobs])
+    return {"jobs": [_enqueued(result) for result in results]}
+
+
+@router.get("/jobs", response_model=JobPage, summary="List jobs, newest or oldest first",
+            responses=documented(400, 422))
+def list_jobs(
+    conn: Conn,
+    queue: Annotated[str | None, Query(max_length=255)] = None,
+    kind: Annotated[str | None, Query(max_length=255)] = None,
+    state: JobState | None = None,
+    q: Annotated[str | None, Query(min_length=1, max_length=255,
+                                   description="Text in the args (as JSON) or the last error")] = None,
+    order: Literal["newest", "oldest"] = "newest",
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=100, description="next_cursor of the previous page")] = None,
+) -> dict[str, Any]:
+    position = decode_cursor(cursor, order) if cursor else None
+    where = admin.JobFilter(queue=queue, kind=kind, state=state, text=q)
+    page = admin.list_jobs(conn, where, order=order, limit=limit, position=position)
+    return {"jobs": page.jobs, "next_cursor": None if page.next_position is None
+            else encode_cursor(order, page.next_position)}
+
+
+def encode_cursor(order: str, position: int) -> str:
+    return base64.urlsafe_b64encode(f"{order}:{position}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, order: str) -> int:
+    """The position in a cursor made by encode_cursor for the same order; 400 for anything else."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        made_for, _, position = text.partition(":")
+        if made_for == order and position.isdigit() and int(position) <= MAX_JOB_ID:
+            return int(position)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        pass
+    raise ApiError(400, "invalid_cursor", "the cursor is not one this list returned for this order; "
+                   "start again without a cursor")
+
+
+@router.get("/jobs/{job_id}", response_model=Job, summary="A job with its result and attempt history",
+            responses=documented(404, 422))
+def get_job(job_id: JobId, conn: Conn) -> dict[str, Any]:
+    job = inspect.get_job(conn, job_id)
+    if job is None:
+        raise ApiError(404, "job_not_found", f"no job with id {job_id}")
+    return job
+
+
+@router.delete("/jobs/{job_id}", status_code=204, summary="Delete a job (not while it is active)",
+               responses=documented(404, 409, 422))
+def delete_job(job_id: JobId, conn: Conn) -> Response:
+    admin.delete_job(conn, job_id)
+    return Response(status_code=204)
+
+
+ACTION_SUMMARIES = {
+    "retry": "Retry a dead or cancelled job now, with a fresh attempt budget",
+    "cancel": "Cancel a pending, scheduled or paused job",
+    "pause": "Hold a pending or scheduled job",
+    "resume": "Release a paused job",
+    "run-now": "Run a scheduled job now (409 unless it is scheduled)",
+    "archive": "Move a pending or scheduled job to dead without running it",
+}
+
+
+def _add_action(action: str, summary: str) -> None:
+    def act(job_id: JobId, conn: Conn) -> dict[str, Any]:
+        return admin.act_on_job(conn, action, job_id)
+
+    name = action.replace("-", "_") + "_job"
+    act.__name__ = name
+    router.add_api_route(f"/jobs/{{job_id}}/{action}", act, methods=["POST"], response_model=Job,
+                         summary=summary, name=name, responses=documented(404, 409, 422))
+
+
+for _action, _summary in ACTION_SUMMARIES.items():
+    _add_action(_action, _summary)

@@ -1,0 +1,83 @@
+"""The OpenAPI document: FastAPI's, plus each registered kind's args and the bearer scheme.
+
+The enqueue endpoints validate with the generic EnqueueRequest (so an unknown kind gets its own
+error code, and kinds registered only in other codebases' workers can still be enqueued with a
+queue). The document, though, describes a job as `anyOf` one variant per registered kind — its
+`kind` a constant, its `args` that kind's pydantic model — or the generic form. The variants are
+pydantic models built at start-up, so their JSON schema is exactly what validation enforces.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, Field, create_model
+from pydantic.json_schema import models_json_schema
+
+from app.auth import PROTECTED_PREFIX
+from app.schemas import EnqueueOptions
+from store.registry import Registry
+
+# Components for the kinds get this prefix, so no args model can shadow one of the API's own.
+KIND_PREFIX = "kind."
+
+
+def kind_variants(jobs: Registry) -> list[type[BaseModel]]:
+    variants = []
+    for definition in sorted(jobs, key=lambda d: d.kind):
+        args_type: Any = definition.args_model or dict[str, Any]
+        doc = (definition.handler.__doc__ or "").strip() or f"Enqueue a {definition.kind} job."
+        variants.append(create_model(
+            "Enqueue_" + re.sub(r"[^A-Za-z0-9]", "_", definition.kind),
+            __base__=EnqueueOptions,
+            __doc__=doc,
+            kind=(Literal[definition.kind], Field(description=f"Queue by default: {definition.queue_name}")),
+            args=(args_type, Field(default_factory=dict)),
+        ))
+    return variants
+
+
+def _kind_schemas(jobs: Registry) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """$refs to the variants, and the components they need."""
+    variants = kind_variants(jobs)
+    if not variants:
+        return [], {}
+    refs, document = models_json_schema([(model, "validation") for model in variants],
+                                        ref_template=f"#/components/schemas/{KIND_PREFIX}{{model}}")
+    components = {KIND_PREFIX + name: schema for name, schema in document.get("$defs", {}).items()}
+    return [refs[(model, "validation")] for model in variants], components
+
+
+def install_openapi(app: FastAPI, jobs: Registry) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        variants, components = _kind_schemas(jobs)
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas.update(components)
+        one_job = {"anyOf": [*variants, {"$ref": "#/components/schemas/EnqueueRequest"}]}
+        body = schema["paths"]["/api/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
+        body["schema"] = one_job
+        schemas["BatchRequest"]["properties"]["jobs"]["items"] = one_job
+        _declare_bearer(schema)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _declare_bearer(schema: dict[str, Any]) -> None:
+    schema["components"]["securitySchemes"] = {"bearer": {
+        "type": "http", "scheme": "bearer",
+        "description": "A `read` token for GET, an `admin` token for everything else "
+                       "(DYGO_READ_TOKEN / DYGO_ADMIN_TOKEN). Not needed in development on localhost "
+                       "when no token is configured.",
+    }}
+    for path, operations in schema["paths"].items():
+        if path.startswith(PROTECTED_PREFIX):
+            for operation in operations.values():
+                operation["security"] = [{"bearer": []}]

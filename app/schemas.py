@@ -1,0 +1,199 @@
+"""Request and response bodies of the API (they are also its OpenAPI document)."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobState = Literal["scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled"]
+
+# --- enqueue ---------------------------------------------------------------------------------------
+
+
+class EnqueueOptions(BaseModel):
+    """Everything an enqueue may say besides the kind and its args."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queue: str | None = Field(None, description="A configured queue; defaults to the kind's queue")
+    priority: int | None = Field(None, description="Higher runs first; -1000 to 1000 (default: the kind's)")
+    run_at: datetime | None = Field(None, description="When to run: an ISO 8601 timestamp with a timezone")
+    delay: str | float | None = Field(None, description="Run after this long on the database clock: '30s', "
+                                      "'5m', '2h', '1d' or seconds. Not with run_at")
+    max_attempts: int | None = Field(None, description="1 to 1000 (default: the kind's, else the configured one)")
+    meta: dict[str, str] = Field(default_factory=dict, description="String map handed to the handler as ctx.meta")
+    idempotency_key: str | None = Field(None, description="While a live job (pending, scheduled, active, paused) "
+                                        "holds this key, the enqueue returns that job instead (200, deduplicated)")
+    idempotency_ttl: str | float | None = Field(None, description="Hold the key this long even after the job "
+                                                "finished, e.g. '1h' (needs idempotency_key)")
+
+
+class EnqueueRequest(EnqueueOptions):
+    """One job. The per-kind variants in this document show each registered kind's args."""
+
+    kind: str = Field(description="A job kind, e.g. 'email.send'. A kind not registered in this service "
+                      "needs an explicit queue")
+    args: dict[str, Any] = Field(default_factory=dict, description="Validated against the kind's args model")
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[EnqueueRequest] = Field(description="Enqueued all or nothing, at most max_batch_size")
+
+
+class Enqueued(BaseModel):
+    id: int
+    deduplicated: bool = Field(description="True when an idempotency key matched an existing job, whose id this is")
+    run_at: datetime | None = Field(description="When the job is due (absent for a deduplicated batch entry)")
+
+
+class BatchEnqueued(BaseModel):
+    jobs: list[Enqueued] = Field(description="In the order of the request")
+
+
+# --- jobs ------------------------------------------------------------------------------------------
+
+
+class JobSummary(BaseModel):
+    id: int
+    kind: str
+    queue: str
+    args: dict[str, Any]
+    meta: dict[str, str]
+    state: JobState
+    priority: int
+    run_at: datetime
+    attempt: int = Field(description="Attempts started so far (the running one included)")
+    max_attempts: int
+    enqueued_at: datetime
+    started_at: datetime | None = Field(description="When the latest attempt was claimed")
+    finished_at: datetime | None
+    last_error: str | None
+
+
+class AttemptError(BaseModel):
+    attempt: int
+    at: datetime
+    started_at: datetime | None = None
+    worker: str | None = None
+    error: str
+    traceback: str | None = None
+
+
+class Job(JobSummary):
+    result: Any = Field(description="What the handler returned, once succeeded")
+    errors: list[AttemptError] = Field(description="Every failed attempt, oldest first")
+    reap_count: int = Field(description="Times its lease expired and it was recovered")
+    lease_owner: str | None
+    lease_deadline: datetime | None
+    idempotency_key: str | None
+
+
+class JobPage(BaseModel):
+    jobs: list[JobSummary]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null at the end. A page can "
+                                    "hold fewer jobs than the limit and still have a next page (see the README)")
+
+
+# --- queues and stats ------------------------------------------------------------------------------
+
+
+class QueueCounts(BaseModel):
+    pending: int
+    scheduled: int
+    active: int
+    paused: int
+    dead: int
+    cancelled: int
+
+
+class Queue(BaseModel):
+    name: str
+    concurrency: int | None = Field(description="Per worker process, from queues.yml (null: no longer configured)")
+    paused: bool = Field(description="Workers do not claim from a paused queue")
+    paused_at: datetime | None
+    counts: QueueCounts
+
+
+class QueueList(BaseModel):
+    queues: list[Queue]
+
+
+class DailyCount(BaseModel):
+    day: date
+    enqueued: int
+    succeeded: int
+    failed: int = Field(description="Failed attempts (retried or not)")
+    dead: int
+    reaped: int = Field(description="Expired leases recovered")
+
+
+class StatTotals(BaseModel):
+    enqueued: int
+    succeeded: int
+    failed: int
+    dead: int
+    reaped: int
+
+
+class QueueStats(BaseModel):
+    queue: str | None = Field(description="null: every queue")
+    counts: QueueCounts
+    days: int
+    totals: StatTotals = Field(description="Sums over the window")
+    daily: list[DailyCount] = Field(description="One entry per UTC day, oldest first, zero-filled")
+
+
+class RetryDeadReport(BaseModel):
+    queue: str
+    retried: int
+
+
+class PurgeReport(BaseModel):
+    queue: str
+    pending: int
+    scheduled: int
+    dead: int
+    active_left: int = Field(description="Running jobs, left to their workers")
+    paused_left: int = Field(description="Paused jobs, left where the operator parked them")
+
+
+class VacuumReport(BaseModel):
+    queue: str
+    deleted: int
+    older_than_seconds: float
+
+
+# --- system ----------------------------------------------------------------------------------------
+
+
+class Worker(BaseModel):
+    id: str = Field(description="<hostname>:<pid>:<random>")
+    hostname: str
+    pid: int
+    queues: dict[str, int] = Field(description="Queue name -> concurrency in that process")
+    started_at: datetime
+    last_seen_at: datetime
+
+
+class WorkerList(BaseModel):
+    workers: list[Worker]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready"]
+    schema_version: int
+
+
+class NukeReport(BaseModel):
+    jobs: int
+    idempotency_keys: int
+    stats_rows: int
+    queue_pauses: int

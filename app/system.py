@@ -1,0 +1,60 @@
+"""Health, readiness, live workers, and the development-only nuke."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from fastapi import APIRouter, Request
+
+from app.db import Conn
+from app.errors import ApiError, documented, error_response
+from app.schemas import Health, NukeReport, Ready, WorkerList
+from store import admin
+from store.errors import SchemaError
+
+log = logging.getLogger("dygo.serve")
+
+router = APIRouter(tags=["system"])
+
+# Workers heartbeat every 5 s; one unseen for this long is gone (crashed without saying so).
+WORKER_SEEN_WITHIN = 30.0
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", response_model=Ready, summary="Readiness: the database answers and its schema is current",
+            responses=documented(503))
+def readyz(request: Request) -> Any:
+    try:
+        with request.app.state.pool.connection(timeout=5) as conn:
+            version = admin.check_ready(conn)
+    except SchemaError as exc:
+        return error_response(503, "not_ready", str(exc), {"check": "schema"})
+    except psycopg.Error as exc:
+        log.warning("readiness: database check failed: %s", exc)
+        return error_response(503, "not_ready", "the database is not reachable", {"check": "database"})
+    return {"status": "ready", "schema_version": version}
+
+
+@router.get("/api/v1/workers", response_model=WorkerList, summary="Worker processes seen in the last 30 seconds",
+            responses=documented(401, 403, 503))
+def workers(conn: Conn) -> dict[str, Any]:
+    return {"workers": admin.live_workers(conn, WORKER_SEEN_WITHIN)}
+
+
+@router.post("/api/v1/nuke", response_model=NukeReport,
+             summary="Delete every job, key, stat and queue pause (development only)",
+             responses=documented(401, 403, 503))
+def nuke(request: Request, conn: Conn) -> dict[str, int]:
+    env = request.app.state.settings.env
+    if env != "development":
+        raise ApiError(403, "development_only", f"nuke is refused in the {env} environment; "
+                       "it only runs in development")
+    report = admin.nuke(conn)
+    log.warning("nuke: deleted %s", report)
+    return report

@@ -1,0 +1,274 @@
+"""The admin side of the store: job lists, actions on a job or a queue, daily stats, workers.
+
+Sync psycopg (the admin service runs its endpoints in a thread pool). Every statement lives in
+store/queries.py; this module picks them, runs them, and turns "no row came back" into the
+right error: an unknown id (NotFound) or a job whose state does not allow the action (Conflict).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from store import queries
+from store.errors import Conflict, NotFound
+from store.migrate import check_version, schema_version
+
+# What a list can filter on; 'scheduled' is a pending job whose run_at is still ahead.
+STATES = ("scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled")
+# What the queue counts report. Succeeded jobs are history, counted by the daily stats instead.
+COUNTED_STATES = ("pending", "scheduled", "active", "paused", "dead", "cancelled")
+Order = Literal["newest", "oldest"]
+
+# A list no index serves in id order (text search; a queue or kind among all or succeeded jobs)
+# looks at no more than this many ids per page, so a rare match never means a scan of the whole
+# history. Ids come from one sequence, so a range of N ids holds at most N rows.
+SCAN_WINDOW = 50_000
+
+# Which states each action starts from (the same rule is the WHERE of its statement).
+ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "retry": (queries.RETRY_JOB, ("dead", "cancelled")),
+    "cancel": (queries.CANCEL_JOB, ("pending", "scheduled", "paused")),
+    "pause": (queries.PAUSE_JOB, ("pending", "scheduled")),
+    "resume": (queries.RESUME_JOB, ("paused",)),
+    "run-now": (queries.RUN_JOB_NOW, ("scheduled",)),
+    "archive": (queries.ARCHIVE_JOB, ("pending", "scheduled")),
+}
+DELETABLE = tuple(state for state in STATES if state != "active")
+# Ready (not yet running) jobs have their own index, dygo_jobs_ready.
+READY_STATES = frozenset({"pending", "scheduled"})
+
+
+# --- job lists ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    queue: str | None = None
+    kind: str | None = None
+    state: str | None = None
+    text: str | None = None  # a substring of the args (as JSON) or of the last error
+
+    def scans(self) -> bool:
+        """True when no index finds these jobs in id order, so each page bounds its scan."""
+        if self.text:
+            return True
+        return bool(self.queue or self.kind) and self.state in (None, "succeeded")
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[dict[str, Any]]
+    # Where the next page starts (an exclusive id bound), or None at the end. A page of a scanning
+    # filter can hold fewer jobs than asked for and still have a next page.
+    next_position: int | None
+
+
+def list_jobs(conn: psycopg.Connection, where: JobFilter, *, order: Order = "newest", limit: int = 50,
+              position: int | None = None) -> JobPage:
+    """One page of jobs, newest or oldest first, starting after `position` (keyset on id)."""
+    newest = order == "newest"
+    fragments, params = _filters(where, newest, position)
+    params["limit"] = limit + 1  # one more than asked: tells whether a next page exists
+    if where.scans():
+        window = _scan_window(conn, newest, position)
+        if window is None:
+            return JobPage([], None)
+        bound, edge, end_of_window = window
+        rows = _fetch(conn, [*fragments, queries.JOB_FILTERS[bound]], {**params, bound: edge}, newest)
+        return _page(rows, limit, end_of_window)
+    if where.state in READY_STATES:
+        return _ready_page(conn, fragments, params, newest, position, limit)
+    return _page(_fetch(conn, fragments, params, newest), limit, None)
+
+
+def _filters(where: JobFilter, newest: bool, position: int | None) -> tuple[list[str], dict[str, Any]]:
+    params: dict[str, Any] = {"queue": where.queue, "kind": where.kind}
+    fragments = [queries.JOB_FILTERS[name] for name in ("queue", "kind") if params[name] is not None]
+    if where.state is not None:
+        fragments.append(queries.JOB_STATE_FILTERS[where.state])
+    if where.text:
+        params["pattern"] = f"%{_escape_like(where.text)}%"
+        fragments.append(queries.JOB_FILTERS["text"])
+    if position is not None:
+        bound = "below" if newest else "above"
+        params[bound] = position
+        fragments.append(queries.JOB_FILTERS[bound])
+    return fragments, params
+
+
+def _fetch(conn: psycopg.Connection, fragments: list[str], params: dict[str, Any], newest: bool,
+           key: str = "by_primary_key") -> list[dict[str, Any]]:
+    statement = sql.SQL(queries.LIST_JOBS).format(
+        columns=sql.SQL(queries.JOB_SUMMARY_COLUMNS),
+        filters=sql.SQL(" AND ").join(sql.SQL(f) for f in fragments or [queries.JOB_FILTERS["everything"]]),
+        key=sql.SQL(queries.JOB_ORDER_KEYS[key]),
+        direction=sql.SQL("DESC" if newest else "ASC"),
+    )
+    with conn.cursor(row_factory=dict_row) as cursor:
+        return cursor.execute(statement, params).fetchall()
+
+
+def _page(rows: list[dict[str, Any]], limit: int, otherwise: int | None) -> JobPage:
+    if len(rows) > limit:
+        return JobPage(rows[:limit], rows[limit - 1]["id"])
+    return JobPage(rows, otherwise)
+
+
+def _ready_page(conn: psycopg.Connection, fragments: list[str], params: dict[str, Any], newest: bool,
+                position: int | None, limit: int) -> JobPage:
+    """Pending or scheduled jobs: usually the newest rows, so first a bounded walk of the primary
+    key from the start; when they are too sparse there (a backlog of old jobs, or few far-future
+    ones), their own index, sorted: the cost is then bounded by how many are waiting."""
+    window = _scan_window(conn, newest, position)
+    if window is None:
+        return JobPage([], None)
+    bound, edge, _ = window
+    rows = _fetch(conn, [*fragments, queries.JOB_FILTERS[bound]], {**params, bound: edge}, newest)
+    if len(rows) <= limit:
+        rows = _fetch(conn, fragments, params, newest, key="sorted")
+    return _page(rows, limit, None)
+
+
+def _scan_window(conn: psycopg.Connection, newest: bool, position: int | None) -> tuple[str, int, int | None] | None:
+    """The id bound that limits this page's scan, and where the next page starts if it runs dry."""
+    low, high = conn.execute(queries.JOB_ID_RANGE).fetchone()
+    if low is None:
+        return None
+    if newest:
+        start = high if position is None else min(position - 1, high)
+        floor = start - SCAN_WINDOW + 1
+        return "floor", floor, (floor if floor > low else None)
+    start = low if position is None else max(position + 1, low)
+    ceiling = start + SCAN_WINDOW - 1
+    return "ceiling", ceiling, (ceiling if ceiling < high else None)
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+# --- one job -----------------------------------------------------------------------------------
+
+
+def act_on_job(conn: psycopg.Connection, action: str, job_id: int) -> dict[str, Any]:
+    """Run one of ACTIONS on a job; return the job as it is now."""
+    statement, allowed = ACTIONS[action]
+    try:
+        with conn.cursor(row_factory=dict_row) as cursor:
+            job = cursor.execute(statement, {"id": job_id}).fetchone()
+    except psycopg.errors.UniqueViolation:
+        # Only a retry brings a job back to a live state, where its idempotency key must be unique.
+        raise Conflict("idempotency_conflict",
+                       f"job {job_id} cannot be retried: a live job holds its idempotency key",
+                       {"action": action}) from None
+    if job is None:
+        _refuse(conn, job_id, action, allowed)
+    return job
+
+
+def delete_job(conn: psycopg.Connection, job_id: int) -> None:
+    if conn.execute(queries.DELETE_JOB, {"id": job_id}).fetchone() is None:
+        _refuse(conn, job_id, "delete", DELETABLE)
+
+
+def _refuse(conn: psycopg.Connection, job_id: int, action: str, allowed: tuple[str, ...]) -> None:
+    row = conn.execute(queries.JOB_STATE, (job_id,)).fetchone()
+    if row is None:
+        raise NotFound("job_not_found", f"no job with id {job_id}")
+    state = row[0]
+    raise Conflict("invalid_transition",
+                   f"job {job_id} is {state}; {action} applies to a job that is {' or '.join(allowed)}",
+                   {"state": state, "action": action, "allowed_from": list(allowed)})
+
+
+# --- queues ------------------------------------------------------------------------------------
+
+
+def list_queues(conn: psycopg.Connection, configured: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Every configured queue (and any other queue that still has jobs), with its counts by state."""
+    counts: dict[str, dict[str, int]] = {}
+    for queue, state, number in conn.execute(queries.QUEUE_COUNTS):
+        counts.setdefault(queue, dict.fromkeys(COUNTED_STATES, 0))[state] = number
+    paused = dict(conn.execute(queries.PAUSED_QUEUES).fetchall())
+    names = list(configured) + sorted((set(counts) | set(paused)) - set(configured))
+    return [{
+        "name": name, "concurrency": configured.get(name), "paused": name in paused,
+        "paused_at": paused.get(name), "counts": counts.get(name, dict.fromkeys(COUNTED_STATES, 0)),
+    } for name in names]
+
+
+def pause_queue(conn: psycopg.Connection, queue: str) -> datetime:
+    """Workers stop claiming from the queue (jobs already running finish). Returns when it was paused."""
+    return conn.execute(queries.PAUSE_QUEUE, (queue,)).fetchone()[0]
+
+
+def resume_queue(conn: psycopg.Connection, queue: str) -> None:
+    conn.execute(queries.RESUME_QUEUE, (queue,))
+
+
+def retry_dead(conn: psycopg.Connection, queue: str) -> int:
+    """Every dead job of the queue back to pending now; returns how many."""
+    return len(conn.execute(queries.RETRY_DEAD_JOBS, {"queue": queue}).fetchall())
+
+
+def purge_queue(conn: psycopg.Connection, queue: str) -> dict[str, int]:
+    """Delete the queue's pending, scheduled and dead jobs; report them and the jobs left alone."""
+    pending, scheduled, dead, active, paused = conn.execute(queries.PURGE_QUEUE, {"queue": queue}).fetchone()
+    return {"pending": pending, "scheduled": scheduled, "dead": dead,
+            "active_left": active, "paused_left": paused}
+
+
+def vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
+    """Delete the queue's jobs dead for longer than `older_than` seconds; returns how many."""
+    return conn.execute(queries.VACUUM_DEAD, {"queue": queue, "older_than": older_than}).rowcount
+
+
+# --- daily stats -------------------------------------------------------------------------------
+
+
+def fold_stats(conn: psycopg.Connection) -> bool:
+    """Fold the stats deltas into the daily rollups; False when another process is folding."""
+    with conn.transaction():
+        if not conn.execute(queries.FOLD_STATS_LOCK).fetchone()[0]:
+            return False
+        conn.execute(queries.FOLD_STATS)
+    return True
+
+
+STAT_FIELDS = ("enqueued", "succeeded", "failed", "dead", "reaped")
+
+
+def daily_stats(conn: psycopg.Connection, queue: str | None, days: int) -> dict[str, Any]:
+    """The last `days` UTC days for one queue (None: all), oldest first, zero-filled, and their totals."""
+    rows = conn.execute(queries.DAILY_STATS, {"queue": queue, "days": days}).fetchall()
+    daily = [{"day": row[0], **dict(zip(STAT_FIELDS, row[1:], strict=True))} for row in rows]
+    totals = {name: sum(day[name] for day in daily) for name in STAT_FIELDS}
+    return {"days": days, "totals": totals, "daily": daily}
+
+
+# --- workers, health, development ----------------------------------------------------------------
+
+
+def live_workers(conn: psycopg.Connection, seen_within: float) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cursor:
+        return cursor.execute(queries.LIVE_WORKERS, (seen_within,)).fetchall()
+
+
+def check_ready(conn: psycopg.Connection) -> int:
+    """The schema version, after checking it is the one this code needs (SchemaError if not)."""
+    version = schema_version(conn)
+    check_version(version)
+    return version or 0
+
+
+def nuke(conn: psycopg.Connection) -> dict[str, int]:
+    """Delete every job, idempotency key, stat and queue pause. Development only (the caller checks)."""
+    jobs, keys, stats, queues = conn.execute(queries.NUKE).fetchone()
+    return {"jobs": jobs, "idempotency_keys": keys, "stats_rows": stats, "queue_pauses": queues}

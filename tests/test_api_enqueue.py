@@ -1,0 +1,161 @@
+"""Enqueue over HTTP: one and many, every option, idempotency, the per-kind schemas, and bad input."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+
+
+def count_jobs(conn) -> int:
+    return conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0]
+
+
+def test_enqueue_with_every_option_is_stored_as_asked(api, conn):
+    response = api.admin.post("/api/v1/jobs", json={
+        "kind": "test.record", "args": {"seconds": 0.5}, "queue": "other", "priority": 7,
+        "run_at": "2030-01-02T03:04:05Z", "max_attempts": 4, "meta": {"tenant": "acme"},
+        "idempotency_key": "order-1",
+    })
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["deduplicated"] is False and body["run_at"].startswith("2030-01-02T03:04:05")
+    job = api.reader.get(f"/api/v1/jobs/{body['id']}").json()
+    assert (job["queue"], job["priority"], job["max_attempts"], job["state"]) == ("other", 7, 4, "scheduled")
+    assert (job["meta"], job["args"], job["idempotency_key"]) == ({"tenant": "acme"}, {"seconds": 0.5}, "order-1")
+
+
+def test_delay_runs_on_the_database_clock(api, conn):
+    job_id = api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "delay": "90s"}).json()["id"]
+    lead = conn.execute("SELECT extract(epoch FROM run_at - enqueued_at) FROM dygo_jobs WHERE id = %s",
+                        (job_id,)).fetchone()[0]
+    assert lead == 90
+
+
+def test_idempotency_key_header_is_the_same_mechanism(api):
+    headers = {"Idempotency-Key": "webhook-77"}
+    first = api.admin.post("/api/v1/jobs", json={"kind": "test.noop"}, headers=headers)
+    again = api.admin.post("/api/v1/jobs", json={"kind": "test.noop"}, headers=headers)
+    body_key = api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "idempotency_key": "webhook-77"})
+    assert (first.status_code, again.status_code, body_key.status_code) == (201, 200, 200)
+    assert first.json()["id"] == again.json()["id"] == body_key.json()["id"]
+    assert again.json()["deduplicated"] is True
+    clash = api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "idempotency_key": "other"}, headers=headers)
+    assert clash.status_code == 422 and clash.json()["error"]["code"] == "invalid_option"
+
+
+def test_idempotency_ttl_holds_the_key_after_the_job_finished(api, conn):
+    body = {"kind": "test.noop", "idempotency_key": "daily-report", "idempotency_ttl": "1h"}
+    first = api.admin.post("/api/v1/jobs", json=body).json()
+    conn.execute("UPDATE dygo_jobs SET state = 'succeeded' WHERE id = %s", (first["id"],))
+    again = api.admin.post("/api/v1/jobs", json=body)
+    assert again.status_code == 200 and again.json()["id"] == first["id"]
+
+
+def test_batch_enqueues_every_job_in_order(api, conn):
+    response = api.admin.post("/api/v1/jobs/batch", json={"jobs": [
+        {"kind": "test.noop"},
+        {"kind": "test.record", "args": {"seconds": 1}, "delay": "1h", "priority": 3},
+        {"kind": "test.noop", "idempotency_key": "once"},
+        {"kind": "test.noop", "idempotency_key": "once"},
+    ]})
+    assert response.status_code == 201, response.text
+    results = response.json()["jobs"]
+    assert [r["deduplicated"] for r in results] == [False, False, False, True]
+    assert results[3]["id"] == results[2]["id"]
+    rows = conn.execute("SELECT id, kind, priority FROM dygo_jobs ORDER BY id").fetchall()
+    assert [(kind, priority) for _, kind, priority in rows] == [("test.noop", 0), ("test.record", 3), ("test.noop", 0)]
+    assert [row[0] for row in rows] == [r["id"] for r in results[:3]]
+
+
+def test_batch_is_all_or_nothing_and_names_the_bad_job(api, conn):
+    response = api.admin.post("/api/v1/jobs/batch", json={"jobs": [
+        {"kind": "test.noop"}, {"kind": "test.record", "args": {"seconds": "soon"}}, {"kind": "test.noop"}]})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_args" and error["message"].startswith("jobs[1]: ")
+    assert error["details"]["index"] == 1 and error["details"]["errors"][0]["loc"] == ["seconds"]
+    assert count_jobs(conn) == 0
+
+
+def test_batch_above_the_configured_maximum_is_refused(api, conn):
+    response = api.admin.post("/api/v1/jobs/batch", json={"jobs": [{"kind": "test.noop"}] * 1001})
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "batch_too_large"
+    assert response.json()["error"]["details"] == {"max": 1000, "got": 1001}
+    assert count_jobs(conn) == 0
+
+
+def test_oversize_body_is_413_whether_declared_or_streamed(api, conn):
+    big = b'{"kind": "test.noop", "args": {"blob": "' + b"x" * (1024 * 1024) + b'"}}'
+    declared = api.admin.post("/api/v1/jobs", content=big, headers={"content-type": "application/json"})
+
+    def chunks():
+        for start in range(0, len(big), 65536):
+            yield big[start:start + 65536]
+
+    streamed = api.admin.post("/api/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
+    for response in (declared, streamed):
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "payload_too_large"
+    assert count_jobs(conn) == 0
+    at_the_limit = big.replace(b"x" * (len(big) - 1024 * 1024), b"", 1)
+    assert len(at_the_limit) == 1024 * 1024
+    accepted = api.admin.post("/api/v1/jobs", content=at_the_limit, headers={"content-type": "application/json"})
+    assert accepted.status_code == 201, accepted.text
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [
+    (b"{not json", 400, "invalid_json"),
+    (b'{"kind": "test.noop", "priority": "high"}', 422, "invalid_request"),
+    (b'{"kind": "test.noop", "meta": {"n": 1}}', 422, "invalid_request"),
+    (b'{"kind": "test.noop", "colour": "red"}', 422, "invalid_request"),
+    (b'["test.noop"]', 422, "invalid_request"),
+    (b'{"kind": "no.such"}', 422, "unknown_kind"),
+    (b'{"kind": "test.noop", "queue": "nope"}', 422, "unknown_queue"),
+    (b'{"kind": "test.record", "args": {"seconds": "soon"}}', 422, "invalid_args"),
+    (b'{"kind": "test.noop", "priority": 5000}', 422, "invalid_option"),
+    (b'{"kind": "test.noop", "delay": "tomorrow"}', 422, "invalid_duration"),
+    (b'{"kind": "test.noop", "idempotency_key": "k", "idempotency_ttl": "-1h"}', 422, "invalid_duration"),
+    (b'{"kind": "test.noop", "run_at": "next tuesday"}', 422, "invalid_timestamp"),
+    (b'{"kind": "test.noop", "run_at": "2030-01-01T00:00:00"}', 422, "invalid_timestamp"),
+    (b'{"kind": "test.noop", "meta": {"k": "a\\u0000b"}}', 422, "invalid_value"),
+])
+def test_each_kind_of_bad_input_has_its_own_code_and_writes_nothing(module_api, module_db_url, body, status, code):
+    # One server for all these cases: none of them may write anything.
+    response = module_api.admin.post("/api/v1/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"]
+    assert "Traceback" not in response.text
+    with psycopg.connect(module_db_url) as conn:
+        assert count_jobs(conn) == 0
+
+
+def test_a_kind_registered_elsewhere_can_be_enqueued_with_an_explicit_queue(api, conn):
+    response = api.admin.post("/api/v1/jobs", json={"kind": "billing.invoice", "queue": "other", "args": {"n": 1}})
+    assert response.status_code == 201
+    assert conn.execute("SELECT kind, queue FROM dygo_jobs").fetchone() == ("billing.invoice", "other")
+
+
+def test_openapi_shows_each_registered_kinds_args(api):
+    document = api.anon.get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    body = document["paths"]["/api/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    refs = [variant["$ref"].rsplit("/", 1)[1] for variant in body["anyOf"]]
+    assert "kind.Enqueue_test_record" in refs and refs[-1] == "EnqueueRequest"
+    record = schemas["kind.Enqueue_test_record"]
+    assert record["properties"]["kind"]["const"] == "test.record"
+    args_model = schemas[record["properties"]["args"]["$ref"].rsplit("/", 1)[1]]
+    assert args_model["properties"]["seconds"]["type"] == "number"
+    batch_items = schemas["BatchRequest"]["properties"]["jobs"]["items"]
+    assert batch_items == body
+    assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert api.anon.get("/docs").status_code == 200
+
+
+def test_run_at_in_the_past_is_due_now(api):
+    past = datetime(2020, 1, 1, tzinfo=UTC).isoformat()
+    job_id = api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "run_at": past}).json()["id"]
+    assert api.reader.get(f"/api/v1/jobs/{job_id}").json()["state"] == "pending"
