@@ -3,9 +3,10 @@
 from store.enqueue import Enqueued, JobRequest, aenqueue, enqueue, enqueue_many
 from store.errors import Abort, ConfigError, EnqueueError, Reportable, Retry, RetryAfter, SchemaError, Snooze
 from store.registry import JobContext, job, make_context, registry
+from store.schedules import schedule
 
 __all__ = [
     "Abort", "ConfigError", "EnqueueError", "Enqueued", "JobContext", "JobRequest", "Reportable", "Retry",
     "RetryAfter", "SchemaError", "Snooze", "aenqueue", "enqueue", "enqueue_many", "job", "make_context",
-    "registry",
+    "registry", "schedule",
 ]
