@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint bench stop-db
+.PHONY: run test setup lint bench stop-db browsers
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -20,7 +20,7 @@ run: setup
 	@$(BIN)/dygo db start > /dev/null
 	@$(BIN)/dygo migrate
 	@echo
-	@echo "  dygo is starting: API on http://127.0.0.1:$(PORT)  (docs: http://127.0.0.1:$(PORT)/docs)"
+	@echo "  dygo is starting: dashboard http://127.0.0.1:$(PORT)/dashboard/  API docs http://127.0.0.1:$(PORT)/docs"
 	@echo "  enqueue a job:  curl -s -X POST http://127.0.0.1:$(PORT)/api/v1/jobs -H 'content-type: application/json' \\"
 	@echo "                    -d '{\"kind\": \"example.flaky\", \"args\": {\"failures\": 2}}'"
 	@echo "  see it:         curl -s http://127.0.0.1:$(PORT)/api/v1/jobs/<id from the reply>"
@@ -31,7 +31,16 @@ run: setup
 stop-db: setup
 	$(BIN)/dygo db stop
 
-test: setup
+# The dashboard's browser tests drive Debian's Chromium (playwright cannot download browsers here).
+# As root it is installed when missing; otherwise those tests skip and say why.
+browsers:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	elif [ ! -x /usr/bin/chromium ]; then \
+		echo "note: /usr/bin/chromium is missing and we are not root: the dashboard browser tests will skip"; \
+	fi
+
+test: setup browsers
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

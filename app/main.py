@@ -16,11 +16,12 @@ from typing import Any
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from psycopg_pool import ConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.auth import BearerAuth, Tokens, check_protection
+from app.dashboard import error_page, install_dashboard, is_dashboard
 from app.errors import ApiError, error_response
 from app.jobs import router as jobs_router
 from app.limits import BodyLimit
@@ -69,6 +70,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI
     app.include_router(schedules_router)
     app.include_router(system_router)
 
+    install_dashboard(app)
     install_openapi(app, jobs)
     return app
 
@@ -95,13 +97,18 @@ def install_error_handlers(app: FastAPI) -> None:
         return validation_error(exc.errors())
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if is_dashboard(request):
+            title = "Page not found" if exc.status_code == 404 else "Request refused"
+            return error_page(request, exc.status_code, title, str(exc.detail))
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(psycopg.OperationalError)
-    async def database_down(_: Request, exc: psycopg.OperationalError) -> JSONResponse:
+    async def database_down(request: Request, exc: psycopg.OperationalError) -> Response:
         log.warning("database unavailable: %s", exc)
+        if is_dashboard(request):
+            return error_page(request, 503, "Database unavailable", "The database is not reachable; try again shortly.")
         return error_response(503, "database_unavailable", "the database is not reachable; try again shortly")
 
     @app.exception_handler(psycopg.DataError)
@@ -111,8 +118,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(422, "invalid_value", f"a value was rejected by the database: {reason}")
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> Response:
         log.error("unexpected error", exc_info=exc)
+        if is_dashboard(request):
+            return error_page(request, 500, "Something went wrong",
+                              "An unexpected error occurred; the server log has the details.")
         return error_response(500, "internal_error", "an unexpected error occurred; see the server log")
 
 

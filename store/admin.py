@@ -272,3 +272,18 @@ def nuke(conn: psycopg.Connection) -> dict[str, int]:
     """Delete every job, idempotency key, stat and queue pause. Development only (the caller checks)."""
     jobs, keys, stats, queues = conn.execute(queries.NUKE).fetchone()
     return {"jobs": jobs, "idempotency_keys": keys, "stats_rows": stats, "queue_pauses": queues}
+
+
+# --- dead letters (the dashboard) -----------------------------------------------------------------
+
+
+def dead_letter_groups(conn: psycopg.Connection, limit: int = 100) -> list[dict[str, Any]]:
+    """Dead jobs grouped by kind and error fingerprint, biggest first, each with a sample."""
+    with conn.cursor(row_factory=dict_row) as cursor:
+        return cursor.execute(queries.DEAD_LETTER_GROUPS, {"limit": limit}).fetchall()
+
+
+def retry_dead_group(conn: psycopg.Connection, kind: str, fingerprint: str) -> int:
+    """Every dead job of one group back to pending now; returns how many."""
+    params = {"kind": kind, "fingerprint": fingerprint}
+    return len(conn.execute(queries.RETRY_DEAD_GROUP, params).fetchall())

@@ -51,6 +51,12 @@ class Settings:
     # Kept out of repr so a logged Settings never shows a token.
     api_tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     data_dir: Path = field(default_factory=lambda: Path(".dygo"))
+    # Retention, in seconds; 0 keeps those rows forever. Trimmed by workers (store/maintenance.py).
+    completed_retention: float = 24 * 3600.0  # succeeded jobs, after they finished
+    dead_retention: float = 30 * 86400.0
+    cancelled_retention: float = 30 * 86400.0
+    stats_retention: float = 90 * 86400.0  # daily stats rows, by their day
+    retention_interval: float = 60.0  # how often one worker of the cluster trims
 
     @property
     def queue_names(self) -> list[str]:
@@ -73,6 +79,14 @@ def _positive_duration(value: Any) -> float:
 
 def _duration(value: Any) -> float:
     return parse_duration(value, field="value")
+
+
+def _retention(value: Any) -> float:
+    """How long rows are kept: a duration, or 0 to keep them forever."""
+    try:
+        return parse_duration(value, field="value")
+    except ValueError as exc:
+        raise ValueError(f"{exc} (a retention is a duration such as '24h' or '30d', or 0 to keep forever)") from None
 
 
 def _module_list(value: Any) -> tuple[str, ...]:
@@ -152,6 +166,11 @@ SETTING_PARSERS = {
     "max_batch_size": ("max_batch_size", _positive_int),
     "max_payload_bytes": ("max_payload_bytes", _byte_size),
     "api_tokens": ("api_tokens", _api_tokens),
+    "completed_retention": ("completed_retention", _retention),
+    "dead_retention": ("dead_retention", _retention),
+    "cancelled_retention": ("cancelled_retention", _retention),
+    "stats_retention": ("stats_retention", _retention),
+    "retention_interval": ("retention_interval", _positive_duration),
 }
 
 

@@ -481,3 +481,109 @@ UPDATE dygo_schedules SET paused = false, next_run_at = %(next_run_at)s, updated
 WHERE name = %(name)s AND paused"""
 RECORD_MANUAL_FIRE = """
 UPDATE dygo_schedules SET last_run_at = now(), last_job_id = %(job_id)s, updated_at = now() WHERE name = %(name)s"""
+
+# --- Dashboard: the dead-letter view ----------------------------------------------------------------
+# A dead job's error fingerprint: the first line of its last error (exception type and message)
+# with ids and numbers normalised, so "order 123 failed" and "order 456 failed" group together.
+DEAD_FINGERPRINT = r"""regexp_replace(regexp_replace(regexp_replace(
+    left(split_part(coalesce(last_error, ''), E'\n', 1), 300),
+    '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<id>', 'gi'),
+    '0x[0-9a-f]+', '<hex>', 'gi'),
+    '[0-9]+', '<n>', 'g')"""
+
+# Dead jobs grouped by kind and fingerprint, biggest groups first, with a sample (the newest).
+DEAD_LETTER_GROUPS = f"""
+SELECT kind, fingerprint, count(*) AS count, min(finished_at) AS first_seen, max(finished_at) AS last_seen,
+    (array_agg(id ORDER BY id DESC))[1] AS sample_id,
+    (array_agg(last_error ORDER BY id DESC))[1] AS sample_error,
+    (array_agg(errors -> -1 ->> 'traceback' ORDER BY id DESC))[1] AS sample_traceback
+FROM (SELECT id, kind, finished_at, last_error, errors, {DEAD_FINGERPRINT} AS fingerprint
+      FROM dygo_jobs WHERE state = 'dead') AS dead
+GROUP BY kind, fingerprint
+ORDER BY count(*) DESC, max(finished_at) DESC
+LIMIT %(limit)s"""
+
+# Every dead job of one group -> pending now, in one statement, with RETRY_DEAD_JOBS's rule for
+# idempotency keys (a key held by a live job keeps its dead job dead; one revival per key).
+RETRY_DEAD_GROUP = f"""
+WITH grouped AS (
+    SELECT id, idempotency_key FROM dygo_jobs
+    WHERE state = 'dead' AND kind = %(kind)s AND {DEAD_FINGERPRINT} = %(fingerprint)s
+), keyed AS (
+    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM grouped
+    WHERE idempotency_key IS NOT NULL
+    ORDER BY idempotency_key, id DESC
+), chosen AS (
+    SELECT id FROM grouped WHERE idempotency_key IS NULL
+    UNION ALL
+    SELECT k.id FROM keyed k WHERE NOT EXISTS (
+        SELECT 1 FROM dygo_jobs l
+        WHERE l.idempotency_key = k.idempotency_key AND l.state IN ('pending', 'active', 'paused'))
+)
+UPDATE dygo_jobs AS j SET state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
+    started_at = NULL, finished_at = NULL, result = NULL
+FROM chosen
+WHERE j.id = chosen.id AND j.state = 'dead'
+RETURNING j.id"""
+
+# --- Retention (worker maintenance, store/maintenance.py) -----------------------------------------
+
+# One worker of the cluster trims at a time. The lock is held by an open transaction on a connection
+# of its own for the whole pass, while each batch commits on another, so no batch holds row locks long.
+RETENTION_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('dygo.retention'))"
+
+# One step of the walk over old succeeded jobs, served by the primary key (no index on the hot path):
+# the %(window)s ids starting at the first job after %(after)s. Returns how many were deleted and
+# where the next step starts, or NULL when that first job was enqueued inside the retention window
+# (ids grow with time, so every later job is that recent too) or there is no job after %(after)s.
+# A job finishes after it is enqueued, so no older succeeded job hides beyond that point.
+# `= ANY(ARRAY(...))` keeps the delete on the primary key whatever the statistics.
+TRIM_SUCCEEDED_RANGE = """
+WITH first AS (
+    SELECT id, enqueued_at < now() - make_interval(secs => %(keep)s) AS old
+    FROM dygo_jobs WHERE id > %(after)s ORDER BY id LIMIT 1
+), doomed AS (
+    SELECT id FROM dygo_jobs
+    WHERE id >= (SELECT id FROM first WHERE old) AND id < (SELECT id FROM first WHERE old) + %(window)s
+      AND state = 'succeeded' AND finished_at < now() - make_interval(secs => %(keep)s)
+    FOR UPDATE SKIP LOCKED
+), trimmed AS (
+    DELETE FROM dygo_jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+)
+SELECT (SELECT count(*) FROM trimmed), (SELECT id + %(window)s - 1 FROM first WHERE old)"""
+
+# Dead or cancelled jobs finished before the retention window, oldest ids first, from
+# dygo_jobs_parked. The state is written out (not a parameter) so every plan can use that partial index.
+_TRIM_PARKED = """
+WITH doomed AS (
+    SELECT id FROM dygo_jobs
+    WHERE state = '{state}' AND finished_at < now() - make_interval(secs => %(keep)s)
+    ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), trimmed AS (
+    DELETE FROM dygo_jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+)
+SELECT count(*) FROM trimmed"""
+TRIM_DEAD = _TRIM_PARKED.format(state="dead")
+TRIM_CANCELLED = _TRIM_PARKED.format(state="cancelled")
+
+# Keys whose window has passed: they no longer deduplicate anything (the enqueue takes them over).
+TRIM_EXPIRED_KEYS = """
+WITH doomed AS (
+    SELECT key FROM dygo_idempotency_keys WHERE expires_at < now()
+    ORDER BY expires_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), trimmed AS (
+    DELETE FROM dygo_idempotency_keys WHERE key = ANY(ARRAY(SELECT key FROM doomed)) RETURNING 1
+)
+SELECT count(*) FROM trimmed"""
+
+# Daily stats of UTC days that ended before the retention window.
+TRIM_DAILY_STATS = """
+WITH doomed AS (
+    SELECT day, queue, kind FROM dygo_daily_stats
+    WHERE day < ((now() - make_interval(secs => %(keep)s)) AT TIME ZONE 'UTC')::date
+    ORDER BY day LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), trimmed AS (
+    DELETE FROM dygo_daily_stats s USING doomed d
+    WHERE s.day = d.day AND s.queue = d.queue AND s.kind = d.kind RETURNING 1
+)
+SELECT count(*) FROM trimmed"""

@@ -143,3 +143,12 @@ def span(ctx: JobContext, args: Sleep) -> None:
     record(ctx, "start")
     time.sleep(args.seconds)
     record(ctx, "end")
+
+
+@job("test.fail_first_runs", max_attempts=1)
+def fail_first_runs(ctx: JobContext, args: Fail) -> str:
+    """Fails its first `times` runs counted across retries (so an operator's retry can succeed)."""
+    runs = record(ctx)
+    if runs <= args.times:
+        raise ValueError(f"run {runs} of job {ctx.id} failed")
+    return "recovered"

@@ -4,7 +4,8 @@
 * produce   - one per queue: claim a batch while there are free slots, start each job
 * settle    - record finished jobs, a whole batch per statement, fenced by lease token
 * renew     - extend the leases of everything claimed and not yet settled, at half the TTL
-* maintain  - heartbeat row, recovery of expired leases, forgetting dead workers
+* maintain  - heartbeat row, recovery of expired leases, forgetting dead workers, and every
+              `retention_interval` a retention pass (one worker of the cluster at a time)
 * schedule  - fire due cron schedules, sleeping until the next fire time (or a NOTIFY that one changed)
 """
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from store import leases, schedules
+from store import leases, maintenance, schedules
 from store.config import Settings
 from store.leases import ClaimedJob, Outcome, Unsuccessful
 from store.registry import Registry
@@ -86,7 +87,11 @@ class Worker:
         self.stopping = asyncio.Event()
         self.schedules_changed = asyncio.Event()  # a NOTIFY: some schedule may be due sooner
         self.last_recovery = 0.0
-        self.pool = AsyncConnectionPool(url, min_size=1, max_size=len(self.slots) + 4,
+        self.next_retention = 0.0  # monotonic time of the next retention pass
+        self.succeeded_walk = maintenance.SucceededWalk()
+        # A connection per producer, plus settle, renew, schedule and maintenance (two: a retention
+        # pass holds its lock on one while it deletes on the other).
+        self.pool = AsyncConnectionPool(url, min_size=1, max_size=len(self.slots) + 5,
                                         kwargs={"autocommit": True}, open=False)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -271,8 +276,18 @@ class Worker:
                 await self._recover()
                 async with self.pool.connection() as conn:
                     await leases.forget_stale_workers(conn, HEARTBEAT_INTERVAL * 12)
+                if time.monotonic() >= self.next_retention:
+                    self.next_retention = time.monotonic() + self.settings.retention_interval
+                    await self._trim_history()
             except (psycopg.Error, OSError) as exc:
                 log.warning("maintenance failed: %s", exc)
+
+    async def _trim_history(self) -> None:
+        retention = maintenance.Retention.from_settings(self.settings)
+        async with self.pool.connection() as guard, self.pool.connection() as conn:
+            trimmed = await maintenance.trim(guard, conn, retention, self.succeeded_walk)
+        if trimmed is not None and trimmed.total():
+            log.info("retention: trimmed %s", trimmed.summary())
 
     async def _heartbeat(self) -> None:
         async with self.pool.connection() as conn:

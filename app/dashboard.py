@@ -1,0 +1,411 @@
+"""The dashboard: server-rendered pages under /dashboard over the same store functions as the API.
+
+Who may do what follows app.auth: with no token configured (development only) the dashboard is
+open with admin rights; otherwise a visitor logs in with an API token, and a `read` token sees
+every page but no action buttons, and is refused if it posts anyway. Every form carries a CSRF
+token; every action redirects back with a flash message saying what changed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qsl, urlencode
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from app.auth import Tokens
+from app.db import Conn
+from app.errors import ApiError
+from app.jobs import decode_cursor, encode_cursor
+from app.session import FLASH_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Session, Signer, secret_key
+from app.system import WORKER_SEEN_WITHIN
+from store import admin, inspect, schedules
+from store.errors import Conflict, EnqueueError, NotFound
+
+PREFIX = "/dashboard"
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+PAGE_SIZE = 50
+JOB_ACTIONS = {"retry": "retried", "cancel": "cancelled", "pause": "paused", "resume": "resumed",
+               "run-now": "set to run now", "archive": "archived", "delete": "deleted"}
+QUEUE_ACTIONS = ("pause", "resume", "purge", "retry-dead")
+SCHEDULE_ACTIONS = ("pause", "resume", "trigger")
+
+templates = Jinja2Templates(directory=str(TEMPLATES))
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
+
+
+class Refused(Exception):
+    """Rendered as a friendly HTML page with this status, never a stack trace."""
+
+    def __init__(self, status: int, title: str, message: str) -> None:
+        self.status, self.title, self.message = status, title, message
+        super().__init__(message)
+
+
+class LoginRequired(Exception):
+    pass
+
+
+# --- the visitor: session, role, CSRF ------------------------------------------------------------
+
+
+class Visitor:
+    def __init__(self, request: Request) -> None:
+        state = request.app.state
+        self.tokens: Tokens = state.dashboard_tokens
+        self.signer: Signer = state.dashboard_signer
+        found = Session.read(self.signer, request.cookies.get(SESSION_COOKIE))
+        self.session = found or Session.new()
+        self.fresh = found is None
+        self.secure = request.url.scheme == "https"
+
+    @property
+    def role(self) -> str | None:
+        return self.session.role if self.tokens.enabled else "admin"
+
+    @property
+    def can_act(self) -> bool:
+        return self.role == "admin"
+
+    @property
+    def csrf(self) -> str:
+        return self.signer.csrf_token(self.session.sid)
+
+    def start(self, role: str) -> None:
+        """A new session id at login, so a session id planted before it is worthless after."""
+        self.session, self.fresh = Session.new(role), True
+
+    def end(self) -> None:
+        self.session, self.fresh = Session.new(), True
+
+    def keep(self, response: Response) -> Response:
+        if self.fresh:
+            response.set_cookie(SESSION_COOKIE, self.session.dump(self.signer), max_age=SESSION_SECONDS,
+                                path=PREFIX, httponly=True, samesite="lax", secure=self.secure)
+        return response
+
+
+def visitor(request: Request) -> Visitor:
+    return Visitor(request)
+
+
+def signed_in(request: Request) -> Visitor:
+    """The visitor of a page: logged in, or sent to the login page."""
+    who = visitor(request)
+    if who.role is None:
+        raise LoginRequired()
+    return who
+
+
+async def form_fields(request: Request) -> dict[str, str]:
+    """An application/x-www-form-urlencoded body (every dashboard form is one)."""
+    body = (await request.body()).decode("utf-8", "replace")
+    return dict(parse_qsl(body, keep_blank_values=True))
+
+
+def checked_form(fields: dict[str, str], who: Visitor) -> dict[str, str]:
+    presented = fields.get("csrf", "").encode("utf-8", "surrogateescape")
+    if who.fresh or not hmac.compare_digest(presented, who.csrf.encode()):
+        raise Refused(403, "This form has expired",
+                      "The form was not sent from this dashboard session (missing or stale CSRF token). "
+                      "Go back, reload the page and try again.")
+    return fields
+
+
+def acting(fields: Annotated[dict[str, str], Depends(form_fields)],
+           who: Annotated[Visitor, Depends(signed_in)]) -> Visitor:
+    """The visitor of an action: a checked CSRF token and an admin role."""
+    checked_form(fields, who)
+    if not who.can_act:
+        raise Refused(403, "Read-only access", "You are signed in with a read-only token; "
+                      "changing jobs, queues or schedules needs an admin token.")
+    return who
+
+
+Page = Annotated[Visitor, Depends(signed_in)]
+Action = Annotated[Visitor, Depends(acting)]
+Fields = Annotated[dict[str, str], Depends(form_fields)]
+
+
+# --- rendering -------------------------------------------------------------------------------------
+
+
+def render(request: Request, who: Visitor, template: str, status: int = 200, **context: Any) -> Response:
+    flash = who.signer.loads(request.cookies.get(FLASH_COOKIE))
+    response = templates.TemplateResponse(request, template, {
+        "who": who, "csrf": who.csrf, "flash": flash, "prefix": PREFIX, **context}, status_code=status)
+    if flash is not None:
+        response.delete_cookie(FLASH_COOKIE, path=PREFIX)
+    return who.keep(response)
+
+
+def redirect(who: Visitor, to: str, message: str, level: str = "ok") -> Response:
+    response = RedirectResponse(to, status_code=303)
+    response.set_cookie(FLASH_COOKIE, who.signer.dumps({"message": message, "level": level}), max_age=60,
+                        path=PREFIX, httponly=True, samesite="lax", secure=who.secure)
+    return who.keep(response)
+
+
+def error_page(request: Request, status: int, title: str, message: str) -> Response:
+    who = visitor(request)
+    return templates.TemplateResponse(request, "error.html", {
+        "who": who, "csrf": who.csrf, "flash": None, "prefix": PREFIX, "title": title, "message": message},
+        status_code=status)
+
+
+def _ago(value: datetime | None) -> str:
+    if value is None:
+        return "—"
+    seconds = (datetime.now(UTC) - value).total_seconds()
+    future, seconds = seconds < 0, abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            text = f"{int(seconds // size)}{unit}"
+            break
+    else:
+        text = f"{int(seconds)}s"
+    return f"in {text}" if future else f"{text} ago"
+
+
+templates.env.filters["ago"] = _ago
+templates.env.filters["pretty"] = lambda value: json.dumps(value, indent=2, default=str, ensure_ascii=False)
+templates.env.filters["stamp"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
+
+
+# --- login ------------------------------------------------------------------------------------------
+
+
+def _next_page(value: str | None) -> str:
+    return value if value and value.startswith(PREFIX + "/") and "//" not in value else PREFIX + "/"
+
+
+@router.get("/login")
+def login_page(request: Request, who: Annotated[Visitor, Depends(visitor)], next: str | None = None) -> Response:
+    if not who.tokens.enabled:
+        return RedirectResponse(PREFIX + "/", status_code=303)
+    return render(request, who, "login.html", next=_next_page(next))
+
+
+@router.post("/login")
+def login(request: Request, fields: Fields, who: Annotated[Visitor, Depends(visitor)]) -> Response:
+    checked_form(fields, who)
+    role = who.tokens.role_of(fields.get("token", "").strip()) if who.tokens.enabled else "admin"
+    if role is None:
+        return render(request, who, "login.html", status=401, next=_next_page(fields.get("next")),
+                      error="That token is not valid.")
+    who.start(role)
+    return redirect(who, _next_page(fields.get("next")), f"Signed in ({role}).")
+
+
+@router.post("/logout")
+def logout(request: Request, fields: Fields, who: Annotated[Visitor, Depends(visitor)]) -> Response:
+    checked_form(fields, who)
+    who.end()
+    return redirect(who, PREFIX + "/login", "Signed out.")
+
+
+# --- overview -----------------------------------------------------------------------------------------
+
+
+def _configured(request: Request) -> dict[str, int]:
+    return {name: queue.concurrency for name, queue in request.app.state.settings.queues.items()}
+
+
+def _overview(request: Request, conn: Conn) -> dict[str, Any]:
+    queues = admin.list_queues(conn, _configured(request))
+    totals = {state: sum(q["counts"][state] for q in queues) for state in admin.COUNTED_STATES}
+    return {"queues": queues, "totals": totals, "states": admin.COUNTED_STATES,
+            "workers": admin.live_workers(conn, WORKER_SEEN_WITHIN)}
+
+
+THROUGHPUT_DAYS = 7
+
+
+@router.get("/")
+def overview(request: Request, who: Page, conn: Conn) -> Response:
+    admin.fold_stats(conn)  # fresh numbers; skipped harmlessly while another process folds
+    throughput = admin.daily_stats(conn, None, THROUGHPUT_DAYS)
+    tallest = max([1] + [day[field] for day in throughput["daily"] for field in ("succeeded", "failed", "dead")])
+    return render(request, who, "overview.html", throughput=throughput, tallest=tallest, **_overview(request, conn))
+
+
+@router.get("/live")
+def overview_live(request: Request, who: Page, conn: Conn) -> Response:
+    """The overview's counts and workers alone, polled by the overview page."""
+    return render(request, who, "_live.html", **_overview(request, conn))
+
+
+# --- jobs ---------------------------------------------------------------------------------------------
+
+
+@router.get("/jobs")
+def jobs_page(request: Request, who: Page, conn: Conn, queue: str = "", kind: str = "", state: str = "",
+              q: str = "", cursor: str = "") -> Response:
+    where = admin.JobFilter(queue=queue or None, kind=kind or None,
+                            state=state if state in admin.STATES else None, text=q[:255] or None)
+    try:
+        position = decode_cursor(cursor, "newest") if cursor else None
+    except ApiError:
+        return redirect(who, PREFIX + "/jobs", "That page link is stale; showing the newest jobs.", "error")
+    page = admin.list_jobs(conn, where, limit=PAGE_SIZE, position=position)
+    filters = {"queue": queue, "kind": kind, "state": state, "q": q}
+    next_link = None
+    if page.next_position is not None:
+        next_link = "?" + urlencode({**filters, "cursor": encode_cursor("newest", page.next_position)})
+    return render(request, who, "jobs.html", jobs=page.jobs, filters=filters, next_link=next_link,
+                  states=admin.STATES, queues=list(_configured(request)), here=request.url.path + (
+                      "?" + request.url.query if request.url.query else ""))
+
+
+@router.get("/jobs/{job_id}")
+def job_page(request: Request, job_id: int, who: Page, conn: Conn) -> Response:
+    job = inspect.get_job(conn, job_id)
+    if job is None:
+        raise Refused(404, "No such job", f"There is no job with id {job_id}; it may have been deleted.")
+    return render(request, who, "job.html", job=job)
+
+
+@router.post("/jobs/{job_id}/{action}")
+def act_on_job(job_id: int, action: str, fields: Fields, who: Action, conn: Conn) -> Response:
+    back = _back(fields, f"{PREFIX}/jobs/{job_id}")
+    if action not in JOB_ACTIONS:
+        return redirect(who, back, f"Unknown action {action!r}.", "error")
+    try:
+        if action == "delete":
+            admin.delete_job(conn, job_id)
+            return redirect(who, _back(fields, f"{PREFIX}/jobs", deleted=job_id),
+                            f"Job {job_id} deleted.")
+        job = admin.act_on_job(conn, action, job_id)
+    except (NotFound, Conflict) as exc:
+        return redirect(who, back, f"Job {job_id} was not {JOB_ACTIONS[action]}: {exc}", "error")
+    return redirect(who, back, f"Job {job_id} {JOB_ACTIONS[action]}; it is now {job['state']}.")
+
+
+def _back(fields: dict[str, str], default: str, deleted: int | None = None) -> str:
+    """Where a form asked to return to (a dashboard page only), else the default."""
+    wanted = fields.get("back", "")
+    if deleted is not None and wanted.startswith(f"{PREFIX}/jobs/{deleted}"):
+        return default
+    return wanted if wanted.startswith(PREFIX + "/") and "//" not in wanted else default
+
+
+# --- dead letters -------------------------------------------------------------------------------------
+
+
+@router.get("/dead")
+def dead_page(request: Request, who: Page, conn: Conn) -> Response:
+    return render(request, who, "dead.html", groups=admin.dead_letter_groups(conn))
+
+
+@router.post("/dead/retry")
+def retry_dead_group(fields: Fields, who: Action, conn: Conn) -> Response:
+    kind, fingerprint = fields.get("kind", ""), fields.get("fingerprint", "")
+    retried = admin.retry_dead_group(conn, kind, fingerprint)
+    return redirect(who, PREFIX + "/dead", f"Retried {retried} dead {kind} job{'s' * (retried != 1)} "
+                    f"failing with “{fingerprint}”.")
+
+
+# --- queues -------------------------------------------------------------------------------------------
+
+
+def _queue(request: Request, conn: Conn, name: str) -> dict[str, Any]:
+    for queue in admin.list_queues(conn, _configured(request)):
+        if queue["name"] == name:
+            return queue
+    raise Refused(404, "No such queue", f"There is no queue named {name!r}.")
+
+
+@router.get("/queues")
+def queues_page(request: Request, who: Page, conn: Conn) -> Response:
+    return render(request, who, "queues.html", queues=admin.list_queues(conn, _configured(request)))
+
+
+@router.get("/queues/{name}/purge")
+def purge_confirmation(request: Request, name: str, who: Page, conn: Conn) -> Response:
+    queue = _queue(request, conn, name)
+    counts = queue["counts"]
+    doomed = counts["pending"] + counts["scheduled"] + counts["dead"]
+    return render(request, who, "purge.html", queue=queue, doomed=doomed)
+
+
+@router.post("/queues/{name}/{action}")
+def act_on_queue(request: Request, name: str, action: str, who: Action, conn: Conn) -> Response:
+    _queue(request, conn, name)
+    back = PREFIX + "/queues"
+    if action == "pause":
+        admin.pause_queue(conn, name)
+        return redirect(who, back, f"Queue {name} paused: workers stop claiming its jobs.")
+    if action == "resume":
+        admin.resume_queue(conn, name)
+        return redirect(who, back, f"Queue {name} resumed.")
+    if action == "retry-dead":
+        retried = admin.retry_dead(conn, name)
+        return redirect(who, back, f"Retried {retried} dead job{'s' * (retried != 1)} of queue {name}.")
+    if action == "purge":
+        report = admin.purge_queue(conn, name)
+        return redirect(who, back, f"Purged queue {name}: deleted {report['pending']} pending, "
+                        f"{report['scheduled']} scheduled and {report['dead']} dead jobs; "
+                        f"{report['active_left']} active and {report['paused_left']} paused left alone.")
+    return redirect(who, back, f"Unknown action {action!r}.", "error")
+
+
+# --- schedules ----------------------------------------------------------------------------------------
+
+
+@router.get("/schedules")
+def schedules_page(request: Request, who: Page, conn: Conn) -> Response:
+    return render(request, who, "schedules.html", schedules=schedules.list_schedules(conn))
+
+
+@router.post("/schedules/{name}/{action}")
+def act_on_schedule(name: str, action: str, who: Action, conn: Conn) -> Response:
+    back = PREFIX + "/schedules"
+    try:
+        if action == "pause":
+            schedules.pause(conn, name)
+            return redirect(who, back, f"Schedule {name} paused.")
+        if action == "resume":
+            schedules.resume(conn, name)
+            return redirect(who, back, f"Schedule {name} resumed from its next occurrence.")
+        if action == "trigger":
+            job, _ = schedules.trigger(conn, name)
+            return redirect(who, back, f"Schedule {name} triggered: job {job.id} enqueued.")
+    except (NotFound, Conflict, EnqueueError) as exc:
+        return redirect(who, back, f"Schedule {name}: {exc}", "error")
+    return redirect(who, back, f"Unknown action {action!r}.", "error")
+
+
+# --- wiring ---------------------------------------------------------------------------------------------
+
+
+def install_dashboard(app: FastAPI) -> None:
+    tokens = app.state.settings.api_tokens
+    app.state.dashboard_tokens = Tokens(tokens)
+    app.state.dashboard_signer = Signer(secret_key(tokens))
+    app.mount(PREFIX + "/static", StaticFiles(directory=str(TEMPLATES / "static")), name="dashboard-static")
+    app.include_router(router)
+
+    @app.get("/", include_in_schema=False)
+    def home() -> Response:
+        return RedirectResponse(PREFIX + "/", status_code=307)
+
+    @app.exception_handler(LoginRequired)
+    async def login_required(request: Request, _: LoginRequired) -> Response:
+        target = request.url.path + ("?" + request.url.query if request.url.query else "")
+        return RedirectResponse(f"{PREFIX}/login?" + urlencode({"next": target}), status_code=303)
+
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> Response:
+        return error_page(request, exc.status, exc.title, exc.message)
+
+
+def is_dashboard(request: Request) -> bool:
+    return request.url.path == PREFIX or request.url.path.startswith(PREFIX + "/")
+

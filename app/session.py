@@ -1,0 +1,84 @@
+"""The dashboard's login session: a signed cookie, its CSRF token, and one-shot flash messages.
+
+The cookie holds `{"sid", "role", "exp"}` as base64 JSON plus an HMAC-SHA256 signature. The key
+is DYGO_SECRET_KEY, or derived from the configured tokens (rotating the tokens then ends every
+session), or random per process in development without tokens. The CSRF token of a form is an
+HMAC of the session id, so it needs no server-side storage and dies with the session.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+SESSION_COOKIE = "dygo_session"
+FLASH_COOKIE = "dygo_flash"
+SESSION_SECONDS = 12 * 3600
+SECRET_ENV = "DYGO_SECRET_KEY"
+
+
+def secret_key(tokens: tuple[tuple[str, str], ...]) -> bytes:
+    configured = os.environ.get(SECRET_ENV)
+    if configured:
+        return configured.encode()
+    if tokens:
+        material = "\n".join(f"{role}:{token}" for role, token in sorted(tokens))
+        return hashlib.sha256(b"dygo-dashboard-session\n" + material.encode()).digest()
+    return secrets.token_bytes(32)
+
+
+class Signer:
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def _mac(self, data: bytes) -> str:
+        return base64.urlsafe_b64encode(hmac.new(self.key, data, hashlib.sha256).digest()).decode().rstrip("=")
+
+    def dumps(self, value: dict[str, Any]) -> str:
+        data = base64.urlsafe_b64encode(json.dumps(value, separators=(",", ":")).encode()).decode().rstrip("=")
+        return f"{data}.{self._mac(data.encode())}"
+
+    def loads(self, signed: str | None) -> dict[str, Any] | None:
+        """The value, or None when the text is missing, altered or not ours."""
+        if not signed or "." not in signed:
+            return None
+        data, _, mac = signed.rpartition(".")
+        if not hmac.compare_digest(mac, self._mac(data.encode())):
+            return None
+        try:
+            value = json.loads(base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)))
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def csrf_token(self, sid: str) -> str:
+        return self._mac(f"csrf:{sid}".encode())
+
+
+@dataclass(frozen=True)
+class Session:
+    sid: str
+    role: str | None  # "admin", "read", or None before login
+    expires: float
+
+    @classmethod
+    def new(cls, role: str | None = None) -> Session:
+        return cls(secrets.token_urlsafe(18), role, time.time() + SESSION_SECONDS)
+
+    @classmethod
+    def read(cls, signer: Signer, cookie: str | None) -> Session | None:
+        value = signer.loads(cookie)
+        if value is None or not isinstance(value.get("sid"), str) or value.get("exp", 0) < time.time():
+            return None
+        role = value.get("role")
+        return cls(value["sid"], role if role in ("admin", "read") else None, float(value["exp"]))
+
+    def dump(self, signer: Signer) -> str:
+        return signer.dumps({"sid": self.sid, "role": self.role, "exp": self.expires})

@@ -1,0 +1,242 @@
+"""The dashboard in a real headless Chromium against a real `dygo serve` (and a real `dygo worker`).
+
+Screenshots of each page land in test-artifacts/dashboard/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, READ_TOKEN, REPO, Api, wait_until
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = REPO / "test-artifacts" / "dashboard"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+# In CI (root, `make test` installs Chromium) a missing browser fails the tests instead of skipping them.
+NO_BROWSER = ("Debian chromium is not installed at /usr/bin/chromium "
+              "(`make test` installs it when run as root: apt-get install chromium)")
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists() and not os.environ.get("CI"), reason=NO_BROWSER)
+
+sync_api = pytest.importorskip("playwright.sync_api")
+expect = sync_api.expect
+
+
+@pytest.fixture(scope="module")
+def browser_context() -> Iterator:
+    with tempfile.TemporaryDirectory(prefix="dygo-chromium-") as profile, sync_api.sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            profile, executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True,
+            viewport={"width": 1100, "height": 800})
+        context.set_default_timeout(10_000)
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(browser_context) -> Iterator:
+    browser_context.clear_cookies()
+    page = browser_context.new_page()
+    yield page
+    page.close()
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def log_in(page, api: Api, token: str = ADMIN_TOKEN) -> None:
+    page.goto(f"{api.url}/dashboard/")
+    expect(page).to_have_url(re.compile(r"/dashboard/login\?next="))
+    page.fill("#token", token)
+    page.click("button:has-text('Sign in')")
+    expect(page.locator(".flash")).to_contain_text("Signed in")
+
+
+def enqueue(api: Api, kind: str, args: dict | None = None, **options) -> int:
+    reply = api.admin.post("/api/v1/jobs", json={"kind": kind, "args": args or {}, **options})
+    assert reply.status_code == 201, reply.text
+    return reply.json()["id"]
+
+
+def state_of(conn, job_id: int) -> str:
+    return conn.execute("SELECT state FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()[0]
+
+
+def test_dead_jobs_are_grouped_and_a_group_retry_succeeds_on_a_real_worker(serve, spawn, conn, page):
+    api = serve()
+    ids = [enqueue(api, "test.fail_first_runs", {"times": 1}) for _ in range(2)]
+    spawn("worker")
+    log_in(page, api)
+    shot(page, "overview")
+    expect(page.locator("tr.worker")).to_have_count(1, timeout=15_000)  # the live refresh shows the worker
+    wait_until(lambda: all(state_of(conn, i) == "dead" for i in ids), message="both jobs dead")
+
+    page.goto(f"{api.url}/dashboard/dead")
+    group = page.locator("section.group", has_text="test.fail_first_runs")
+    expect(group).to_contain_text("ValueError: run <n> of job <n> failed")  # ids normalised: one group
+    expect(group.locator(".count")).to_have_text("2")
+    shot(page, "dead-letters")
+    group.locator("button:has-text('Retry this group')").click()
+    expect(page.locator(".flash.ok")).to_contain_text("Retried 2 dead test.fail_first_runs jobs")
+
+    wait_until(lambda: all(state_of(conn, i) == "succeeded" for i in ids), message="retried jobs to succeed")
+    page.goto(f"{api.url}/dashboard/")  # the throughput chart counts today's runs
+    expect(page.locator(".legend")).to_contain_text("2 succeeded, 2 failed attempts, 2 dead")
+    shot(page, "overview-throughput")
+    page.goto(f"{api.url}/dashboard/jobs/{ids[0]}")
+    expect(page.locator("h1 .state")).to_have_text("succeeded")
+    expect(page.locator(".timeline")).to_contain_text("ValueError: run 1 of job")
+    expect(page.locator("pre.json").last).to_contain_text("recovered")
+    shot(page, "job-detail")
+
+
+def test_overview_counts_refresh_without_a_reload(serve, page):
+    api = serve()
+    log_in(page, api)
+    pending = page.locator("tr[data-queue='default'] td.c-pending")
+    expect(pending).to_have_text("0")
+    enqueue(api, "test.noop")
+    expect(pending).to_have_text("1", timeout=8_000)
+    page.emulate_media(color_scheme="dark")
+    page.set_viewport_size({"width": 390, "height": 800})
+    shot(page, "overview-dark-phone")
+    page.goto(f"{api.url}/dashboard/jobs")
+    shot(page, "jobs-dark-phone")
+
+
+def test_a_forged_post_is_refused_with_a_page_not_a_stack_trace(serve, conn, page):
+    api = serve()
+    job_id = enqueue(api, "test.noop")
+    log_in(page, api)
+    reply = page.request.post(f"{api.url}/dashboard/jobs/{job_id}/cancel", form={"csrf": "forged"},
+                              max_redirects=0)
+    assert reply.status == 403
+    assert "This form has expired" in reply.text()
+    odd = page.request.post(f"{api.url}/dashboard/jobs/{job_id}/cancel", form={"csrf": "ünïcode"},
+                            max_redirects=0)
+    assert odd.status == 403 and "This form has expired" in odd.text()
+    assert state_of(conn, job_id) == "pending"
+    page.set_content(reply.text())
+    shot(page, "csrf-refused")
+
+
+def test_wrong_token_is_refused_at_login(serve, page):
+    api = serve()
+    page.goto(f"{api.url}/dashboard/login")
+    page.fill("#token", "not-a-token")
+    page.click("button:has-text('Sign in')")
+    expect(page.locator(".flash.error")).to_have_text("That token is not valid.")
+    page.goto(f"{api.url}/dashboard/jobs")
+    expect(page).to_have_url(re.compile(r"/dashboard/login"))
+
+
+def test_read_only_token_sees_no_buttons_and_cannot_post(serve, conn, page):
+    api = serve()
+    job_id = enqueue(api, "test.noop")
+    conn.execute("UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'ValueError: x' "
+                 "WHERE id = %s", (job_id,))
+    log_in(page, api, READ_TOKEN)
+    for path in ("/dashboard/dead", f"/dashboard/jobs/{job_id}", "/dashboard/jobs", "/dashboard/queues"):
+        page.goto(api.url + path)
+        expect(page.locator("main form[method=post]")).to_have_count(0)
+    page.goto(f"{api.url}/dashboard/dead")
+    expect(page.locator("section.group")).to_contain_text("ValueError: x")
+    shot(page, "read-only-dead-letters")
+    csrf = page.locator("header input[name=csrf]").get_attribute("value")
+    reply = page.request.post(f"{api.url}/dashboard/jobs/{job_id}/retry", form={"csrf": csrf}, max_redirects=0)
+    assert reply.status == 403 and "Read-only access" in reply.text()
+    assert state_of(conn, job_id) == "dead"
+
+
+def test_jobs_filter_paginate_and_act_on_one(serve, conn, page):
+    api = serve()
+    batch = [{"kind": "test.noop", "args": {"n": n}, "delay": "1h"} for n in range(53)]
+    assert api.admin.post("/api/v1/jobs/batch", json={"jobs": batch}).status_code == 201
+    other = enqueue(api, "test.record_sync")
+    log_in(page, api)
+
+    page.goto(f"{api.url}/dashboard/jobs?state=scheduled")
+    expect(page.locator("tr[data-job]")).to_have_count(50)
+    shot(page, "jobs")
+    page.click("a[rel=next]")
+    expect(page.locator("tr[data-job]")).to_have_count(3)
+    page.goto(f"{api.url}/dashboard/jobs?queue=other")
+    expect(page.locator("tr[data-job]")).to_have_count(1)
+    page.goto(f"{api.url}/dashboard/jobs?q=%22n%22%3A+7")  # text in the args: "n": 7
+    expect(page.locator("tr[data-job]")).to_have_count(1)
+
+    job_id = int(page.locator("tr[data-job]").get_attribute("data-job"))
+    page.click(f"tr[data-job='{job_id}'] a")
+    for button, flash in [("Pause", "paused; it is now paused"), ("Resume", "resumed; it is now scheduled"),
+                          ("Run now", "set to run now; it is now pending"), ("Cancel", "cancelled"),
+                          ("Retry", "retried; it is now pending")]:
+        page.click(f".actions.bar button:has-text('{button}')")
+        expect(page.locator(".flash.ok")).to_contain_text(f"Job {job_id} {flash}")
+    page.click(".actions.bar button:has-text('Delete')")
+    expect(page.locator(".flash.ok")).to_have_text(f"Job {job_id} deleted.")
+    expect(page).to_have_url(re.compile(r"/dashboard/jobs$"))
+    assert conn.execute("SELECT count(*) FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()[0] == 0
+    assert state_of(conn, other) == "pending"
+
+
+def test_queues_pause_resume_and_purge_after_a_confirmation(serve, conn, page):
+    api = serve()
+    for _ in range(3):
+        enqueue(api, "test.noop")
+    log_in(page, api)
+    page.goto(f"{api.url}/dashboard/queues")
+    row = page.locator("tr[data-queue='default']")
+    row.locator("button:has-text('Pause')").click()
+    expect(page.locator(".flash.ok")).to_contain_text("Queue default paused")
+    expect(row.locator(".badge.paused")).to_be_visible()
+    shot(page, "queues")
+    row.locator("button:has-text('Resume')").click()
+    expect(row.locator(".badge.paused")).to_have_count(0)
+
+    row.locator("a:has-text('Purge')").click()
+    expect(page.locator(".notice")).to_contain_text("This deletes 3 jobs: 3 pending, 0 scheduled and 0 dead")
+    shot(page, "purge-confirmation")
+    page.click("button:has-text('Delete 3 jobs')")
+    expect(page.locator(".flash.ok")).to_contain_text("Purged queue default: deleted 3 pending")
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
+
+
+def test_development_without_tokens_is_open_like_the_api(serve, page):
+    api = serve(tokens=False)
+    page.goto(f"{api.url}/")
+    expect(page).to_have_url(re.compile(r"/dashboard/$"))
+    expect(page.locator("h1")).to_have_text("Overview")
+    page.goto(f"{api.url}/dashboard/schedules")
+    expect(page.locator("h1")).to_have_text("Schedules")
+    page.goto(f"{api.url}/dashboard/jobs/999999")
+    expect(page.locator("h1")).to_have_text("No such job")
+
+
+def test_schedules_pause_resume_and_trigger(serve, conn, page):
+    api = serve()
+    conn.execute("INSERT INTO dygo_schedules (name, spec, kind, queue, next_run_at) "
+                 "VALUES ('nightly', '30 2 * * *', 'test.noop', 'default', now() + interval '1 day')")
+    log_in(page, api)
+    page.goto(f"{api.url}/dashboard/schedules")
+    row = page.locator("tr[data-schedule='nightly']")
+    expect(row).to_contain_text("every day at 02:30")
+    row.locator("button:has-text('Pause')").click()
+    expect(page.locator(".flash.ok")).to_have_text("Schedule nightly paused.")
+    expect(row.locator(".state")).to_have_text("paused")
+    row.locator("button:has-text('Resume')").click()
+    expect(row.locator(".state")).to_have_text("active")
+    row.locator("button:has-text('Trigger now')").click()
+    expect(page.locator(".flash.ok")).to_contain_text("Schedule nightly triggered: job")
+    job_id = conn.execute("SELECT last_job_id FROM dygo_schedules WHERE name = 'nightly'").fetchone()[0]
+    assert state_of(conn, job_id) == "pending"
+    expect(row).to_contain_text(f"job {job_id}")
+    shot(page, "schedules")

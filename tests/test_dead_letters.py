@@ -1,0 +1,64 @@
+"""Dead-letter groups (store.admin) and the dashboard's signed session cookie, without a browser."""
+
+from __future__ import annotations
+
+import time
+
+from app.session import Session, Signer
+from store import admin
+
+UUID_A, UUID_B = "0b1e2f7a-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "9f8e7d6c-5b4a-4321-9876-fedcba987654"
+
+
+def dead(conn, kind: str, error: str, key: str | None = None) -> int:
+    return conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, state, finished_at, last_error, idempotency_key, errors) "
+        "VALUES (%s, 'default', 'dead', now(), %s, %s, jsonb_build_array(jsonb_build_object("
+        "'attempt', 1, 'error', %s::text, 'traceback', 'Traceback: ' || %s::text))) RETURNING id",
+        (kind, error, key, error, error)).fetchone()[0]
+
+
+def test_dead_jobs_group_by_kind_and_normalised_error(conn):
+    dead(conn, "mail.send", f"KeyError: user {UUID_A} at 0x7f3a12 missing")
+    newest = dead(conn, "mail.send", f"KeyError: user {UUID_B} at 0x7f0000 missing\nmore detail")
+    dead(conn, "mail.send", "TimeoutError: after 30 seconds")
+    dead(conn, "bill.charge", "TimeoutError: after 45 seconds")
+    conn.execute("INSERT INTO dygo_jobs (kind, queue) VALUES ('mail.send', 'default')")  # not dead
+
+    groups = {(g["kind"], g["fingerprint"]): g for g in admin.dead_letter_groups(conn)}
+    assert set(groups) == {("mail.send", "KeyError: user <id> at <hex> missing"),
+                           ("mail.send", "TimeoutError: after <n> seconds"),
+                           ("bill.charge", "TimeoutError: after <n> seconds")}
+    biggest = admin.dead_letter_groups(conn)[0]
+    assert (biggest["kind"], biggest["count"], biggest["sample_id"]) == ("mail.send", 2, newest)
+    assert biggest["sample_traceback"].startswith(f"Traceback: KeyError: user {UUID_B}")
+    assert biggest["first_seen"] <= biggest["last_seen"]
+
+
+def test_retry_a_group_revives_only_that_group_and_respects_idempotency_keys(conn):
+    first = dead(conn, "mail.send", "TimeoutError: after 30 seconds")
+    second = dead(conn, "mail.send", "TimeoutError: after 31 seconds", key="k1")
+    older_same_key = dead(conn, "mail.send", "TimeoutError: after 32 seconds", key="k1")
+    held = dead(conn, "mail.send", "TimeoutError: after 33 seconds", key="k2")
+    conn.execute("INSERT INTO dygo_jobs (kind, queue, idempotency_key) VALUES ('mail.send', 'default', 'k2')")
+    other_kind = dead(conn, "bill.charge", "TimeoutError: after 30 seconds")
+
+    assert admin.retry_dead_group(conn, "mail.send", "TimeoutError: after <n> seconds") == 2
+    states = dict(conn.execute("SELECT id, state FROM dygo_jobs").fetchall())
+    assert states[first] == "pending"
+    assert {states[second], states[older_same_key]} == {"pending", "dead"}  # one revival per key
+    assert states[held] == "dead" and states[other_kind] == "dead"
+    assert admin.retry_dead_group(conn, "mail.send", "no such error") == 0
+
+
+def test_session_cookie_is_signed_and_expires():
+    signer = Signer(b"k" * 32)
+    session = Session.new("read")
+    cookie = session.dump(signer)
+    assert Session.read(signer, cookie) == session
+    assert Session.read(Signer(b"x" * 32), cookie) is None  # another key
+    _, _, mac = cookie.rpartition(".")
+    forged = signer.dumps({"sid": session.sid, "role": "admin", "exp": session.expires}).split(".")[0]
+    assert Session.read(signer, f"{forged}.{mac}") is None  # role swapped, old signature
+    assert Session.read(signer, signer.dumps({"sid": "s", "role": "admin", "exp": time.time() - 1})) is None
+    assert signer.csrf_token("a") != signer.csrf_token("b")
