@@ -323,13 +323,15 @@ SELECT pg_notify('dygo_jobs', name) FROM resumed"""
 # Every dead job of the queue -> pending now, in one statement. A dead job whose idempotency key
 # is held by a live job stays dead (reviving it would break the key's uniqueness), as do all
 # but the newest dead job sharing a key.
-RETRY_DEAD_JOBS = """
-WITH keyed AS (
-    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM dygo_jobs
-    WHERE state = 'dead' AND queue = %(queue)s AND idempotency_key IS NOT NULL
+def _revive_dead(dead: str) -> str:
+    """Revive the dead jobs `dead` selects (id, idempotency_key) -> pending now, fresh attempts."""
+    return f"""
+WITH dead AS ({dead}), keyed AS (
+    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM dead
+    WHERE idempotency_key IS NOT NULL
     ORDER BY idempotency_key, id DESC
 ), chosen AS (
-    SELECT id FROM dygo_jobs WHERE state = 'dead' AND queue = %(queue)s AND idempotency_key IS NULL
+    SELECT id FROM dead WHERE idempotency_key IS NULL
     UNION ALL
     SELECT k.id FROM keyed k WHERE NOT EXISTS (
         SELECT 1 FROM dygo_jobs l
@@ -340,6 +342,10 @@ UPDATE dygo_jobs AS j SET state = 'pending', run_at = now(), attempt = 0, reap_c
 FROM chosen
 WHERE j.id = chosen.id AND j.state = 'dead'
 RETURNING j.id"""
+
+
+RETRY_DEAD_JOBS = _revive_dead(
+    "SELECT id, idempotency_key FROM dygo_jobs WHERE state = 'dead' AND queue = %(queue)s")
 
 # Pending, scheduled and dead jobs go; active ones belong to their workers and paused ones were
 # parked on purpose, so both stay (and are reported).
@@ -505,26 +511,9 @@ LIMIT %(limit)s"""
 
 # Every dead job of one group -> pending now, in one statement, with RETRY_DEAD_JOBS's rule for
 # idempotency keys (a key held by a live job keeps its dead job dead; one revival per key).
-RETRY_DEAD_GROUP = f"""
-WITH grouped AS (
+RETRY_DEAD_GROUP = _revive_dead(f"""
     SELECT id, idempotency_key FROM dygo_jobs
-    WHERE state = 'dead' AND kind = %(kind)s AND {DEAD_FINGERPRINT} = %(fingerprint)s
-), keyed AS (
-    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM grouped
-    WHERE idempotency_key IS NOT NULL
-    ORDER BY idempotency_key, id DESC
-), chosen AS (
-    SELECT id FROM grouped WHERE idempotency_key IS NULL
-    UNION ALL
-    SELECT k.id FROM keyed k WHERE NOT EXISTS (
-        SELECT 1 FROM dygo_jobs l
-        WHERE l.idempotency_key = k.idempotency_key AND l.state IN ('pending', 'active', 'paused'))
-)
-UPDATE dygo_jobs AS j SET state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
-    started_at = NULL, finished_at = NULL, result = NULL
-FROM chosen
-WHERE j.id = chosen.id AND j.state = 'dead'
-RETURNING j.id"""
+    WHERE state = 'dead' AND kind = %(kind)s AND {DEAD_FINGERPRINT} = %(fingerprint)s""")
 
 # --- Retention (worker maintenance, store/maintenance.py) -----------------------------------------
 
