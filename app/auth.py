@@ -1,6 +1,6 @@
 """Bearer tokens for the API, and the rule for when `dygo serve` may run without them.
 
-Every path under /api/ needs a token once any token is configured: a `read` token for GET and
+Every path under /api/, and /metrics, needs a token once any token is configured: a `read` token for GET and
 HEAD, an `admin` token for everything else. The check is middleware rather than a per-route
 dependency, so a route added later is protected without anyone remembering to, and an
 unauthenticated request is refused before its body is read. /healthz, /readyz and the OpenAPI
@@ -21,6 +21,9 @@ from store.config import TOKEN_ENV, Settings
 from store.errors import ConfigError
 
 PROTECTED_PREFIX = "/api/"
+# Prometheus metrics name queues, kinds and worker hosts: a read token is needed, like /api/ GETs
+# (Prometheus sends it with `authorization: {credentials: ...}` in the scrape config).
+PROTECTED_PATHS = frozenset({"/metrics"})
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 
@@ -49,6 +52,10 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
+def _protected(path: str) -> bool:
+    return path.startswith(PROTECTED_PREFIX) or path in PROTECTED_PATHS
+
+
 class BearerAuth:
     """Pure ASGI middleware enforcing the roles; a no-op when no token is configured."""
 
@@ -56,7 +63,7 @@ class BearerAuth:
         self.app, self.tokens = app, tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.tokens.enabled or not scope["path"].startswith(PROTECTED_PREFIX):
+        if scope["type"] != "http" or not self.tokens.enabled or not _protected(scope["path"]):
             await self.app(scope, receive, send)
             return
         refusal = self._refusal(scope)

@@ -174,7 +174,18 @@ def _ago(value: datetime | None) -> str:
     return f"in {text}" if future else f"{text} ago"
 
 
+def _span(seconds: float | None) -> str:
+    """A duration, short: 45s, 3m, 2h, 4d."""
+    if seconds is None:
+        return "—"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(int(seconds), 0)}s"
+
+
 templates.env.filters["ago"] = _ago
+templates.env.filters["span"] = _span
 templates.env.filters["pretty"] = lambda value: json.dumps(value, indent=2, default=str, ensure_ascii=False)
 templates.env.filters["stamp"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
 
@@ -222,7 +233,7 @@ def _overview(request: Request, conn: Conn) -> dict[str, Any]:
     queues = admin.list_queues(conn, _configured(request))
     totals = {state: sum(q["counts"][state] for q in queues) for state in admin.COUNTED_STATES}
     return {"queues": queues, "totals": totals, "states": admin.COUNTED_STATES,
-            "workers": admin.live_workers(conn, WORKER_SEEN_WITHIN)}
+            "workers": admin.live_workers(conn, WORKER_SEEN_WITHIN), "lag": admin.queue_lag(conn)}
 
 
 THROUGHPUT_DAYS = 7
@@ -233,7 +244,8 @@ def overview(request: Request, who: Page, conn: Conn) -> Response:
     admin.fold_stats(conn)  # fresh numbers; skipped harmlessly while another process folds
     throughput = admin.daily_stats(conn, None, THROUGHPUT_DAYS)
     tallest = max([1] + [day[field] for day in throughput["daily"] for field in ("succeeded", "failed", "dead")])
-    return render(request, who, "overview.html", throughput=throughput, tallest=tallest, **_overview(request, conn))
+    return render(request, who, "overview.html", throughput=throughput, tallest=tallest,
+                  failing=admin.failing_kinds(conn), **_overview(request, conn))
 
 
 @router.get("/live")
@@ -245,11 +257,16 @@ def overview_live(request: Request, who: Page, conn: Conn) -> Response:
 # --- jobs ---------------------------------------------------------------------------------------------
 
 
+def _job_filter(queue: str, kind: str, state: str, q: str) -> admin.JobFilter:
+    """A jobs list's filter from its query (or a bulk form's hidden fields): the same for both."""
+    return admin.JobFilter(queue=queue or None, kind=kind or None,
+                           state=state if state in admin.STATES else None, text=q[:255] or None)
+
+
 @router.get("/jobs")
 def jobs_page(request: Request, who: Page, conn: Conn, queue: str = "", kind: str = "", state: str = "",
               q: str = "", cursor: str = "") -> Response:
-    where = admin.JobFilter(queue=queue or None, kind=kind or None,
-                            state=state if state in admin.STATES else None, text=q[:255] or None)
+    where = _job_filter(queue, kind, state, q)
     try:
         position = decode_cursor(cursor, "newest") if cursor else None
     except ApiError:
@@ -294,6 +311,90 @@ def _back(fields: dict[str, str], default: str, deleted: int | None = None) -> s
     if deleted is not None and wanted.startswith(f"{PREFIX}/jobs/{deleted}"):
         return default
     return wanted if wanted.startswith(PREFIX + "/") and "//" not in wanted else default
+
+
+# --- bulk actions on jobs ----------------------------------------------------------------------------
+# On the rows ticked on a jobs page, or on every job matching its filter after a confirmation page
+# that counts them. One statement each (store.admin.bulk_act); the flash says changed vs skipped.
+
+BULK_ACTIONS = {  # action: (button, past tense, which jobs it applies to)
+    "retry": ("Retry", "Retried", "dead or cancelled"),
+    "cancel": ("Cancel", "Cancelled", "pending, scheduled or paused"),
+    "archive": ("Archive", "Archived", "pending or scheduled"),
+    "delete": ("Delete", "Deleted", "not active"),
+}
+BULK_MAX_TICKED = 500
+
+
+async def form_lists(request: Request) -> dict[str, list[str]]:
+    """The form body with repeated fields kept (the ticked `id` checkboxes)."""
+    body = (await request.body()).decode("utf-8", "replace")
+    lists: dict[str, list[str]] = {}
+    for name, value in parse_qsl(body, keep_blank_values=True):
+        lists.setdefault(name, []).append(value)
+    return lists
+
+
+def _bulk_action(action: str) -> tuple[str, str, str]:
+    if action not in BULK_ACTIONS:
+        raise Refused(404, "No such action", f"There is no bulk action {action!r}.")
+    return BULK_ACTIONS[action]
+
+
+def _bulk_message(action: str, report: admin.BulkReport, what: str) -> str:
+    _, done, rule = BULK_ACTIONS[action]
+    return (f"{done} {report.changed} of {report.matched} {what}; {report.skipped} skipped "
+            f"({action} applies to jobs that are {rule}).")
+
+
+@router.post("/bulk/{action}")
+def bulk_selected(action: str, fields: Fields, lists: Annotated[dict[str, list[str]], Depends(form_lists)],
+                  who: Action, conn: Conn) -> Response:
+    _bulk_action(action)
+    back = _back(fields, PREFIX + "/jobs")
+    ids = sorted({int(v) for v in lists.get("id", []) if v.isdigit() and len(v) < 19})
+    if not ids:
+        return redirect(who, back, "Tick at least one job first.", "error")
+    if len(ids) > BULK_MAX_TICKED:
+        return redirect(who, back, f"At most {BULK_MAX_TICKED} ticked jobs at a time; "
+                        "use “everything matching the filter” for more.", "error")
+    try:
+        report = admin.bulk_act(conn, action, ids=ids)
+    except Conflict as exc:
+        return redirect(who, back, f"Nothing changed: {exc}", "error")
+    return redirect(who, back, _bulk_message(action, report, "selected jobs"))
+
+
+def _filter_fields(source: dict[str, str]) -> dict[str, str]:
+    """The filter fields as _job_filter reads them (an unknown state is no state filter, shown as none)."""
+    fields = {name: source.get(name, "") for name in ("queue", "kind", "state", "q")}
+    if fields["state"] not in admin.STATES:
+        fields["state"] = ""
+    return fields
+
+
+@router.get("/bulk/{action}/confirm")
+def bulk_confirmation(request: Request, action: str, who: Page, conn: Conn) -> Response:
+    label, done, rule = _bulk_action(action)
+    filters = _filter_fields(dict(request.query_params))
+    matched, changing, more = admin.count_matching(conn, action, _job_filter(**filters))
+    shown = {name: value for name, value in filters.items() if value}
+    return render(request, who, "bulk.html", action=action, label=label, done=done.lower(), rule=rule, filters=filters,
+                  shown=shown, matched=matched, changing=changing, more=more, limit=admin.BULK_LIMIT,
+                  back=PREFIX + "/jobs" + ("?" + urlencode(shown) if shown else ""))
+
+
+@router.post("/bulk/{action}/matching")
+def bulk_matching(action: str, fields: Fields, who: Action, conn: Conn) -> Response:
+    _bulk_action(action)
+    filters = _filter_fields(fields)
+    shown = {name: value for name, value in filters.items() if value}
+    back = PREFIX + "/jobs" + ("?" + urlencode(shown) if shown else "")
+    try:
+        report = admin.bulk_act(conn, action, where=_job_filter(**filters))
+    except Conflict as exc:
+        return redirect(who, back, f"Nothing changed: {exc}", "error")
+    return redirect(who, back, _bulk_message(action, report, "jobs matching the filter"))
 
 
 # --- dead letters -------------------------------------------------------------------------------------

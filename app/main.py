@@ -25,6 +25,7 @@ from app.dashboard import error_page, install_dashboard, is_dashboard
 from app.errors import ApiError, error_response
 from app.jobs import router as jobs_router
 from app.limits import BodyLimit
+from app.metrics import install_metrics
 from app.openapi import install_openapi
 from app.queues import router as queues_router
 from app.schedules import router as schedules_router
@@ -69,6 +70,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI
     app.include_router(queues_router)
     app.include_router(schedules_router)
     app.include_router(system_router)
+    install_metrics(app)
 
     install_dashboard(app)
     install_openapi(app, jobs)

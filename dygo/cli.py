@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 30s)")
 
     command("schedules", "list the cron schedules: spec, time zone, next and last fire, status")
+    command("status", "show each queue's jobs by state, its lag and pause, and the live workers")
 
     db = commands.add_parser("db", help="the embedded PostgreSQL server (used when DATABASE_URL is unset)")
     db.add_argument("action", choices=["url", "status", "start", "stop"])
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             return serve_command(settings, args)
         if args.command == "schedules":
             return schedules_command(settings)
+        if args.command == "status":
+            return status_command(settings)
         return worker_command(settings, args)
     except ConfigError as exc:
         print(f"dygo: configuration error: {exc}", file=sys.stderr)
@@ -191,6 +194,44 @@ def schedules_command(settings: Settings) -> int:
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[-1])
     return 0
+
+
+def status_command(settings: Settings) -> int:
+    """Queues x states, lag and pause, then the live workers: the numbers GET /metrics reports."""
+    import psycopg
+
+    from app.system import WORKER_SEEN_WITHIN
+    from store.admin import COUNTED_STATES
+    from store.db import database_url
+    from store.metrics import snapshot
+    from store.migrate import check_schema
+
+    configured = {name: queue.concurrency for name, queue in settings.queues.items()}
+    with psycopg.connect(database_url(settings), autocommit=True) as conn:
+        check_schema(conn)
+        snap = snapshot(conn, configured, WORKER_SEEN_WITHIN)
+    table = [("QUEUE", *(state.upper() for state in COUNTED_STATES), "LAG", "PAUSED")]
+    for queue in snap.queues:
+        table.append((queue["name"], *(str(queue["counts"][state]) for state in COUNTED_STATES),
+                      f"{snap.lag.get(queue['name'], 0.0):.1f}s", "yes" if queue["paused"] else "no"))
+    _print_table(table)
+    print()
+    if not snap.workers:
+        print(f"workers: none seen in the last {WORKER_SEEN_WITHIN:g}s")
+        return 0
+    print(f"workers: {len(snap.workers)} live")
+    workers = [("WORKER", "QUEUES", "LAST SEEN")]
+    for worker in snap.workers:
+        queues = ", ".join(f"{name}={slots}" for name, slots in sorted((worker["queues"] or {}).items()))
+        workers.append((worker["id"], queues, worker["last_seen_at"].strftime("%Y-%m-%d %H:%M:%S %Z")))
+    _print_table(workers)
+    return 0
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def _local_time(moment: datetime | None, timezone: str) -> str:

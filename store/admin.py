@@ -287,3 +287,64 @@ def retry_dead_group(conn: psycopg.Connection, kind: str, fingerprint: str) -> i
     """Every dead job of one group back to pending now; returns how many."""
     params = {"kind": kind, "fingerprint": fingerprint}
     return len(conn.execute(queries.RETRY_DEAD_GROUP, params).fetchall())
+
+
+# --- bulk actions and the overview's extras (the dashboard) -----------------------------------------
+
+# A bulk action by filter touches at most this many jobs (oldest ids first); run it again for more.
+BULK_LIMIT = 10_000
+BULK_ACTIONS = {"retry": queries.BULK_RETRY, "cancel": queries.BULK_CANCEL,
+                "archive": queries.BULK_ARCHIVE, "delete": queries.BULK_DELETE}
+
+
+@dataclass(frozen=True)
+class BulkReport:
+    matched: int
+    changed: int
+
+    @property
+    def skipped(self) -> int:
+        return self.matched - self.changed
+
+
+def _bulk_filters(where: JobFilter | None, ids: list[int] | None) -> tuple[sql.Composable, dict[str, Any]]:
+    """The WHERE of a bulk statement: the ticked ids, or the same composition as list_jobs."""
+    if ids is not None:
+        return sql.SQL(queries.BULK_SELECTED), {"ids": ids}
+    fragments, params = _filters(where or JobFilter(), True, None)
+    return sql.SQL(" AND ").join(sql.SQL(f) for f in fragments or [queries.JOB_FILTERS["everything"]]), params
+
+
+def count_matching(conn: psycopg.Connection, action: str, where: JobFilter) -> tuple[int, int, bool]:
+    """How many jobs the filter matches (looking at no more than BULK_LIMIT + 1), how many of those the
+    action would change, and whether there are more than BULK_LIMIT (a run then takes the oldest)."""
+    filters, params = _bulk_filters(where, None)
+    statement = sql.SQL(queries.BULK_COUNT).format(filters=filters, allowed=sql.SQL(queries.BULK_ALLOWED[action]))
+    matched, allowed = conn.execute(statement, {**params, "cap": BULK_LIMIT + 1, "limit": BULK_LIMIT}).fetchone()
+    return min(matched, BULK_LIMIT), allowed, matched > BULK_LIMIT
+
+
+def bulk_act(conn: psycopg.Connection, action: str, *, where: JobFilter | None = None,
+             ids: list[int] | None = None) -> BulkReport:
+    """Run a bulk action (BULK_ACTIONS) on the ticked `ids`, or on the jobs `where` matches
+    (at most BULK_LIMIT, oldest first), in one statement; report matched and changed rows."""
+    filters, params = _bulk_filters(where, ids)
+    statement = sql.SQL(BULK_ACTIONS[action]).format(filters=filters)
+    try:
+        matched, changed = conn.execute(statement, {**params, "cap": BULK_LIMIT}).fetchone()
+    except psycopg.errors.UniqueViolation:
+        # A live job took one of the keys between the check and the update: nothing changed.
+        raise Conflict("idempotency_conflict", "a live job took the idempotency key of one of these jobs "
+                       "meanwhile; nothing was retried, try again", {"action": action}) from None
+    return BulkReport(matched, changed)
+
+
+def queue_lag(conn: psycopg.Connection) -> dict[str, float]:
+    """Per queue, seconds since the oldest due, unclaimed job became due (queues with none left out)."""
+    return dict(conn.execute(queries.QUEUE_LAG).fetchall())
+
+
+def failing_kinds(conn: psycopg.Connection, limit: int = 5) -> list[dict[str, Any]]:
+    """The kinds with the most dead jobs and failed attempts today and yesterday (UTC)."""
+    with conn.cursor(row_factory=dict_row) as cursor:
+        return cursor.execute(queries.FAILING_KINDS, {"limit": limit}).fetchall()

@@ -576,3 +576,114 @@ WITH doomed AS (
     WHERE s.day = d.day AND s.queue = d.queue AND s.kind = d.kind RETURNING 1
 )
 SELECT count(*) FROM trimmed"""
+
+# --- Metrics (GET /metrics) -----------------------------------------------------------------------
+
+# Per queue, seconds since the oldest ready job became due (its run_at), from dygo_jobs_ready.
+# Queues with no ready job are absent (the collector reports 0 for them).
+METRICS_QUEUE_LAG = """
+SELECT queue, extract(epoch FROM now() - min(run_at))::float8
+FROM dygo_jobs WHERE state = 'pending' AND run_at <= now() GROUP BY queue"""
+
+# Per queue and kind, every day still kept in dygo_daily_stats plus the deltas not folded yet:
+# rollup rows, never job rows. Counters "since stats retention began" (trimming old days lowers them).
+METRICS_STAT_TOTALS = """
+SELECT queue, kind, sum(enqueued)::bigint, sum(succeeded)::bigint, sum(failed)::bigint,
+       sum(dead)::bigint, sum(reaped)::bigint
+FROM (SELECT queue, kind, enqueued, succeeded, failed, dead, reaped FROM dygo_daily_stats
+      UNION ALL
+      SELECT queue, kind, enqueued, succeeded, failed, dead, reaped FROM dygo_stats_deltas) AS s
+GROUP BY queue, kind ORDER BY queue, kind"""
+
+# --- Dashboard: bulk actions on jobs ------------------------------------------------------------------
+# A bulk action is one statement over the jobs a list filter (store.admin composes {filters} from
+# JOB_FILTERS / JOB_STATE_FILTERS, or BULK_SELECTED for ticked rows), oldest ids first and at most
+# %(cap)s of them. Its UPDATE/DELETE repeats the starting states the single-job action allows
+# (BULK_ALLOWED), so a row that changed meanwhile is skipped, never half-updated. Each returns
+# (rows matched, rows changed): the difference is what was skipped.
+BULK_SELECTED = "id = ANY(%(ids)s::bigint[])"
+BULK_ALLOWED = {
+    "retry": "state IN ('dead', 'cancelled')",
+    "cancel": "state IN ('pending', 'paused')",
+    "archive": "state = 'pending'",  # due or scheduled
+    "delete": "state <> 'active'",
+}
+_BULK_MATCHED = """matched AS (
+    SELECT id, state, idempotency_key FROM dygo_jobs WHERE {filters} ORDER BY id LIMIT %(cap)s)"""
+_BULK_REPORT = "SELECT (SELECT count(*) FROM matched), (SELECT count(*) FROM changed)"
+
+# How many jobs a filter matches (at most %(cap)s looked at: one more than a run takes, to tell
+# "more"), and how many of the first %(limit)s the action would change.
+BULK_COUNT = """
+SELECT count(*), count(*) FILTER (WHERE {allowed} AND n <= %(limit)s) FROM (
+    SELECT state, row_number() OVER (ORDER BY id) AS n FROM (
+        SELECT id, state FROM dygo_jobs WHERE {filters} ORDER BY id LIMIT %(cap)s) AS first) AS matched"""
+
+# Dead or cancelled -> pending now, like RETRY_JOB, with _revive_dead's rule for idempotency keys:
+# a key held by a live job keeps its job where it is, and only the newest job of a shared key revives.
+BULK_RETRY = f"""
+WITH {_BULK_MATCHED}, eligible AS (
+    SELECT id, idempotency_key FROM matched WHERE {BULK_ALLOWED["retry"]}
+), keyed AS (
+    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM eligible
+    WHERE idempotency_key IS NOT NULL ORDER BY idempotency_key, id DESC
+), chosen AS (
+    SELECT id FROM eligible WHERE idempotency_key IS NULL
+    UNION ALL
+    SELECT k.id FROM keyed k WHERE NOT EXISTS (
+        SELECT 1 FROM dygo_jobs l
+        WHERE l.idempotency_key = k.idempotency_key AND l.state IN ('pending', 'active', 'paused'))
+), changed AS (
+    UPDATE dygo_jobs AS j SET state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
+        started_at = NULL, finished_at = NULL, result = NULL
+    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.{BULK_ALLOWED["retry"]}
+    RETURNING j.id
+)
+{_BULK_REPORT}"""
+
+BULK_CANCEL = f"""
+WITH {_BULK_MATCHED}, changed AS (
+    UPDATE dygo_jobs SET state = 'cancelled', finished_at = now()
+    WHERE id = ANY(ARRAY(SELECT id FROM matched)) AND {BULK_ALLOWED["cancel"]}
+    RETURNING id
+)
+{_BULK_REPORT}"""
+
+# Like ARCHIVE_JOB: dead without running, counted in the day's dead.
+BULK_ARCHIVE = f"""
+WITH {_BULK_MATCHED}, changed AS (
+    UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'archived by an operator before it ran'
+    WHERE id = ANY(ARRAY(SELECT id FROM matched)) AND {BULK_ALLOWED["archive"]}
+    RETURNING id, queue, kind
+), counted AS (
+    INSERT INTO dygo_stats_deltas (day, queue, kind, dead)
+    SELECT (now() AT TIME ZONE 'UTC')::date, queue, kind, count(*) FROM changed GROUP BY queue, kind
+)
+{_BULK_REPORT}"""
+
+BULK_DELETE = f"""
+WITH {_BULK_MATCHED}, changed AS (
+    DELETE FROM dygo_jobs WHERE id = ANY(ARRAY(SELECT id FROM matched)) AND {BULK_ALLOWED["delete"]}
+    RETURNING id
+)
+{_BULK_REPORT}"""
+
+# --- Dashboard: the overview's lag and failing kinds ------------------------------------------------
+
+# Per queue, the age of the oldest job that is due and not yet claimed, from dygo_jobs_ready.
+QUEUE_LAG = """
+SELECT queue, extract(epoch FROM now() - min(run_at))::float8
+FROM dygo_jobs WHERE state = 'pending' AND run_at <= now() GROUP BY queue"""
+
+# The kinds with the most dead jobs and failed attempts today and yesterday (UTC), from the folded
+# daily stats plus the deltas not folded yet: a handful of small rows, never the jobs table.
+FAILING_KINDS = """
+WITH counts AS (
+    SELECT kind, failed, dead FROM dygo_daily_stats WHERE day >= (now() AT TIME ZONE 'UTC')::date - 1
+    UNION ALL
+    SELECT kind, failed, dead FROM dygo_stats_deltas WHERE day >= (now() AT TIME ZONE 'UTC')::date - 1
+)
+SELECT kind, sum(dead)::bigint AS dead, sum(failed)::bigint AS failed FROM counts
+GROUP BY kind HAVING sum(dead) + sum(failed) > 0
+ORDER BY sum(dead) DESC, sum(failed) DESC, kind
+LIMIT %(limit)s"""

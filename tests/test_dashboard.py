@@ -240,3 +240,110 @@ def test_schedules_pause_resume_and_trigger(serve, conn, page):
     assert state_of(conn, job_id) == "pending"
     expect(row).to_contain_text(f"job {job_id}")
     shot(page, "schedules")
+
+
+def kill(conn, *job_ids: int) -> None:
+    conn.execute("UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'ValueError: boom' "
+                 "WHERE id = ANY(%s)", (list(job_ids),))
+
+
+def test_bulk_retry_ticked_rows_then_everything_matching_the_filter_after_a_count(serve, conn, page):
+    api = serve()
+    noop = [enqueue(api, "test.noop", {"n": n}) for n in range(5)]
+    other = enqueue(api, "test.record_sync")
+    kill(conn, *noop, other)
+    waiting = enqueue(api, "test.noop", delay="1h")
+    log_in(page, api)
+
+    page.goto(f"{api.url}/dashboard/jobs?state=dead")
+    expect(page.locator("tr[data-job]")).to_have_count(6)
+    for job_id in noop[:2]:
+        page.check(f"tr[data-job='{job_id}'] input[name=id]")
+    shot(page, "jobs-bulk-ticked")
+    page.click("button[data-bulk=retry]")
+    expect(page.locator(".flash.ok")).to_have_text(
+        "Retried 2 of 2 selected jobs; 0 skipped (retry applies to jobs that are dead or cancelled).")
+    expect(page).to_have_url(re.compile(r"/dashboard/jobs\?state=dead$"))
+    assert [state_of(conn, i) for i in noop] == ["pending"] * 2 + ["dead"] * 3
+
+    page.goto(f"{api.url}/dashboard/jobs?state=dead&kind=test.noop")
+    expect(page.locator("tr[data-job]")).to_have_count(3)
+    page.click("a[data-bulk-matching=retry]")
+    expect(page.locator("h1")).to_have_text("Retry every job matching the filter?")
+    expect(page.locator(".notice")).to_contain_text("The filter matches 3 jobs. 3 of them are dead or cancelled "
+                                                    "and will be retried; the other 0 are skipped.")
+    shot(page, "bulk-confirmation")
+    page.click("button:has-text('Retry 3 jobs')")
+    expect(page.locator(".flash.ok")).to_contain_text("Retried 3 of 3 jobs matching the filter; 0 skipped")
+    expect(page).to_have_url(re.compile(r"/dashboard/jobs\?kind=test.noop&state=dead$"))
+    assert all(state_of(conn, i) == "pending" for i in noop)
+    assert state_of(conn, other) == "dead"  # another kind: not matched
+
+    # A filter matching jobs the action does not apply to counts them as skipped, here and after.
+    page.goto(f"{api.url}/dashboard/jobs")  # no filter: every job
+    page.click("a[data-bulk-matching=cancel]")
+    expect(page.locator("main p.muted").first).to_have_text("Filter: none (every job)")
+    expect(page.locator(".notice")).to_contain_text(
+        "The filter matches 7 jobs. 6 of them are pending, scheduled or paused and will be cancelled; "
+        "the other 1 is skipped.")
+    page.click("button:has-text('Cancel 6 jobs')")
+    expect(page.locator(".flash.ok")).to_contain_text("Cancelled 6 of 7 jobs matching the filter; 1 skipped")
+    assert state_of(conn, waiting) == "cancelled" and state_of(conn, other) == "dead"
+    shot(page, "jobs-bulk-cancelled")
+
+    # Ticked rows: a delete skips nothing that is not active; a forged bulk post changes nothing.
+    page.check(f"tr[data-job='{other}'] input[name=id]")
+    page.check(f"tr[data-job='{waiting}'] input[name=id]")
+    page.click("button[data-bulk=delete]")
+    expect(page.locator(".flash.ok")).to_contain_text("Deleted 2 of 2 selected jobs; 0 skipped")
+    assert conn.execute("SELECT count(*) FROM dygo_jobs WHERE id = ANY(%s)", ([other, waiting],)).fetchone()[0] == 0
+    forged = page.request.post(f"{api.url}/dashboard/bulk/delete/matching", form={"csrf": "forged"},
+                               max_redirects=0)
+    assert forged.status == 403 and "This form has expired" in forged.text()
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 5
+
+
+def test_bulk_actions_are_refused_to_a_read_only_token(serve, conn, page):
+    api = serve()
+    job_id = enqueue(api, "test.noop", delay="1h")
+    log_in(page, api, READ_TOKEN)
+    page.goto(f"{api.url}/dashboard/jobs")
+    expect(page.locator("input[name=id]")).to_have_count(0)
+    expect(page.locator("[data-bulk-matching]")).to_have_count(0)
+    csrf = page.locator("header input[name=csrf]").get_attribute("value")
+    for path, form in [("/dashboard/bulk/archive", {"csrf": csrf, "id": str(job_id)}),
+                       ("/dashboard/bulk/archive/matching", {"csrf": csrf})]:
+        reply = page.request.post(api.url + path, form=form, max_redirects=0)
+        assert reply.status == 403 and "Read-only access" in reply.text()
+    assert state_of(conn, job_id) == "pending"
+
+
+def test_overview_shows_queue_lag_and_failing_kinds(serve, conn, page):
+    api = serve()
+    late = enqueue(api, "test.noop")
+    conn.execute("UPDATE dygo_jobs SET run_at = now() - interval '7 minutes' WHERE id = %s", (late,))
+    enqueue(api, "test.noop", queue="other", delay="1h")  # scheduled: not lagging
+    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead) VALUES "
+                 "((now() AT TIME ZONE 'UTC')::date, 'default', 'test.fail_first_runs', 4, 2), "
+                 "((now() AT TIME ZONE 'UTC')::date - 1, 'default', 'test.noop', 1, 0), "
+                 "((now() AT TIME ZONE 'UTC')::date - 3, 'default', 'test.record_sync', 9, 9)")
+    log_in(page, api)
+    expect(page.locator("tr[data-queue='default'] td.lag")).to_have_text("7m")
+    expect(page.locator("tr[data-queue='other'] td.lag")).to_have_text("—")
+    rows = page.locator("table.failing tbody tr")
+    expect(rows).to_have_count(2)  # three days ago is out of the window
+    expect(rows.nth(0)).to_have_attribute("data-kind", "test.fail_first_runs")
+    expect(rows.nth(0).locator("td.num")).to_have_text(["2", "4"])
+    expect(rows.nth(1)).to_have_attribute("data-kind", "test.noop")
+    shot(page, "overview-lag-failing")
+
+
+def test_archive_a_scheduled_job_from_its_page(serve, conn, page):
+    api = serve()
+    job_id = enqueue(api, "test.noop", delay="1h")
+    log_in(page, api)
+    page.goto(f"{api.url}/dashboard/jobs/{job_id}")
+    page.click(".actions.bar button:has-text('Archive')")
+    expect(page.locator(".flash.ok")).to_have_text(f"Job {job_id} archived; it is now dead.")
+    expect(page.locator(".actions.bar button:has-text('Archive')")).to_have_count(0)
+    assert state_of(conn, job_id) == "dead"

@@ -62,3 +62,47 @@ def test_session_cookie_is_signed_and_expires():
     assert Session.read(signer, f"{forged}.{mac}") is None  # role swapped, old signature
     assert Session.read(signer, signer.dumps({"sid": "s", "role": "admin", "exp": time.time() - 1})) is None
     assert signer.csrf_token("a") != signer.csrf_token("b")
+
+
+def test_bulk_actions_change_only_allowed_states_and_report_the_skipped(conn, monkeypatch):
+    plain = dead(conn, "mail.send", "TimeoutError: x")
+    keyed = dead(conn, "mail.send", "TimeoutError: y", key="k1")
+    held = dead(conn, "mail.send", "TimeoutError: z", key="k2")
+    conn.execute("INSERT INTO dygo_jobs (kind, queue, idempotency_key) VALUES ('mail.send', 'default', 'k2')")
+    due, later = (conn.execute("INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('bill.charge', 'default', "
+                               f"now() + interval '{offset}') RETURNING id").fetchone()[0]
+                  for offset in ("-1 minute", "1 hour"))
+
+    # Ticked rows: the live key keeps `held` dead, and the pending job is skipped, not an error.
+    report = admin.bulk_act(conn, "retry", ids=[plain, keyed, held, due])
+    assert (report.matched, report.changed, report.skipped) == (4, 2, 2)
+    states = dict(conn.execute("SELECT id, state FROM dygo_jobs").fetchall())
+    assert (states[plain], states[keyed], states[held], states[due]) == ("pending", "pending", "dead", "pending")
+
+    # A filter composes like the list: scheduled is pending with run_at ahead.
+    where = admin.JobFilter(kind="bill.charge", state="scheduled")
+    assert admin.count_matching(conn, "archive", where) == (1, 1, False)
+    assert admin.bulk_act(conn, "archive", where=where) == admin.BulkReport(1, 1)
+    assert conn.execute("SELECT state FROM dygo_jobs WHERE id = %s", (later,)).fetchone()[0] == "dead"
+    assert conn.execute("SELECT sum(dead) FROM dygo_stats_deltas WHERE kind = 'bill.charge'").fetchone()[0] == 1
+
+    # Bounded: more matches than the limit take the oldest ids, and the count says there are more.
+    monkeypatch.setattr(admin, "BULK_LIMIT", 2)
+    everything = admin.JobFilter()
+    assert admin.count_matching(conn, "delete", everything) == (2, 2, True)
+    assert admin.bulk_act(conn, "delete", where=everything) == admin.BulkReport(2, 2)
+    assert conn.execute("SELECT count(*) FROM dygo_jobs WHERE id IN (%s, %s)", (plain, keyed)).fetchone()[0] == 0
+
+
+def test_queue_lag_and_failing_kinds(conn):
+    conn.execute("INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('a', 'default', now() - interval '90 seconds'),"
+                 " ('a', 'default', now() - interval '10 seconds'), ('a', 'other', now() + interval '1 hour')")
+    lag = admin.queue_lag(conn)
+    assert set(lag) == {"default"} and 90 <= lag["default"] < 120
+    conn.execute("INSERT INTO dygo_daily_stats (day, queue, kind, failed, dead) VALUES "
+                 "((now() AT TIME ZONE 'UTC')::date, 'default', 'a', 3, 1), "
+                 "((now() AT TIME ZONE 'UTC')::date - 5, 'default', 'old', 50, 50)")
+    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead) VALUES "
+                 "((now() AT TIME ZONE 'UTC')::date, 'default', 'a', 1, 1), "
+                 "((now() AT TIME ZONE 'UTC')::date, 'default', 'b', 7, 0)")
+    assert admin.failing_kinds(conn) == [{"kind": "a", "dead": 2, "failed": 4}, {"kind": "b", "dead": 0, "failed": 7}]

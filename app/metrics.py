@@ -1,0 +1,83 @@
+"""GET /metrics: Prometheus text format, built from the database on every scrape.
+
+A custom collector reads store.metrics.snapshot per scrape; the web process keeps no counters, so
+every `dygo serve` replica reports the same numbers. Auth: like /api/, /metrics needs a token (a
+read token is enough) once tokens are configured (see app/auth.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.system import WORKER_SEEN_WITHIN
+from store import admin
+from store.metrics import snapshot
+
+router = APIRouter(tags=["system"])
+
+COUNTERS = {
+    "enqueued": "Jobs enqueued",
+    "succeeded": "Jobs that succeeded",
+    "failed": "Failed attempts, retried or not",
+    "dead": "Jobs that died (attempts or reaps exhausted)",
+    "reaped": "Expired leases recovered from vanished workers",
+}
+
+
+class DygoCollector(Collector):
+    """Reads the database on each collect(); nothing is cached between scrapes."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state  # app.state: the pool exists only once the lifespan has started
+
+    def collect(self) -> Iterator[Metric]:
+        configured = {name: queue.concurrency for name, queue in self.state.settings.queues.items()}
+        with self.state.pool.connection() as conn:
+            snap = snapshot(conn, configured, WORKER_SEEN_WITHIN)
+        jobs = GaugeMetricFamily("dygo_jobs", "Jobs now in each state (succeeded jobs are counted by "
+                                 "dygo_jobs_succeeded_total)", labels=["queue", "state"])
+        paused = GaugeMetricFamily("dygo_queue_paused", "1 when the queue is paused", labels=["queue"])
+        for queue in snap.queues:
+            for state in admin.COUNTED_STATES:
+                jobs.add_metric([queue["name"], state], queue["counts"][state])
+            paused.add_metric([queue["name"]], 1.0 if queue["paused"] else 0.0)
+        lag = GaugeMetricFamily("dygo_queue_lag_seconds", "Seconds since the oldest ready job fell due "
+                                "(0 when none is ready)", labels=["queue"])
+        for name, seconds in snap.lag.items():
+            lag.add_metric([name], seconds)
+        yield from (jobs, lag, paused)
+        for field, help_text in COUNTERS.items():
+            counter = CounterMetricFamily(f"dygo_jobs_{field}", f"{help_text}, since stats retention began "
+                                          "(from the daily stats rollups)", labels=["queue", "kind"])
+            for row in snap.totals:
+                counter.add_metric([row["queue"], row["kind"]], row[field])
+            yield counter
+        yield GaugeMetricFamily("dygo_workers_live", f"Worker processes seen in the last {WORKER_SEEN_WITHIN:g}s",
+                                value=len(snap.workers))
+        slots = GaugeMetricFamily("dygo_worker_slots", "Configured concurrency of each live worker per queue",
+                                  labels=["worker", "queue"])
+        for worker in snap.workers:
+            for queue, concurrency in sorted((worker["queues"] or {}).items()):
+                slots.add_metric([worker["id"], queue], concurrency)
+        yield slots
+
+
+def install_metrics(app: FastAPI) -> None:
+    """A registry per app (never the global one) holding the database collector, and the route."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DygoCollector(app.state))
+    app.state.metrics_registry = registry
+    app.include_router(router)
+
+
+@router.get("/metrics", summary="Prometheus metrics, read from the database on each scrape",
+            response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,42 @@
+"""What GET /metrics reports, read from the database on each scrape (no counters kept in memory).
+
+Every read is cheap: counts and lag come from the partial indexes of unfinished jobs, throughput
+from the daily stats rollups (plus deltas not folded yet), workers from their heartbeat rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from store import admin, queries
+
+
+@dataclass
+class Snapshot:
+    queues: list[dict[str, Any]] = field(default_factory=list)  # admin.list_queues: counts, paused
+    lag: dict[str, float] = field(default_factory=dict)  # queue -> seconds; 0 when nothing is ready
+    totals: list[dict[str, Any]] = field(default_factory=list)  # queue, kind and admin.STAT_FIELDS
+    workers: list[dict[str, Any]] = field(default_factory=list)  # admin.live_workers rows
+
+
+def queue_lag(conn: psycopg.Connection) -> dict[str, float]:
+    """Seconds since the oldest ready job of each queue fell due; queues with none ready are absent."""
+    return {queue: max(0.0, seconds) for queue, seconds in conn.execute(queries.METRICS_QUEUE_LAG)}
+
+
+def stat_totals(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """Totals per queue and kind over every day the stats still keep (rollups plus unfolded deltas)."""
+    return [{"queue": row[0], "kind": row[1], **dict(zip(admin.STAT_FIELDS, row[2:], strict=True))}
+            for row in conn.execute(queries.METRICS_STAT_TOTALS)]
+
+
+def snapshot(conn: psycopg.Connection, configured: Mapping[str, int], seen_within: float) -> Snapshot:
+    """Everything one scrape reports, on one connection."""
+    queues = admin.list_queues(conn, configured)
+    lag = queue_lag(conn)
+    return Snapshot(queues=queues, lag=dict.fromkeys((q["name"] for q in queues), 0.0) | lag,
+                    totals=stat_totals(conn), workers=admin.live_workers(conn, seen_within))

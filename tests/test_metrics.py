@@ -1,0 +1,133 @@
+"""GET /metrics on a real `dygo serve`: gauges, lag and counters read from the database per scrape."""
+
+from __future__ import annotations
+
+import json
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from store import admin, enqueue, queries
+from tests.test_api_queues import fill_default_queue
+
+
+def scrape(client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of one scrape, keyed by (sample name, sorted labels)."""
+    response = client.get("/metrics")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def heartbeat(conn, worker_id: str, queues: dict[str, int], seconds_ago: float = 0) -> None:
+    conn.execute(queries.WORKER_HEARTBEAT, {"id": worker_id, "hostname": "box", "pid": 1,
+                                            "queues": json.dumps(queues)})
+    conn.execute("UPDATE dygo_workers SET last_seen_at = now() - make_interval(secs => %s) WHERE id = %s",
+                 (seconds_ago, worker_id))
+
+
+def test_job_gauges_lag_pause_and_workers_are_exact(api, conn):
+    ids = fill_default_queue(conn)  # default: 2 pending, 1 scheduled, 1 active, paused, dead, cancelled
+    conn.execute("UPDATE dygo_jobs SET run_at = now() - interval '100 seconds' WHERE id = %s",
+                 (ids["pending"][0],))
+    admin.pause_queue(conn, "other")
+    heartbeat(conn, "box:1:aaa", {"default": 8, "other": 2})
+    heartbeat(conn, "box:2:bbb", {"other": 3})
+    heartbeat(conn, "box:3:gone", {"default": 1}, seconds_ago=3600)  # not live
+
+    samples = scrape(api.reader)
+    for state, number in {"pending": 2, "scheduled": 1, "active": 1, "paused": 1, "dead": 1,
+                          "cancelled": 1}.items():
+        assert value(samples, "dygo_jobs", queue="default", state=state) == number
+        assert value(samples, "dygo_jobs", queue="other", state=state) == 0
+    assert 100 <= value(samples, "dygo_queue_lag_seconds", queue="default") < 160
+    assert value(samples, "dygo_queue_lag_seconds", queue="other") == 0  # nothing ready: 0, not absent
+    assert value(samples, "dygo_queue_paused", queue="other") == 1
+    assert value(samples, "dygo_queue_paused", queue="default") == 0
+    assert value(samples, "dygo_workers_live") == 2
+    slots = {labels: v for (name, labels), v in samples.items() if name == "dygo_worker_slots"}
+    assert slots == {(("queue", "default"), ("worker", "box:1:aaa")): 8,
+                     (("queue", "other"), ("worker", "box:1:aaa")): 2,
+                     (("queue", "other"), ("worker", "box:2:bbb")): 3}
+
+    # Read per scrape, nothing cached: a change in the database shows on the next scrape.
+    conn.execute("DELETE FROM dygo_jobs WHERE state = 'pending'")
+    admin.resume_queue(conn, "other")
+    again = scrape(api.reader)
+    assert value(again, "dygo_jobs", queue="default", state="pending") == 0
+    assert value(again, "dygo_queue_lag_seconds", queue="default") == 0
+    assert value(again, "dygo_queue_paused", queue="other") == 0
+
+
+def test_counters_add_rollups_and_unfolded_deltas_after_a_real_worker(api, conn, spawn):
+    conn.execute("""INSERT INTO dygo_daily_stats (day, queue, kind, enqueued, succeeded, failed, dead, reaped)
+                    VALUES ((now() AT TIME ZONE 'UTC')::date - 3, 'default', 'test.noop', 5, 4, 0, 1, 2)""")
+    for _ in range(2):
+        enqueue(conn, "test.noop", {})
+    enqueue(conn, "test.fail", {"times": 10})
+    assert spawn("worker", "--once").wait() == 0  # noop x2 succeed; fail's first attempt fails (retried)
+
+    samples = scrape(api.reader)
+    noop = {"queue": "default", "kind": "test.noop"}
+    failing = {"queue": "default", "kind": "test.fail"}
+    assert value(samples, "dygo_jobs_enqueued_total", **noop) == 7
+    assert value(samples, "dygo_jobs_succeeded_total", **noop) == 6
+    assert value(samples, "dygo_jobs_dead_total", **noop) == 1
+    assert value(samples, "dygo_jobs_reaped_total", **noop) == 2
+    assert value(samples, "dygo_jobs_failed_total", **noop) == 0
+    assert value(samples, "dygo_jobs_enqueued_total", **failing) == 1
+    assert value(samples, "dygo_jobs_failed_total", **failing) == 1
+    assert value(samples, "dygo_jobs_succeeded_total", **failing) == 0
+
+    # Folding the deltas into the rollups does not move the counters.
+    assert admin.fold_stats(conn)
+    assert conn.execute("SELECT count(*) FROM dygo_stats_deltas").fetchone()[0] == 0
+    folded = scrape(api.reader)
+    counters = {k: v for k, v in samples.items() if k[0].endswith("_total")}
+    assert counters == {k: v for k, v in folded.items() if k[0].endswith("_total")}
+
+
+def test_metrics_need_a_read_token_once_tokens_are_configured(api, serve):
+    refused = api.anon.get("/metrics")
+    assert refused.status_code == 401
+    assert refused.headers["www-authenticate"] == 'Bearer realm="dygo"'
+    assert api.anon.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert api.reader.get("/metrics").status_code == 200
+    assert api.admin.get("/metrics").status_code == 200
+    open_api = serve(tokens=False)  # development on localhost without tokens: everything open
+    assert "dygo_workers_live 0.0" in open_api.anon.get("/metrics").text
+
+
+def test_status_prints_queues_by_state_lag_pause_and_workers(conn, spawn):
+    ids = fill_default_queue(conn)
+    conn.execute("UPDATE dygo_jobs SET run_at = now() - interval '100 seconds' WHERE id = %s",
+                 (ids["pending"][0],))
+    admin.pause_queue(conn, "other")
+    heartbeat(conn, "box:1:aaa", {"default": 8, "other": 2})
+
+    cli = spawn("status")
+    assert cli.wait() == 0, cli.stderr()
+    lines = [line.rstrip("\n") for line in cli.lines]
+    assert lines[0].split() == ["QUEUE", "PENDING", "SCHEDULED", "ACTIVE", "PAUSED", "DEAD", "CANCELLED", "LAG",
+                                "PAUSED"]
+    default, other = lines[1].split(), lines[2].split()
+    assert default[:7] == ["default", "2", "1", "1", "1", "1", "1"] and default[8] == "no"
+    assert 100 <= float(default[7].rstrip("s")) < 160
+    assert other == ["other", "0", "0", "0", "0", "0", "0", "0.0s", "yes"]
+    assert lines[3] == "" and lines[4] == "workers: 1 live"
+    assert lines[5].split()[:2] == ["WORKER", "QUEUES"]
+    assert lines[6].startswith("box:1:aaa ") and "default=8, other=2" in lines[6]
+
+
+def test_status_says_when_no_worker_is_live(conn, spawn):
+    cli = spawn("status")
+    assert cli.wait() == 0, cli.stderr()
+    assert cli.lines[-1].strip() == "workers: none seen in the last 30s"
+    assert cli.lines[1].split() == ["default", "0", "0", "0", "0", "0", "0", "0.0s", "no"]
