@@ -34,7 +34,7 @@ from worker.executor import Executor
 log = logging.getLogger("dygo.worker")
 
 HEARTBEAT_INTERVAL = 5.0
-RECOVER_INTERVAL = 1.0  # at most this often before a claim, so recovery stays cheap under load
+RECOVER_INTERVAL = 1.0  # at most this often from the claim loop, so recovery stays cheap under load
 SETTLE_BATCH = 1000
 SCHEDULE_LOCKED_RETRY = 0.25  # a due schedule another worker is firing: its fire takes milliseconds
 
@@ -178,10 +178,12 @@ class Worker:
                 continue
             slots.wake.clear()
             try:
-                if time.monotonic() - self.last_recovery >= RECOVER_INTERVAL:
-                    await self._recover()
                 wanted = min(slots.free, self.settings.claim_batch_size)
                 claimed = await self._claim(slots, wanted)
+                # Recovery comes right after a claim rather than before it, to keep its round trip
+                # off the path from a wake-up to a started job; what it recovers wakes us again.
+                if time.monotonic() - self.last_recovery >= RECOVER_INTERVAL:
+                    await self._recover()
                 if len(claimed) == wanted:
                     continue  # there may be more ready right now
                 wait = await self._idle_wait(slots)
