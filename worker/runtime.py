@@ -190,10 +190,9 @@ class Worker:
                 failures = 0
             except (psycopg.Error, OSError) as exc:
                 failures += 1
-                wait = min(30.0, 0.5 * 2**failures)
+                wait = failure_backoff(failures)
                 log.warning("claim from queue %s failed (%s); retrying in %.1fs", slots.name, exc, wait)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(slots.wake.wait(), wait)
+            await wait_for_event(slots.wake, wait)
 
     async def _claim(self, slots: QueueSlots, limit: int) -> list[ClaimedJob]:
         async with self.pool.connection() as conn:
@@ -341,10 +340,9 @@ class Worker:
                     wait = min(wait, due_in + 0.005 if due_in > 0 else SCHEDULE_LOCKED_RETRY)
             except Exception as exc:  # noqa: BLE001 - one bad fire must not stop every schedule for good
                 failures += 1
-                wait = min(30.0, 0.5 * 2**failures)
+                wait = failure_backoff(failures)
                 log.warning("firing schedules failed (%s); retrying in %.1fs", exc, wait)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.schedules_changed.wait(), wait)
+            await wait_for_event(self.schedules_changed, wait)
 
     # --- wake-up --------------------------------------------------------------------------------------
 
@@ -372,6 +370,17 @@ class Worker:
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+
+async def wait_for_event(event: asyncio.Event, timeout: float) -> None:
+    """Sleep until `event` is set or `timeout` seconds pass, whichever is first."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)
+
+
+def failure_backoff(failures: int) -> float:
+    """Backoff after consecutive database failures of a loop: 1 s, 2 s, 4 s ... at most 30 s."""
+    return min(30.0, 0.5 * 2**failures)
 
 
 def say(line: str) -> None:
