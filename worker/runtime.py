@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import secrets
@@ -138,6 +139,9 @@ class Worker:
             loop.add_signal_handler(sig, self.stop)
         await self._heartbeat()
         await self._sync_schedules()
+        # Everything imported and built so far lives as long as the process: keep it out of the
+        # collector's full passes, which would otherwise walk it and stall the loop for milliseconds.
+        gc.freeze()
         queues = ", ".join(f"{s.name}({s.concurrency})" for s in self.slots.values())
         mode = "polling only" if self.options.poll_only else "listening"
         say(f"dygo worker {self.id} started: queues {queues}; {mode}, poll every {self.options.poll_interval:g}s")
