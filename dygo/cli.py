@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 30s)")
 
     command("schedules", "list the cron schedules: spec, time zone, next and last fire, status")
-    command("status", "show each queue's jobs by state, its lag and pause, and the live workers")
+    command("status", "show each queue's jobs by state, its lag and pause, the live workers and the failing kinds")
 
     db = commands.add_parser("db", help="the embedded PostgreSQL server (used when DATABASE_URL is unset)")
     db.add_argument("action", choices=["url", "status", "start", "stop"])
@@ -197,11 +197,11 @@ def schedules_command(settings: Settings) -> int:
 
 
 def status_command(settings: Settings) -> int:
-    """Queues x states, lag and pause, then the live workers: the numbers GET /metrics reports."""
+    """Queues x states, lag and pause, the live workers, then the failing kinds (today and yesterday)."""
     import psycopg
 
     from app.system import WORKER_SEEN_WITHIN
-    from store.admin import COUNTED_STATES
+    from store.admin import COUNTED_STATES, failing_kinds
     from store.db import database_url
     from store.metrics import snapshot
     from store.migrate import check_schema
@@ -210,21 +210,29 @@ def status_command(settings: Settings) -> int:
     with psycopg.connect(database_url(settings), autocommit=True) as conn:
         check_schema(conn)
         snap = snapshot(conn, configured, WORKER_SEEN_WITHIN)
+        failing = failing_kinds(conn)
     table = [("QUEUE", *(state.upper() for state in COUNTED_STATES), "LAG", "PAUSED")]
     for queue in snap.queues:
         table.append((queue["name"], *(str(queue["counts"][state]) for state in COUNTED_STATES),
                       f"{snap.lag.get(queue['name'], 0.0):.1f}s", "yes" if queue["paused"] else "no"))
     _print_table(table)
     print()
-    if not snap.workers:
+    if snap.workers:
+        print(f"workers: {len(snap.workers)} live")
+        workers = [("WORKER", "QUEUES", "LAST SEEN")]
+        for worker in snap.workers:
+            queues = ", ".join(f"{name}={slots}" for name, slots in sorted((worker["queues"] or {}).items()))
+            workers.append((worker["id"], queues, worker["last_seen_at"].strftime("%Y-%m-%d %H:%M:%S %Z")))
+        _print_table(workers)
+    else:
         print(f"workers: none seen in the last {WORKER_SEEN_WITHIN:g}s")
-        return 0
-    print(f"workers: {len(snap.workers)} live")
-    workers = [("WORKER", "QUEUES", "LAST SEEN")]
-    for worker in snap.workers:
-        queues = ", ".join(f"{name}={slots}" for name, slots in sorted((worker["queues"] or {}).items()))
-        workers.append((worker["id"], queues, worker["last_seen_at"].strftime("%Y-%m-%d %H:%M:%S %Z")))
-    _print_table(workers)
+    print()
+    if failing:
+        print("failing kinds (today and yesterday, UTC):")
+        _print_table([("KIND", "DEAD", "FAILED ATTEMPTS"),
+                      *((row["kind"], str(row["dead"]), str(row["failed"])) for row in failing)])
+    else:
+        print("failing kinds: none today or yesterday")
     return 0
 
 

@@ -124,10 +124,27 @@ def test_status_prints_queues_by_state_lag_pause_and_workers(conn, spawn):
     assert lines[3] == "" and lines[4] == "workers: 1 live"
     assert lines[5].split()[:2] == ["WORKER", "QUEUES"]
     assert lines[6].startswith("box:1:aaa ") and "default=8, other=2" in lines[6]
+    assert lines[-1] == "failing kinds: none today or yesterday"
 
 
 def test_status_says_when_no_worker_is_live(conn, spawn):
     cli = spawn("status")
     assert cli.wait() == 0, cli.stderr()
-    assert cli.lines[-1].strip() == "workers: none seen in the last 30s"
+    assert "workers: none seen in the last 30s\n" in cli.lines
     assert cli.lines[1].split() == ["default", "0", "0", "0", "0", "0", "0", "0.0s", "no"]
+
+
+def test_status_lists_failing_kinds_worst_first(conn, spawn):
+    enqueue(conn, "test.abort", {})
+    enqueue(conn, "test.abort", {})
+    enqueue(conn, "test.fail", {"times": 1})  # fails once: a failed attempt, retried later
+    worker = spawn("worker", "--once", "--queue", "default")
+    assert worker.wait() == 0, worker.stderr()
+
+    cli = spawn("status")
+    assert cli.wait() == 0, cli.stderr()
+    lines = [line.rstrip("\n") for line in cli.lines]
+    at = lines.index("failing kinds (today and yesterday, UTC):")
+    assert lines[at + 1].split() == ["KIND", "DEAD", "FAILED", "ATTEMPTS"]
+    assert lines[at + 2].split() == ["test.abort", "2", "2"]  # the attempt that died is a failed attempt too
+    assert lines[at + 3].split() == ["test.fail", "0", "1"]
