@@ -230,6 +230,11 @@ def vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
     return conn.execute(queries.VACUUM_DEAD, {"queue": queue, "older_than": older_than}).rowcount
 
 
+def count_vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
+    """How many jobs vacuum_dead would delete now."""
+    return conn.execute(queries.COUNT_VACUUM_DEAD, {"queue": queue, "older_than": older_than}).fetchone()[0]
+
+
 # --- daily stats -------------------------------------------------------------------------------
 
 
@@ -251,6 +256,12 @@ def daily_stats(conn: psycopg.Connection, queue: str | None, days: int) -> dict[
     daily = [{"day": row[0], **dict(zip(STAT_FIELDS, row[1:], strict=True))} for row in rows]
     totals = {name: sum(day[name] for day in daily) for name in STAT_FIELDS}
     return {"days": days, "totals": totals, "daily": daily}
+
+
+def minute_stats(conn: psycopg.Connection, minutes: int = 60) -> list[dict[str, Any]]:
+    """The last `minutes` UTC minutes over all queues, oldest first, zero-filled (the current one included)."""
+    rows = conn.execute(queries.MINUTE_STATS, {"minutes": minutes}).fetchall()
+    return [{"minute": row[0], **dict(zip(STAT_FIELDS, row[1:], strict=True))} for row in rows]
 
 
 # --- workers, health, development ----------------------------------------------------------------
