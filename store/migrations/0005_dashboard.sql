@@ -37,6 +37,7 @@ ALTER TABLE dygo_jobs ADD COLUMN dead_fingerprint text;
 UPDATE dygo_jobs SET dead_fingerprint = dygo_error_fingerprint(last_error) WHERE state = 'dead';
 
 -- Grouping the dead letters reads this index only (kind, fingerprint, count, first/last seen), and
--- a group's newest sample is its last entry. Only dead rows enter it: nothing on the hot path.
-CREATE INDEX dygo_jobs_dead_groups ON dygo_jobs (kind, dead_fingerprint, id) INCLUDE (finished_at)
+-- a group's newest sample is its last entry; counting a queue's jobs dead for longer than an age
+-- (vacuum dead's confirmation) reads it only too. Only dead rows enter it: nothing on the hot path.
+CREATE INDEX dygo_jobs_dead_groups ON dygo_jobs (kind, dead_fingerprint, id) INCLUDE (finished_at, queue)
     WHERE state = 'dead';
