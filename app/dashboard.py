@@ -209,13 +209,22 @@ def login_page(request: Request, who: Annotated[Visitor, Depends(visitor)], next
     return render(request, who, "login.html", next=_next_page(next))
 
 
+def _in_words(seconds: float) -> str:
+    """'45 seconds', '1 minute', '5 minutes' (rounded up: never sooner than said)."""
+    if seconds < 60:
+        count, unit = max(1, math.ceil(seconds)), "second"
+    else:
+        count, unit = math.ceil(seconds / 60), "minute"
+    return f"{count} {unit}{'s' * (count != 1)}"
+
+
 def _locked_out(request: Request, who: Visitor, until: float) -> Response:
     wait = max(1, math.ceil(until - time.time()))
     at = datetime.fromtimestamp(until, UTC).strftime("%H:%M:%S UTC")
     response = render(request, who, "error.html", status=429, title="Too many failed sign-ins",
-                      message=f"There were {LOGIN_ATTEMPTS} failed sign-ins from your address in the last "
-                              f"{_span(LOGIN_WINDOW)}, so sign-in is paused for it. Try again in {_span(wait)} "
-                              f"(at {at}); check that you are pasting the whole API token.")
+                      message=f"There were {LOGIN_ATTEMPTS} failed sign-ins from your address within "
+                              f"{_in_words(LOGIN_WINDOW)}, so signing in from it is paused. Try again in "
+                              f"{_in_words(wait)} (at {at}); check that you paste the whole API token.")
     response.headers["Retry-After"] = str(wait)
     return response
 
@@ -264,18 +273,18 @@ THROUGHPUT_MINUTES = 60
 THROUGHPUT_DAYS = 30
 
 
-def throughput_charts(conn: Conn) -> dict[str, charts.Chart]:
-    """Per minute for the last hour and per day for the last 30 days, from the rollups (never dygo_jobs)."""
+def throughput_charts(conn: Conn, days: bool = True) -> dict[str, charts.Chart]:
+    """Per minute for the last hour and (with `days`) per day for the last 30 days, from the rollups."""
     minutes = admin.minute_stats(conn, THROUGHPUT_MINUTES)
-    days = admin.daily_stats(conn, None, THROUGHPUT_DAYS)["daily"]
-    return {
-        "minute_chart": charts.throughput_chart(
-            "minutes", "Per minute, last hour", minutes, "minute", lambda at: at.astimezone(UTC).strftime("%H:%M"),
-            10, "lines"),
-        "day_chart": charts.throughput_chart(
-            "days", f"Per day, last {THROUGHPUT_DAYS} days", days, "day", lambda day: day.strftime("%b %-d"), 7,
-            "bars"),
-    }
+    drawn = {"minute_chart": charts.throughput_chart(
+        "minutes", "Per minute, last hour", minutes, "minute", lambda at: at.astimezone(UTC).strftime("%H:%M"),
+        10, "lines")}
+    if days:
+        daily = admin.daily_stats(conn, None, THROUGHPUT_DAYS)["daily"]
+        drawn["day_chart"] = charts.throughput_chart(
+            "days", f"Per day, last {THROUGHPUT_DAYS} days", daily, "day", lambda day: day.strftime("%b %-d"), 7,
+            "bars")
+    return drawn
 
 
 @router.get("/")
@@ -289,6 +298,12 @@ def overview(request: Request, who: Page, conn: Conn) -> Response:
 def overview_live(request: Request, who: Page, conn: Conn) -> Response:
     """The overview's counts and workers alone, polled by the overview page."""
     return render(request, who, "_live.html", **_overview(request, conn))
+
+
+@router.get("/live/minutes")
+def overview_live_minutes(request: Request, who: Page, conn: Conn) -> Response:
+    """The per-minute chart alone, polled by the overview page (rollups plus unfolded deltas: no fold needed)."""
+    return render(request, who, "_minutes.html", minute_chart=throughput_charts(conn, days=False)["minute_chart"])
 
 
 # --- jobs ---------------------------------------------------------------------------------------------
@@ -437,9 +452,13 @@ def bulk_matching(action: str, fields: Fields, who: Action, conn: Conn) -> Respo
 # --- dead letters -------------------------------------------------------------------------------------
 
 
+DEAD_GROUPS_SHOWN = 100
+
+
 @router.get("/dead")
 def dead_page(request: Request, who: Page, conn: Conn) -> Response:
-    return render(request, who, "dead.html", groups=admin.dead_letter_groups(conn))
+    groups = admin.dead_letter_groups(conn, DEAD_GROUPS_SHOWN)
+    return render(request, who, "dead.html", groups=groups, capped=len(groups) == DEAD_GROUPS_SHOWN)
 
 
 @router.post("/dead/retry")

@@ -232,6 +232,7 @@ def pages(client: httpx.Client, url: str) -> dict[str, str]:
     return {
         "overview": "/dashboard/",
         "overview fragment": "/dashboard/live",
+        "overview minutes fragment": "/dashboard/live/minutes",
         "jobs": "/dashboard/jobs",
         "jobs state=dead": "/dashboard/jobs?state=dead",
         "jobs state=pending": "/dashboard/jobs?state=pending",

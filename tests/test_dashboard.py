@@ -123,6 +123,11 @@ def test_overview_counts_refresh_without_a_reload(serve, conn, page):
     expect(pending).to_have_text("0")
     enqueue(api, "test.noop")
     expect(pending).to_have_text("1", timeout=8_000)
+    succeeded = page.locator("figure[data-chart=minutes] polyline[data-series=succeeded]")
+    before = int(succeeded.get_attribute("data-total"))
+    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded) "
+                 "VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', 'test.noop', 5)")
+    expect(succeeded).to_have_attribute("data-total", str(before + 5), timeout=8_000)  # the chart refreshes too
     page.emulate_media(color_scheme="dark")
     page.set_viewport_size({"width": 390, "height": 800})
     shot(page, "overview-dark-phone")
@@ -373,6 +378,7 @@ def test_vacuum_dead_confirms_how_many_it_deletes_then_says_what_it_did(serve, c
     conn.execute("UPDATE dygo_jobs SET finished_at = now() - interval '10 days' WHERE id = %s", (old,))
     log_in(page, api)
     page.goto(f"{api.url}/dashboard/queues")
+    shot(page, "queues-with-dead")
     page.locator("tr[data-queue='default'] a:has-text('Vacuum dead')").click()
     expect(page.locator(".notice")).to_contain_text("This deletes 1 job dead for over 7 days")  # the default
     page.select_option("#older_than", "0s")
@@ -409,7 +415,7 @@ def test_too_many_failed_sign_ins_get_a_429_page_saying_when_to_try_again(serve,
     assert reply.value.status == 429
     assert 240 < int(reply.value.headers["retry-after"]) <= 300
     expect(page.locator("h1")).to_have_text("Too many failed sign-ins")
-    expect(page.locator(".notice")).to_contain_text(re.compile(r"Try again in [45]m \(at \d\d:\d\d:\d\d UTC\)"))
+    expect(page.locator(".notice")).to_contain_text(re.compile(r"Try again in [45] minutes \(at \d\d:\d\d:\d\d UTC\)"))
     shot(page, "login-rate-limited")
     page.goto(f"{api.url}/dashboard/login")  # the right token is refused too while locked out
     page.fill("#token", ADMIN_TOKEN)
