@@ -4,8 +4,10 @@ fingerprints, vacuum-dead counts and the login throttle."""
 from __future__ import annotations
 
 from app.throttle import LoginThrottle
-from store import admin
+from store import admin, enqueue
+from store.leases import Unsuccessful, recover_expired, settle
 from store.maintenance import MINUTE_STATS_KEEP, Retention
+from tests.test_leases import aconnect, claim_now, run
 from tests.test_retention import run_trim
 
 KEEP_FOREVER = Retention(succeeded=0, dead=0, cancelled=0, daily_stats=0)
@@ -89,3 +91,28 @@ def test_login_throttle_locks_an_address_out_after_too_many_failures_until_the_w
     assert throttle.locked_until("10.0.0.1", now=62) == 70  # failures at 10, 20 and 61: free at 10 + 60
     throttle.succeeded("10.0.0.1")
     assert throttle.locked_until("10.0.0.1", now=62) is None
+
+
+def test_settling_and_poison_recovery_store_the_fingerprint_of_the_error_that_killed_the_job(conn, db_url):
+    dies, retries, poisoned = (enqueue(conn, "test.noop", {}).id for _ in range(3))
+    jobs = {job.id: job for job in claim_now(db_url, limit=2, owner="worker-7")}
+    run(settle_now(db_url, [Unsuccessful(jobs[dies], "dead", error="ValueError: order 17 failed\nmore"),
+                            Unsuccessful(jobs[retries], "pending", delay=60, error="ValueError: order 18 failed")]))
+    [last] = claim_now(db_url, limit=1, owner="worker-7")
+    conn.execute("UPDATE dygo_jobs SET lease_deadline = now() - interval '1s' WHERE id = %s", (last.id,))
+    run(recover_now(db_url, max_reaps=0))
+    fingerprints = dict(conn.execute("SELECT id, dead_fingerprint FROM dygo_jobs").fetchall())
+    assert fingerprints == {dies: "ValueError: order <n> failed", retries: None,
+                            poisoned: "lease expired: worker worker-<n> stopped renewing it"}
+    assert {(g["fingerprint"], g["count"]) for g in admin.dead_letter_groups(conn)} == {
+        ("ValueError: order <n> failed", 1), ("lease expired: worker worker-<n> stopped renewing it", 1)}
+
+
+async def settle_now(url: str, outcomes: list) -> set[int]:
+    async with await aconnect(url) as c:
+        return await settle(c, outcomes)
+
+
+async def recover_now(url: str, max_reaps: int) -> list:
+    async with await aconnect(url) as c:
+        return await recover_expired(c, max_reaps=max_reaps)
