@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint bench stop-db browsers
+.PHONY: run test setup lint bench bench-dashboard stop-db browsers
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -49,3 +49,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/run.py
+
+# Seeds 1,000,000 jobs in bench_dashboard (embedded server) and times every dashboard page.
+bench-dashboard: setup
+	$(BIN)/python bench/dashboard_pages.py

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,13 +22,16 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from app import charts
 from app.auth import Tokens
 from app.db import Conn
 from app.errors import ApiError
 from app.jobs import decode_cursor, encode_cursor
 from app.session import FLASH_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Session, Signer, secret_key
 from app.system import WORKER_SEEN_WITHIN
+from app.throttle import LOGIN_ATTEMPTS, LOGIN_WINDOW, LoginThrottle
 from store import admin, inspect, schedules
+from store.durations import parse_duration
 from store.errors import Conflict, EnqueueError, NotFound
 
 PREFIX = "/dashboard"
@@ -204,13 +209,41 @@ def login_page(request: Request, who: Annotated[Visitor, Depends(visitor)], next
     return render(request, who, "login.html", next=_next_page(next))
 
 
+def _in_words(seconds: float) -> str:
+    """'45 seconds', '1 minute', '5 minutes' (rounded up: never sooner than said)."""
+    if seconds < 60:
+        count, unit = max(1, math.ceil(seconds)), "second"
+    else:
+        count, unit = math.ceil(seconds / 60), "minute"
+    return f"{count} {unit}{'s' * (count != 1)}"
+
+
+def _locked_out(request: Request, who: Visitor, until: float) -> Response:
+    wait = max(1, math.ceil(until - time.time()))
+    at = datetime.fromtimestamp(until, UTC).strftime("%H:%M:%S UTC")
+    response = render(request, who, "error.html", status=429, title="Too many failed sign-ins",
+                      message=f"There were {LOGIN_ATTEMPTS} failed sign-ins from your address within "
+                              f"{_in_words(LOGIN_WINDOW)}, so signing in from it is paused. Try again in "
+                              f"{_in_words(wait)} (at {at}); check that you paste the whole API token.")
+    response.headers["Retry-After"] = str(wait)
+    return response
+
+
 @router.post("/login")
 def login(request: Request, fields: Fields, who: Annotated[Visitor, Depends(visitor)]) -> Response:
+    throttle: LoginThrottle = request.app.state.login_throttle
+    address = request.client.host if request.client else "unknown"
+    if who.tokens.enabled and (until := throttle.locked_until(address)) is not None:
+        return _locked_out(request, who, until)  # even a right token: guessing must not pay off
     checked_form(fields, who)
     role = who.tokens.role_of(fields.get("token", "").strip()) if who.tokens.enabled else "admin"
     if role is None:
+        throttle.failed(address)
+        if (until := throttle.locked_until(address)) is not None:
+            return _locked_out(request, who, until)
         return render(request, who, "login.html", status=401, next=_next_page(fields.get("next")),
                       error="That token is not valid.")
+    throttle.succeeded(address)
     who.start(role)
     return redirect(who, _next_page(fields.get("next")), f"Signed in ({role}).")
 
@@ -236,22 +269,41 @@ def _overview(request: Request, conn: Conn) -> dict[str, Any]:
             "workers": admin.live_workers(conn, WORKER_SEEN_WITHIN), "lag": admin.queue_lag(conn)}
 
 
-THROUGHPUT_DAYS = 7
+THROUGHPUT_MINUTES = 60
+THROUGHPUT_DAYS = 30
+
+
+def throughput_charts(conn: Conn, days: bool = True) -> dict[str, charts.Chart]:
+    """Per minute for the last hour and (with `days`) per day for the last 30 days, from the rollups."""
+    minutes = admin.minute_stats(conn, THROUGHPUT_MINUTES)
+    drawn = {"minute_chart": charts.throughput_chart(
+        "minutes", "Per minute, last hour", minutes, "minute", lambda at: at.astimezone(UTC).strftime("%H:%M"),
+        10, "lines")}
+    if days:
+        daily = admin.daily_stats(conn, None, THROUGHPUT_DAYS)["daily"]
+        drawn["day_chart"] = charts.throughput_chart(
+            "days", f"Per day, last {THROUGHPUT_DAYS} days", daily, "day", lambda day: day.strftime("%b %-d"), 7,
+            "bars")
+    return drawn
 
 
 @router.get("/")
 def overview(request: Request, who: Page, conn: Conn) -> Response:
     admin.fold_stats(conn)  # fresh numbers; skipped harmlessly while another process folds
-    throughput = admin.daily_stats(conn, None, THROUGHPUT_DAYS)
-    tallest = max([1] + [day[field] for day in throughput["daily"] for field in ("succeeded", "failed", "dead")])
-    return render(request, who, "overview.html", throughput=throughput, tallest=tallest,
-                  failing=admin.failing_kinds(conn), **_overview(request, conn))
+    return render(request, who, "overview.html", failing=admin.failing_kinds(conn), **throughput_charts(conn),
+                  **_overview(request, conn))
 
 
 @router.get("/live")
 def overview_live(request: Request, who: Page, conn: Conn) -> Response:
     """The overview's counts and workers alone, polled by the overview page."""
     return render(request, who, "_live.html", **_overview(request, conn))
+
+
+@router.get("/live/minutes")
+def overview_live_minutes(request: Request, who: Page, conn: Conn) -> Response:
+    """The per-minute chart alone, polled by the overview page (rollups plus unfolded deltas: no fold needed)."""
+    return render(request, who, "_minutes.html", minute_chart=throughput_charts(conn, days=False)["minute_chart"])
 
 
 # --- jobs ---------------------------------------------------------------------------------------------
@@ -400,9 +452,13 @@ def bulk_matching(action: str, fields: Fields, who: Action, conn: Conn) -> Respo
 # --- dead letters -------------------------------------------------------------------------------------
 
 
+DEAD_GROUPS_SHOWN = 100
+
+
 @router.get("/dead")
 def dead_page(request: Request, who: Page, conn: Conn) -> Response:
-    return render(request, who, "dead.html", groups=admin.dead_letter_groups(conn))
+    groups = admin.dead_letter_groups(conn, DEAD_GROUPS_SHOWN)
+    return render(request, who, "dead.html", groups=groups, capped=len(groups) == DEAD_GROUPS_SHOWN)
 
 
 @router.post("/dead/retry")
@@ -434,6 +490,40 @@ def purge_confirmation(request: Request, name: str, who: Page, conn: Conn) -> Re
     counts = queue["counts"]
     doomed = counts["pending"] + counts["scheduled"] + counts["dead"]
     return render(request, who, "purge.html", queue=queue, doomed=doomed)
+
+
+# "Vacuum dead" offers these ages (the API takes any duration): the option, and the jobs it takes.
+VACUUM_AGES = {"0s": ("all dead jobs", "dead {jobs}"), "1h": ("dead for over an hour", "{jobs} dead for over an hour"),
+               "1d": ("dead for over a day", "{jobs} dead for over a day"),
+               "7d": ("dead for over 7 days", "{jobs} dead for over 7 days"),
+               "30d": ("dead for over 30 days", "{jobs} dead for over 30 days")}
+
+
+def _vacuum_age(value: str) -> tuple[str, float]:
+    age = value if value in VACUUM_AGES else "7d"
+    return age, parse_duration(age)
+
+
+def _vacuumed(age: str, count: int) -> str:
+    """'3 dead jobs', '1 job dead for over a day'."""
+    return f"{count} " + VACUUM_AGES[age][1].format(jobs="job" if count == 1 else "jobs")
+
+
+@router.get("/queues/{name}/vacuum-dead")
+def vacuum_confirmation(request: Request, name: str, who: Page, conn: Conn, older_than: str = "7d") -> Response:
+    queue = _queue(request, conn, name)
+    age, seconds = _vacuum_age(older_than)
+    doomed = admin.count_vacuum_dead(conn, name, seconds)
+    return render(request, who, "vacuum.html", queue=queue, doomed=doomed, age=age, what=_vacuumed(age, doomed),
+                  ages={value: option for value, (option, _) in VACUUM_AGES.items()})
+
+
+@router.post("/queues/{name}/vacuum-dead")
+def vacuum_dead(request: Request, name: str, fields: Fields, who: Action, conn: Conn) -> Response:
+    _queue(request, conn, name)
+    age, seconds = _vacuum_age(fields.get("older_than", ""))
+    deleted = admin.vacuum_dead(conn, name, seconds)
+    return redirect(who, PREFIX + "/queues", f"Vacuumed queue {name}: deleted {_vacuumed(age, deleted)}.")
 
 
 @router.post("/queues/{name}/{action}")
@@ -490,6 +580,7 @@ def install_dashboard(app: FastAPI) -> None:
     tokens = app.state.settings.api_tokens
     app.state.dashboard_tokens = Tokens(tokens)
     app.state.dashboard_signer = Signer(secret_key(tokens))
+    app.state.login_throttle = LoginThrottle()
     app.mount(PREFIX + "/static", StaticFiles(directory=str(TEMPLATES / "static")), name="dashboard-static")
     app.include_router(router)
 

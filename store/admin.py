@@ -30,6 +30,9 @@ Order = Literal["newest", "oldest"]
 # looks at no more than this many ids per page, so a rare match never means a scan of the whole
 # history. Ids come from one sequence, so a range of N ids holds at most N rows.
 SCAN_WINDOW = 50_000
+# Text search matches each row's args as JSON and its last error: the costliest filter per row, so a
+# smaller window keeps its pages under 200 ms on a 1M-job table (bench/dashboard_pages.py).
+TEXT_SCAN_WINDOW = 20_000
 
 # Which states each action starts from (the same rule is the WHERE of its statement).
 ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -77,7 +80,8 @@ def list_jobs(conn: psycopg.Connection, where: JobFilter, *, order: Order = "new
     fragments, params = _filters(where, newest, position)
     params["limit"] = limit + 1  # one more than asked: tells whether a next page exists
     if where.scans():
-        window = _scan_window(conn, newest, position)
+        size = min(SCAN_WINDOW, TEXT_SCAN_WINDOW) if where.text else SCAN_WINDOW
+        window = _scan_window(conn, newest, position, size)
         if window is None:
             return JobPage([], None)
         bound, edge, end_of_window = window
@@ -136,17 +140,20 @@ def _ready_page(conn: psycopg.Connection, fragments: list[str], params: dict[str
     return _page(rows, limit, None)
 
 
-def _scan_window(conn: psycopg.Connection, newest: bool, position: int | None) -> tuple[str, int, int | None] | None:
-    """The id bound that limits this page's scan, and where the next page starts if it runs dry."""
+def _scan_window(conn: psycopg.Connection, newest: bool, position: int | None,
+                 size: int | None = None) -> tuple[str, int, int | None] | None:
+    """The id bound that limits this page's scan (`size` ids, SCAN_WINDOW by default), and where the
+    next page starts if it runs dry."""
+    size = SCAN_WINDOW if size is None else size
     low, high = conn.execute(queries.JOB_ID_RANGE).fetchone()
     if low is None:
         return None
     if newest:
         start = high if position is None else min(position - 1, high)
-        floor = start - SCAN_WINDOW + 1
+        floor = start - size + 1
         return "floor", floor, (floor if floor > low else None)
     start = low if position is None else max(position + 1, low)
-    ceiling = start + SCAN_WINDOW - 1
+    ceiling = start + size - 1
     return "ceiling", ceiling, (ceiling if ceiling < high else None)
 
 
@@ -230,6 +237,11 @@ def vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
     return conn.execute(queries.VACUUM_DEAD, {"queue": queue, "older_than": older_than}).rowcount
 
 
+def count_vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
+    """How many jobs vacuum_dead would delete now."""
+    return conn.execute(queries.COUNT_VACUUM_DEAD, {"queue": queue, "older_than": older_than}).fetchone()[0]
+
+
 # --- daily stats -------------------------------------------------------------------------------
 
 
@@ -251,6 +263,12 @@ def daily_stats(conn: psycopg.Connection, queue: str | None, days: int) -> dict[
     daily = [{"day": row[0], **dict(zip(STAT_FIELDS, row[1:], strict=True))} for row in rows]
     totals = {name: sum(day[name] for day in daily) for name in STAT_FIELDS}
     return {"days": days, "totals": totals, "daily": daily}
+
+
+def minute_stats(conn: psycopg.Connection, minutes: int = 60) -> list[dict[str, Any]]:
+    """The last `minutes` UTC minutes over all queues, oldest first, zero-filled (the current one included)."""
+    rows = conn.execute(queries.MINUTE_STATS, {"minutes": minutes}).fetchall()
+    return [{"minute": row[0], **dict(zip(STAT_FIELDS, row[1:], strict=True))} for row in rows]
 
 
 # --- workers, health, development ----------------------------------------------------------------

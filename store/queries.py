@@ -136,6 +136,8 @@ UPDATE dygo_jobs AS j
 SET state = s.state,
     run_at = CASE WHEN s.state = 'pending' THEN now() + make_interval(secs => s.delay) ELSE j.run_at END,
     finished_at = CASE WHEN s.state = 'dead' THEN now() END,
+    dead_fingerprint = CASE WHEN s.state = 'dead' THEN dygo_error_fingerprint(coalesce(s.error, j.last_error))
+                            ELSE j.dead_fingerprint END,
     attempt = j.attempt - s.refund::integer,
     last_error = coalesce(s.error, j.last_error),
     errors = CASE WHEN s.error IS NULL THEN j.errors ELSE j.errors || jsonb_build_array(jsonb_build_object(
@@ -168,6 +170,9 @@ WITH expired AS (
 UPDATE dygo_jobs AS j
 SET state = CASE WHEN j.reap_count + 1 > %(max_reaps)s THEN 'dead' ELSE 'pending' END,
     finished_at = CASE WHEN j.reap_count + 1 > %(max_reaps)s THEN now() END,
+    dead_fingerprint = CASE WHEN j.reap_count + 1 > %(max_reaps)s
+        THEN dygo_error_fingerprint('lease expired: worker ' || coalesce(j.lease_owner, '?') || ' stopped renewing it')
+        ELSE j.dead_fingerprint END,
     run_at = now(), attempt = j.attempt - 1, reap_count = j.reap_count + 1,
     last_error = 'lease expired: worker ' || coalesce(j.lease_owner, '?') || ' stopped renewing it',
     errors = j.errors || jsonb_build_array(jsonb_build_object(
@@ -282,7 +287,8 @@ RETURNING {JOB_COLUMNS}"""
 ARCHIVE_JOB = f"""
 WITH archived AS (
     UPDATE dygo_jobs SET state = 'dead', finished_at = now(),
-        last_error = 'archived by an operator before it ran'
+        last_error = 'archived by an operator before it ran',
+        dead_fingerprint = dygo_error_fingerprint('archived by an operator before it ran')
     WHERE id = %(id)s AND state = 'pending'
     RETURNING *
 ), counted AS (
@@ -369,7 +375,14 @@ WHERE state = 'dead' AND queue = %(queue)s AND finished_at < now() - make_interv
 # One folder at a time (several `dygo serve` may run); the others skip and read the deltas too.
 FOLD_STATS_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('dygo.stats.fold'))"
 FOLD_STATS = """
-WITH moved AS (DELETE FROM dygo_stats_deltas RETURNING *)
+WITH moved AS (DELETE FROM dygo_stats_deltas RETURNING *), minutes AS (
+    INSERT INTO dygo_minute_stats AS m (minute, queue, kind, enqueued, succeeded, failed, dead, reaped)
+    SELECT date_trunc('minute', at), queue, kind, sum(enqueued), sum(succeeded), sum(failed), sum(dead), sum(reaped)
+    FROM moved GROUP BY 1, queue, kind
+    ON CONFLICT (minute, queue, kind) DO UPDATE SET
+        enqueued = m.enqueued + excluded.enqueued, succeeded = m.succeeded + excluded.succeeded,
+        failed = m.failed + excluded.failed, dead = m.dead + excluded.dead, reaped = m.reaped + excluded.reaped
+)
 INSERT INTO dygo_daily_stats AS s (day, queue, kind, enqueued, succeeded, failed, dead, reaped)
 SELECT day, queue, kind, sum(enqueued), sum(succeeded), sum(failed), sum(dead), sum(reaped)
 FROM moved GROUP BY day, queue, kind
@@ -402,9 +415,11 @@ WITH jobs AS (DELETE FROM dygo_jobs RETURNING 1),
      keys AS (DELETE FROM dygo_idempotency_keys RETURNING 1),
      deltas AS (DELETE FROM dygo_stats_deltas RETURNING 1),
      daily AS (DELETE FROM dygo_daily_stats RETURNING 1),
+     minutes AS (DELETE FROM dygo_minute_stats RETURNING 1),
      queues AS (DELETE FROM dygo_queues RETURNING 1)
 SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM keys),
-       (SELECT count(*) FROM deltas) + (SELECT count(*) FROM daily), (SELECT count(*) FROM queues)"""
+       (SELECT count(*) FROM deltas) + (SELECT count(*) FROM daily) + (SELECT count(*) FROM minutes),
+       (SELECT count(*) FROM queues)"""
 
 # --- Schedules -----------------------------------------------------------------------------------
 
@@ -489,31 +504,28 @@ RECORD_MANUAL_FIRE = """
 UPDATE dygo_schedules SET last_run_at = now(), last_job_id = %(job_id)s, updated_at = now() WHERE name = %(name)s"""
 
 # --- Dashboard: the dead-letter view ----------------------------------------------------------------
-# A dead job's error fingerprint: the first line of its last error (exception type and message)
-# with ids and numbers normalised, so "order 123 failed" and "order 456 failed" group together.
-DEAD_FINGERPRINT = r"""regexp_replace(regexp_replace(regexp_replace(
-    left(split_part(coalesce(last_error, ''), E'\n', 1), 300),
-    '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<id>', 'gi'),
-    '0x[0-9a-f]+', '<hex>', 'gi'),
-    '[0-9]+', '<n>', 'g')"""
+# A dead job's error fingerprint (dygo_error_fingerprint, migration 0005) is stored when it dies, so
+# grouping reads the dygo_jobs_dead_groups index alone instead of normalising every dead row's error.
 
-# Dead jobs grouped by kind and fingerprint, biggest groups first, with a sample (the newest).
-DEAD_LETTER_GROUPS = f"""
-SELECT kind, fingerprint, count(*) AS count, min(finished_at) AS first_seen, max(finished_at) AS last_seen,
-    (array_agg(id ORDER BY id DESC))[1] AS sample_id,
-    (array_agg(last_error ORDER BY id DESC))[1] AS sample_error,
-    (array_agg(errors -> -1 ->> 'traceback' ORDER BY id DESC))[1] AS sample_traceback
-FROM (SELECT id, kind, finished_at, last_error, errors, {DEAD_FINGERPRINT} AS fingerprint
-      FROM dygo_jobs WHERE state = 'dead') AS dead
-GROUP BY kind, fingerprint
-ORDER BY count(*) DESC, max(finished_at) DESC
-LIMIT %(limit)s"""
+# Dead jobs grouped by kind and fingerprint, biggest groups first, each with its newest job as the
+# sample (one index probe per group shown).
+DEAD_LETTER_GROUPS = """
+SELECT g.kind, g.fingerprint, g.count, g.first_seen, g.last_seen, g.sample_id,
+       s.last_error AS sample_error, s.errors -> -1 ->> 'traceback' AS sample_traceback
+FROM (SELECT kind, coalesce(dead_fingerprint, '') AS fingerprint, count(*) AS count,
+             min(finished_at) AS first_seen, max(finished_at) AS last_seen, max(id) AS sample_id
+      FROM dygo_jobs WHERE state = 'dead'
+      GROUP BY kind, dead_fingerprint
+      ORDER BY count(*) DESC, max(finished_at) DESC
+      LIMIT %(limit)s) AS g
+JOIN dygo_jobs s ON s.id = g.sample_id
+ORDER BY g.count DESC, g.last_seen DESC"""
 
 # Every dead job of one group -> pending now, in one statement, with RETRY_DEAD_JOBS's rule for
 # idempotency keys (a key held by a live job keeps its dead job dead; one revival per key).
-RETRY_DEAD_GROUP = _revive_dead(f"""
+RETRY_DEAD_GROUP = _revive_dead("""
     SELECT id, idempotency_key FROM dygo_jobs
-    WHERE state = 'dead' AND kind = %(kind)s AND {DEAD_FINGERPRINT} = %(fingerprint)s""")
+    WHERE state = 'dead' AND kind = %(kind)s AND coalesce(dead_fingerprint, '') = %(fingerprint)s""")
 
 # --- Retention (worker maintenance, store/maintenance.py) -----------------------------------------
 
@@ -652,7 +664,8 @@ WITH {_BULK_MATCHED}, changed AS (
 # Like ARCHIVE_JOB: dead without running, counted in the day's dead.
 BULK_ARCHIVE = f"""
 WITH {_BULK_MATCHED}, changed AS (
-    UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'archived by an operator before it ran'
+    UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'archived by an operator before it ran',
+        dead_fingerprint = dygo_error_fingerprint('archived by an operator before it ran')
     WHERE id = ANY(ARRAY(SELECT id FROM matched)) AND {BULK_ALLOWED["archive"]}
     RETURNING id, queue, kind
 ), counted AS (
@@ -687,3 +700,41 @@ SELECT kind, sum(dead)::bigint AS dead, sum(failed)::bigint AS failed FROM count
 GROUP BY kind HAVING sum(dead) + sum(failed) > 0
 ORDER BY sum(dead) DESC, sum(failed) DESC, kind
 LIMIT %(limit)s"""
+
+# --- Dashboard: per-minute throughput, vacuum-dead count (migration 0005) -----------------------------
+
+# The last %(minutes)s UTC minutes, oldest first, zero-filled: the folded minute rollups plus the
+# deltas not folded yet (each delta knows its minute). A few hundred small rows, never the jobs table.
+MINUTE_STATS = """
+WITH minutes AS (
+    SELECT m AS minute FROM generate_series(
+        date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1), date_trunc('minute', now()),
+        interval '1 minute') AS m
+), counts AS (
+    SELECT minute, enqueued, succeeded, failed, dead, reaped FROM dygo_minute_stats
+    WHERE minute > date_trunc('minute', now()) - make_interval(mins => %(minutes)s)
+    UNION ALL
+    SELECT date_trunc('minute', at), enqueued, succeeded, failed, dead, reaped FROM dygo_stats_deltas
+    WHERE at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
+)
+SELECT minutes.minute, coalesce(sum(c.enqueued), 0)::bigint, coalesce(sum(c.succeeded), 0)::bigint,
+       coalesce(sum(c.failed), 0)::bigint, coalesce(sum(c.dead), 0)::bigint, coalesce(sum(c.reaped), 0)::bigint
+FROM minutes LEFT JOIN counts c USING (minute)
+GROUP BY minutes.minute ORDER BY minutes.minute"""
+
+# Minute rollups older than %(keep)s seconds: the chart only shows the last hour.
+TRIM_MINUTE_STATS = """
+WITH doomed AS (
+    SELECT minute, queue, kind FROM dygo_minute_stats
+    WHERE minute < now() - make_interval(secs => %(keep)s)
+    ORDER BY minute LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), trimmed AS (
+    DELETE FROM dygo_minute_stats s USING doomed d
+    WHERE s.minute = d.minute AND s.queue = d.queue AND s.kind = d.kind RETURNING 1
+)
+SELECT count(*) FROM trimmed"""
+
+# What VACUUM_DEAD would delete, for the dashboard's confirmation (dygo_jobs_parked).
+COUNT_VACUUM_DEAD = """
+SELECT count(*) FROM dygo_jobs
+WHERE state = 'dead' AND queue = %(queue)s AND finished_at < now() - make_interval(secs => %(older_than)s)"""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from app.throttle import LOGIN_ATTEMPTS
 from tests.conftest import ADMIN_TOKEN, READ_TOKEN, REPO, Api, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -89,8 +90,17 @@ def test_dead_jobs_are_grouped_and_a_group_retry_succeeds_on_a_real_worker(serve
     expect(page.locator(".flash.ok")).to_contain_text("Retried 2 dead test.fail_first_runs jobs")
 
     wait_until(lambda: all(state_of(conn, i) == "succeeded" for i in ids), message="retried jobs to succeed")
-    page.goto(f"{api.url}/dashboard/")  # the throughput chart counts today's runs
-    expect(page.locator(".legend")).to_contain_text("2 succeeded, 2 failed attempts, 2 dead")
+    page.goto(f"{api.url}/dashboard/")  # both throughput charts count these runs, from the rollups
+    for chart in ("minutes", "days"):
+        for series, total in (("succeeded", "2"), ("failed", "2"), ("dead", "2")):
+            drawn = page.locator(f"figure[data-chart={chart}] .series[data-series={series}]")
+            expect(drawn).to_have_attribute("data-total", total)
+            expect(page.locator(f"figure[data-chart={chart}] .key[data-series={series}] .total")).to_have_text(total)
+    minutes = page.locator("figure[data-chart=minutes] .plot svg")
+    expect(minutes).to_have_attribute("aria-label", re.compile("2 succeeded, 2 failed attempts, 2 dead"))
+    expect(minutes.locator("rect.hover title").last).to_contain_text("2 succeeded")  # this minute
+    expect(page.locator("figure[data-chart=days] rect.hover")).to_have_count(30)
+    expect(page.locator("figure[data-chart=minutes] rect.hover")).to_have_count(60)
     shot(page, "overview-throughput")
     page.goto(f"{api.url}/dashboard/jobs/{ids[0]}")
     expect(page.locator("h1 .state")).to_have_text("succeeded")
@@ -99,13 +109,25 @@ def test_dead_jobs_are_grouped_and_a_group_retry_succeeds_on_a_real_worker(serve
     shot(page, "job-detail")
 
 
-def test_overview_counts_refresh_without_a_reload(serve, page):
+def test_overview_counts_refresh_without_a_reload(serve, conn, page):
     api = serve()
+    # Some history for the charts in the screenshots: a few minutes of the last hour and a few days.
+    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded, failed, dead, at) "
+                 "SELECT (t AT TIME ZONE 'UTC')::date, 'default', 'test.noop', 20 + mod(n * 7, 30), mod(n * 3, 7), "
+                 "mod(n, 2), t "
+                 "FROM generate_series(1, 40) AS n, LATERAL (SELECT now() - make_interval(mins => n) AS t) AS at "
+                 "UNION ALL SELECT (now() AT TIME ZONE 'UTC')::date - n, 'default', 'test.noop', 900 + n * 40, "
+                 "n * 5, n, now() - make_interval(days => n) FROM generate_series(1, 12) AS n")
     log_in(page, api)
     pending = page.locator("tr[data-queue='default'] td.c-pending")
     expect(pending).to_have_text("0")
     enqueue(api, "test.noop")
     expect(pending).to_have_text("1", timeout=8_000)
+    succeeded = page.locator("figure[data-chart=minutes] polyline[data-series=succeeded]")
+    before = int(succeeded.get_attribute("data-total"))
+    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded) "
+                 "VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', 'test.noop', 5)")
+    expect(succeeded).to_have_attribute("data-total", str(before + 5), timeout=8_000)  # the chart refreshes too
     page.emulate_media(color_scheme="dark")
     page.set_viewport_size({"width": 390, "height": 800})
     shot(page, "overview-dark-phone")
@@ -142,8 +164,8 @@ def test_wrong_token_is_refused_at_login(serve, page):
 def test_read_only_token_sees_no_buttons_and_cannot_post(serve, conn, page):
     api = serve()
     job_id = enqueue(api, "test.noop")
-    conn.execute("UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'ValueError: x' "
-                 "WHERE id = %s", (job_id,))
+    conn.execute("UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'ValueError: x', "
+                 "dead_fingerprint = dygo_error_fingerprint('ValueError: x') WHERE id = %s", (job_id,))
     log_in(page, api, READ_TOKEN)
     for path in ("/dashboard/dead", f"/dashboard/jobs/{job_id}", "/dashboard/jobs", "/dashboard/queues"):
         page.goto(api.url + path)
@@ -243,8 +265,8 @@ def test_schedules_pause_resume_and_trigger(serve, conn, page):
 
 
 def kill(conn, *job_ids: int) -> None:
-    conn.execute("UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'ValueError: boom' "
-                 "WHERE id = ANY(%s)", (list(job_ids),))
+    conn.execute("UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'ValueError: boom', "
+                 "dead_fingerprint = dygo_error_fingerprint('ValueError: boom') WHERE id = ANY(%s)", (list(job_ids),))
 
 
 def test_bulk_retry_ticked_rows_then_everything_matching_the_filter_after_a_count(serve, conn, page):
@@ -347,3 +369,57 @@ def test_archive_a_scheduled_job_from_its_page(serve, conn, page):
     expect(page.locator(".flash.ok")).to_have_text(f"Job {job_id} archived; it is now dead.")
     expect(page.locator(".actions.bar button:has-text('Archive')")).to_have_count(0)
     assert state_of(conn, job_id) == "dead"
+
+
+def test_vacuum_dead_confirms_how_many_it_deletes_then_says_what_it_did(serve, conn, page):
+    api = serve()
+    old, recent = enqueue(api, "test.noop"), enqueue(api, "test.noop")
+    kill(conn, old, recent)
+    conn.execute("UPDATE dygo_jobs SET finished_at = now() - interval '10 days' WHERE id = %s", (old,))
+    log_in(page, api)
+    page.goto(f"{api.url}/dashboard/queues")
+    shot(page, "queues-with-dead")
+    page.locator("tr[data-queue='default'] a:has-text('Vacuum dead')").click()
+    expect(page.locator(".notice")).to_contain_text("This deletes 1 job dead for over 7 days")  # the default
+    page.select_option("#older_than", "0s")
+    page.click("button:has-text('Count again')")
+    expect(page.locator(".notice")).to_contain_text("This deletes 2 dead jobs of queue default")
+    page.select_option("#older_than", "1d")
+    page.click("button:has-text('Count again')")
+    expect(page.locator(".notice")).to_contain_text("This deletes 1 job dead for over a day of queue default")
+    shot(page, "vacuum-confirmation")
+    page.click("button:has-text('Delete 1 dead job')")
+    expect(page.locator(".flash.ok")).to_have_text("Vacuumed queue default: deleted 1 job dead for over a day.")
+    assert conn.execute("SELECT array_agg(id) FROM dygo_jobs").fetchone()[0] == [recent]
+    page.context.clear_cookies()
+    log_in(page, api, READ_TOKEN)
+    page.goto(f"{api.url}/dashboard/queues/default/vacuum-dead?older_than=0s")
+    expect(page.locator("main form[method=post]")).to_have_count(0)
+    csrf = page.locator("header input[name=csrf]").get_attribute("value")
+    reply = page.request.post(f"{api.url}/dashboard/queues/default/vacuum-dead",
+                              form={"csrf": csrf, "older_than": "0s"}, max_redirects=0)
+    assert reply.status == 403 and "Read-only access" in reply.text()
+    assert state_of(conn, recent) == "dead"
+
+
+def test_too_many_failed_sign_ins_get_a_429_page_saying_when_to_try_again(serve, page):
+    api = serve()
+    page.goto(f"{api.url}/dashboard/login")
+    for _ in range(LOGIN_ATTEMPTS - 1):
+        page.fill("#token", "not-a-token")
+        page.click("button:has-text('Sign in')")
+        expect(page.locator(".flash.error")).to_have_text("That token is not valid.")
+    page.fill("#token", "not-a-token")
+    with page.expect_response(lambda r: r.url.endswith("/dashboard/login") and r.request.method == "POST") as reply:
+        page.click("button:has-text('Sign in')")
+    assert reply.value.status == 429
+    assert 240 < int(reply.value.headers["retry-after"]) <= 300
+    expect(page.locator("h1")).to_have_text("Too many failed sign-ins")
+    expect(page.locator(".notice")).to_contain_text(re.compile(r"Try again in [45] minutes \(at \d\d:\d\d:\d\d UTC\)"))
+    shot(page, "login-rate-limited")
+    page.goto(f"{api.url}/dashboard/login")  # the right token is refused too while locked out
+    page.fill("#token", ADMIN_TOKEN)
+    page.click("button:has-text('Sign in')")
+    expect(page.locator("h1")).to_have_text("Too many failed sign-ins")
+    page.goto(f"{api.url}/dashboard/jobs")
+    expect(page).to_have_url(re.compile(r"/dashboard/login"))

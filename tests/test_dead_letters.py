@@ -12,10 +12,11 @@ UUID_A, UUID_B = "0b1e2f7a-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "9f8e7d6c-5b4a-4321-987
 
 def dead(conn, kind: str, error: str, key: str | None = None) -> int:
     return conn.execute(
-        "INSERT INTO dygo_jobs (kind, queue, state, finished_at, last_error, idempotency_key, errors) "
-        "VALUES (%s, 'default', 'dead', now(), %s, %s, jsonb_build_array(jsonb_build_object("
-        "'attempt', 1, 'error', %s::text, 'traceback', 'Traceback: ' || %s::text))) RETURNING id",
-        (kind, error, key, error, error)).fetchone()[0]
+        "INSERT INTO dygo_jobs (kind, queue, state, finished_at, last_error, dead_fingerprint, idempotency_key, "
+        "errors) VALUES (%s, 'default', 'dead', now(), %s, dygo_error_fingerprint(%s), %s, "
+        "jsonb_build_array(jsonb_build_object('attempt', 1, 'error', %s::text, "
+        "'traceback', 'Traceback: ' || %s::text))) RETURNING id",
+        (kind, error, error, key, error, error)).fetchone()[0]
 
 
 def test_dead_jobs_group_by_kind_and_normalised_error(conn):
