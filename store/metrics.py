@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from store import admin, queries
+from store import admin, queries, timings
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Snapshot:
     lag: dict[str, float] = field(default_factory=dict)  # queue -> seconds; 0 when nothing is ready
     totals: list[dict[str, Any]] = field(default_factory=list)  # queue, kind and admin.STAT_FIELDS
     workers: list[dict[str, Any]] = field(default_factory=list)  # admin.live_workers rows
+    timings: dict[timings.Key, timings.Histogram] = field(default_factory=dict)  # (queue, kind, measure)
 
 
 def queue_lag(conn: psycopg.Connection) -> dict[str, float]:
@@ -39,4 +40,5 @@ def snapshot(conn: psycopg.Connection, configured: Mapping[str, int], seen_withi
     queues = admin.list_queues(conn, configured)
     lag = queue_lag(conn)
     return Snapshot(queues=queues, lag=dict.fromkeys((q["name"] for q in queues), 0.0) | lag,
-                    totals=stat_totals(conn), workers=admin.live_workers(conn, seen_within))
+                    totals=stat_totals(conn), workers=admin.live_workers(conn, seen_within),
+                    timings=timings.totals(conn))
