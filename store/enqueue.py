@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from store import queries
+from store import queries, tracing
 from store.durations import parse_duration
 from store.errors import EnqueueError
 from store.registry import Registry, registry
@@ -88,6 +88,7 @@ def prepare(request: JobRequest, jobs: Registry = registry) -> dict[str, Any]:
     meta = dict(request.meta or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise EnqueueError("invalid_option", "meta must map strings to strings")
+    tracing.inject(meta)  # the enqueue span's context, the parent of the handler's span
 
     key = request.idempotency_key
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH):
@@ -149,7 +150,11 @@ def _keyed_params(ids: list[int], rows: list[dict[str, Any]], db_now: datetime) 
 
 def enqueue(conn: psycopg.Connection, kind: str, args: Any = None, **options: Any) -> Enqueued:
     """Enqueue one job; `options` are the fields of JobRequest. One statement, one round trip."""
-    return _insert_one(conn, prepare(JobRequest(kind, args, **options)))
+    with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
+        row = prepare(JobRequest(kind, args, **options))
+        result = _insert_one(conn, row)
+        tracing.set_attributes(span, job_queue=row["queue"], job_id=result.id)
+        return result
 
 
 def _insert_one(conn: psycopg.Connection, row: dict[str, Any]) -> Enqueued:
@@ -174,7 +179,16 @@ def _prepare_in_batch(index: int, request: JobRequest) -> dict[str, Any]:
 
 
 def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
-    """Enqueue a batch all-or-nothing, rows without keys by COPY; results are in the order of `jobs`."""
+    """Enqueue a batch all-or-nothing, rows without keys by COPY; results are in the order of `jobs`.
+
+    One `dygo.enqueue` span for the whole batch (it is one transaction, and a span per job would
+    cost more than the COPY of that job): every job's handler span is a child of it.
+    """
+    with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
+        return _enqueue_batch(conn, jobs)
+
+
+def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
     rows = [_prepare_in_batch(index, request) for index, request in enumerate(_requests(jobs))]
     results: dict[int, Enqueued] = {}
     if not rows:
@@ -210,7 +224,14 @@ def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[s
 
 async def aenqueue(conn: psycopg.AsyncConnection, kind: str, args: Any = None, **options: Any) -> Enqueued:
     """`enqueue` for an AsyncConnection."""
-    row = prepare(JobRequest(kind, args, **options))
+    with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
+        row = prepare(JobRequest(kind, args, **options))
+        result = await _ainsert_one(conn, row)
+        tracing.set_attributes(span, job_queue=row["queue"], job_id=result.id)
+        return result
+
+
+async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> Enqueued:
     insert, lookup = _single_statement(row)
     for _ in range(3):
         found = await (await conn.execute(insert, row)).fetchone()

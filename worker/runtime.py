@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from store import leases, maintenance, schedules, timings
+from store import leases, maintenance, schedules, timings, tracing
 from store.config import Settings
 from store.errors import ConfigError
 from store.leases import ClaimedJob, Outcome, Unsuccessful
@@ -229,9 +229,13 @@ class Worker:
 
     async def _execute(self, slots: QueueSlots, job: ClaimedJob) -> None:
         try:
-            started = time.monotonic()
-            outcome = await self.executor.run(job)
-            self.stats.executed(job.queue, job.kind, outcome_name(outcome), time.monotonic() - started)
+            with tracing.execution_span(job) as span:
+                started = time.monotonic()
+                outcome = await self.executor.run(job)
+                elapsed = time.monotonic() - started
+                name = outcome_name(outcome)
+                tracing.record_outcome(span, name, getattr(outcome, "error", None))
+            self.stats.executed(job.queue, job.kind, name, elapsed)
             self.outbox.append(outcome)
             self.outbox_ready.set()
         finally:
