@@ -71,12 +71,16 @@ class Timings:
         self.flushed: dict[Key, Histogram] = {}
 
     def observe(self, queue: str, kind: str, measure: str, seconds: float) -> None:
-        key = (queue, kind, measure)
         with self.lock:
-            histogram = self.totals.get(key)
-            if histogram is None:
-                histogram = self.totals[key] = Histogram()
-            histogram.observe(max(0.0, seconds))
+            self.observe_unlocked(queue, kind, measure, seconds)
+
+    def observe_unlocked(self, queue: str, kind: str, measure: str, seconds: float) -> None:
+        """`observe` for a caller already holding `lock`."""
+        key = (queue, kind, measure)
+        histogram = self.totals.get(key)
+        if histogram is None:
+            histogram = self.totals[key] = Histogram()
+        histogram.observe(max(0.0, seconds))
 
     def snapshot(self) -> dict[Key, Histogram]:
         with self.lock:

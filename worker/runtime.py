@@ -42,6 +42,7 @@ HEARTBEAT_INTERVAL = 5.0
 RECOVER_INTERVAL = 1.0  # at most this often from the claim loop, so recovery stays cheap under load
 SETTLE_BATCH = 1000
 SCHEDULE_LOCKED_RETRY = 0.25  # a due schedule another worker is firing: its fire takes milliseconds
+UNTRACED = contextlib.nullcontext()
 TIMINGS_INTERVAL = 5.0  # one insert per interval, whatever the throughput; a crash loses at most this much
 
 
@@ -98,6 +99,9 @@ class Worker:
         self.next_retention = 0.0  # monotonic time of the next retention pass
         self.succeeded_walk = maintenance.SucceededWalk()
         self.stats = WorkerStats()
+        # Decided once: a TracerProvider is configured when the job modules are imported (or by
+        # opentelemetry-instrument), before a worker exists; untraced, a job pays nothing for tracing.
+        self.traced = tracing.active()
         # A connection per producer, plus settle, renew, schedule and maintenance (two: a retention
         # pass holds its lock on one while it deletes on the other).
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=len(self.slots) + 5,
@@ -229,7 +233,7 @@ class Worker:
 
     async def _execute(self, slots: QueueSlots, job: ClaimedJob) -> None:
         try:
-            with tracing.execution_span(job) as span:
+            with tracing.execution_span(job) if self.traced else UNTRACED as span:
                 started = time.monotonic()
                 outcome = await self.executor.run(job)
                 elapsed = time.monotonic() - started

@@ -7,7 +7,6 @@ the port is scraped, from prometheus-client's HTTP server thread.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 
@@ -35,20 +34,20 @@ class WorkerStats:
 
     def __init__(self) -> None:
         self.timings = Timings()
-        self.lock = threading.Lock()
+        self.lock = self.timings.lock  # one lock for everything the scrape thread reads
         self.executions: Counter[tuple[str, str, str]] = Counter()  # (queue, kind, outcome)
         self.claimed: Counter[str] = Counter()  # queue
         self.settled: Counter[str] = Counter()  # outcome
         self.lease_lost = 0  # outcomes discarded: the lease was recovered by another worker first
 
     def claimed_job(self, queue: str, kind: str, waited: float) -> None:
-        self.timings.observe(queue, kind, "latency", waited)
         with self.lock:
+            self.timings.observe_unlocked(queue, kind, "latency", waited)
             self.claimed[queue] += 1
 
     def executed(self, queue: str, kind: str, outcome: str, seconds: float) -> None:
-        self.timings.observe(queue, kind, "duration", seconds)
         with self.lock:
+            self.timings.observe_unlocked(queue, kind, "duration", seconds)
             self.executions[(queue, kind, outcome)] += 1
 
     def settled_batch(self, outcomes: Mapping[str, int], lost: int) -> None:
