@@ -48,8 +48,11 @@ class JobRequest:
     idempotency_ttl: str | float | timedelta | None = None
 
 
-def prepare(request: JobRequest, jobs: Registry = registry) -> dict[str, Any]:
-    """The row parameters for `request`, or EnqueueError naming the bad field and the rule."""
+def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The row parameters for `request`, or EnqueueError naming the bad field and the rule.
+
+    `trace`: the trace context to carry in the meta (tracing.carrier()); None takes the current one.
+    """
     definition = jobs.get(request.kind)
     queue = request.queue
     if definition is None:
@@ -88,7 +91,7 @@ def prepare(request: JobRequest, jobs: Registry = registry) -> dict[str, Any]:
     meta = dict(request.meta or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise EnqueueError("invalid_option", "meta must map strings to strings")
-    tracing.inject(meta)  # the enqueue span's context, the parent of the handler's span
+    meta.update(tracing.carrier() if trace is None else trace)  # the parent of the handler's span
 
     key = request.idempotency_key
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH):
@@ -170,10 +173,10 @@ def _insert_one(conn: psycopg.Connection, row: dict[str, Any]) -> Enqueued:
     raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
 
 
-def _prepare_in_batch(index: int, request: JobRequest) -> dict[str, Any]:
+def _prepare_in_batch(index: int, request: JobRequest, trace: Mapping[str, str]) -> dict[str, Any]:
     """`prepare`, with the job's position in the batch in the error (message and details)."""
     try:
-        return prepare(request)
+        return prepare(request, trace=trace)
     except EnqueueError as exc:
         raise EnqueueError(exc.code, f"jobs[{index}]: {exc}", {"index": index, "errors": exc.details}) from None
 
@@ -189,7 +192,8 @@ def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[s
 
 
 def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
-    rows = [_prepare_in_batch(index, request) for index, request in enumerate(_requests(jobs))]
+    trace = tracing.carrier()  # once for the batch: every job carries the same context
+    rows = [_prepare_in_batch(index, request, trace) for index, request in enumerate(_requests(jobs))]
     results: dict[int, Enqueued] = {}
     if not rows:
         return []

@@ -48,10 +48,12 @@ def enqueue_span(**attributes: Any) -> Iterator[Any]:
         yield span
 
 
-def inject(meta: dict[str, str]) -> None:
-    """Write the current span's trace context into a job's meta (nothing when no span is current)."""
+def carrier() -> dict[str, str]:
+    """The current span's trace context as meta entries (`traceparent`...); empty when no span is current."""
+    entries: dict[str, str] = {}
     if active() and trace.get_current_span().get_span_context().is_valid:
-        propagate.inject(meta)
+        propagate.inject(entries)
+    return entries
 
 
 def set_attributes(span: Any, **attributes: Any) -> None:
