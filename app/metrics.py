@@ -70,10 +70,14 @@ class DygoCollector(Collector):
                                 value=len(snap.workers))
         slots = GaugeMetricFamily("dygo_worker_slots", "Configured concurrency of each live worker per queue",
                                   labels=["worker", "queue"])
+        busy = GaugeMetricFamily("dygo_worker_slots_busy", "Jobs each live worker is running now per queue "
+                                 "(its active jobs)", labels=["worker", "queue"])
         for worker in snap.workers:
             for queue, concurrency in sorted((worker["queues"] or {}).items()):
                 slots.add_metric([worker["id"], queue], concurrency)
+                busy.add_metric([worker["id"], queue], snap.busy.get((worker["id"], queue), 0))
         yield slots
+        yield busy
         for measure, (name, help_text) in HISTOGRAMS.items():
             histogram = HistogramMetricFamily(name, help_text, labels=["queue", "kind"])
             for (queue, kind, of), observed in snap.timings.items():

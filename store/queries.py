@@ -738,3 +738,9 @@ ORDER BY p.queue, p.kind, p.measure"""
 NUKE_TIMINGS = """
 WITH deltas AS (DELETE FROM dygo_timing_deltas RETURNING 1), timings AS (DELETE FROM dygo_timings RETURNING 1)
 SELECT (SELECT count(*) FROM deltas) + (SELECT count(*) FROM timings)"""
+
+# Jobs running now per lease owner (worker id) and queue: active rows only, found through the
+# dygo_jobs_leases partial index, so as many rows as there are busy slots in the cluster.
+METRICS_BUSY_SLOTS = """
+SELECT lease_owner, queue, count(*) FROM dygo_jobs WHERE state = 'active' AND lease_owner IS NOT NULL
+GROUP BY lease_owner, queue"""

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from store import admin, enqueue
 from store.timings import BOUNDS
 from tests.conftest import free_port, wait_until
-from tests.test_metrics import scrape
+from tests.test_metrics import scrape, value
 
 LES = (*(f"{b:g}" for b in BOUNDS), "+Inf")
 
@@ -131,3 +131,18 @@ def test_worker_refuses_a_metrics_port_in_use_with_exit_2(conn, spawn):
         worker = spawn("worker", "--once", "--metrics-port", str(port))
         assert worker.wait() == 2
     assert f"--metrics-port: {port}: cannot listen on 127.0.0.1:{port}" in worker.stderr()
+
+
+def test_serve_reports_each_live_workers_busy_slots(api, conn, spawn):
+    worker = spawn("worker")
+    worker_id = worker.wait_for_line("started").split()[2]
+    for _ in range(2):
+        enqueue(conn, "test.sleep", {"seconds": 30})
+    enqueue(conn, "test.sleep", {"seconds": 30}, queue="other")
+
+    def busy() -> dict:
+        return {dict(labels)["queue"]: v for (name, labels), v in scrape(api.reader).items()
+                if name == "dygo_worker_slots_busy" and dict(labels)["worker"] == worker_id}
+
+    assert wait_until(lambda: (b := busy()) == {"default": 2, "other": 1} and b, message="3 busy slots")
+    assert value(scrape(api.reader), "dygo_worker_slots", worker=worker_id, queue="default") == 8
