@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
-from store import enqueue, enqueue_many
+from store import aenqueue, enqueue, enqueue_many
 from tests.conftest import REPO, dygo_env
 from tests.span_file import read_spans
 
@@ -116,3 +118,16 @@ def test_without_opentelemetry_installed_enqueue_and_worker_run_untraced(conn, d
     assert worker.returncode == 0, worker.stderr
     state, job_meta = conn.execute("SELECT state, meta FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()
     assert (state, job_meta) == ("succeeded", {"tenant": "acme"})
+
+
+def test_async_enqueue_is_traced_like_the_sync_one(conn, db_url, spans):
+    async def enqueue_one() -> int:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
+            return (await aenqueue(aconn, "test.noop", {}, queue="other")).id
+
+    job_id = asyncio.run(enqueue_one())
+    [span] = spans.get_finished_spans()
+    assert (span.name, dict(span.attributes)) == (
+        "dygo.enqueue", {"dygo.job.kind": "test.noop", "dygo.job.queue": "other", "dygo.job.id": job_id})
+    trace_id, span_id = ids(span)
+    assert meta(conn, job_id)["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
