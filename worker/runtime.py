@@ -433,8 +433,11 @@ class Worker:
 
 async def wait_for_event(event: asyncio.Event, timeout: float) -> None:
     """Sleep until `event` is set or `timeout` seconds pass, whichever is first."""
+    # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives as the event is set,
+    # so a loop cancelled at shutdown went on for another poll interval (seen as a hung SIGTERM).
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await event.wait()
 
 
 def failure_backoff(failures: int) -> float:
