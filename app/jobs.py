@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from app.db import Conn
 from app.errors import ApiError, documented
 from app.schemas import BatchEnqueued, BatchRequest, Enqueued, EnqueueRequest, Job, JobPage, JobState
-from store import admin, inspect
+from store import admin, inspect, tracing
 from store.enqueue import Enqueued as EnqueueResult
 from store.enqueue import JobRequest, enqueue, enqueue_many
 
@@ -34,7 +34,7 @@ def _enqueued(result: EnqueueResult) -> dict[str, Any]:
              responses={200: {"model": Enqueued, "description": "Deduplicated: a live job already holds the key"},
                         **documented(400, 409, 422)})
 def enqueue_job(
-    body: EnqueueRequest, conn: Conn,
+    body: EnqueueRequest, conn: Conn, request: Request,
     idempotency_header: Annotated[str | None, Header(
         alias="Idempotency-Key", description="Same as the body's idempotency_key")] = None,
 ) -> JSONResponse:
@@ -43,7 +43,8 @@ def enqueue_job(
         if options.get("idempotency_key", idempotency_header) != idempotency_header:
             raise ApiError(422, "invalid_option", "the Idempotency-Key header and the body's idempotency_key differ")
         options["idempotency_key"] = idempotency_header
-    result = enqueue(conn, body.kind, body.args, **options)
+    with tracing.incoming(request.headers):  # the caller's traceparent, if any, parents the enqueue span
+        result = enqueue(conn, body.kind, body.args, **options)
     return JSONResponse(_enqueued(result), status_code=200 if result.deduplicated else 201)
 
 
@@ -54,7 +55,8 @@ def enqueue_batch(body: BatchRequest, conn: Conn, request: Request) -> dict[str,
     if len(body.jobs) > most:
         raise ApiError(422, "batch_too_large", f"a batch holds at most {most} jobs (max_batch_size), "
                        f"got {len(body.jobs)}", {"max": most, "got": len(body.jobs)})
-    results = enqueue_many(conn, [JobRequest(job.kind, job.args, **_options(job)) for job in body.jobs])
+    with tracing.incoming(request.headers):
+        results = enqueue_many(conn, [JobRequest(job.kind, job.args, **_options(job)) for job in body.jobs])
     return {"jobs": [_enqueued(result) for result in results]}
 
 

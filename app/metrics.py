@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.system import WORKER_SEEN_WITHIN
@@ -28,6 +28,13 @@ COUNTERS = {
     "failed": "Failed attempts, retried or not",
     "dead": "Jobs that died (attempts or reaps exhausted)",
     "reaped": "Expired leases recovered from vanished workers",
+}
+
+HISTOGRAMS = {
+    "latency": ("dygo_job_start_latency_seconds", "Seconds from when a job became due (run_at, or its enqueue "
+                "time if later) to its start, per execution (from the timing rollups)"),
+    "duration": ("dygo_job_duration_seconds", "Seconds a handler ran, per execution whatever its outcome "
+                 "(from the timing rollups)"),
 }
 
 
@@ -63,10 +70,20 @@ class DygoCollector(Collector):
                                 value=len(snap.workers))
         slots = GaugeMetricFamily("dygo_worker_slots", "Configured concurrency of each live worker per queue",
                                   labels=["worker", "queue"])
+        busy = GaugeMetricFamily("dygo_worker_slots_busy", "Jobs each live worker is running now per queue "
+                                 "(its active jobs)", labels=["worker", "queue"])
         for worker in snap.workers:
             for queue, concurrency in sorted((worker["queues"] or {}).items()):
                 slots.add_metric([worker["id"], queue], concurrency)
+                busy.add_metric([worker["id"], queue], snap.busy.get((worker["id"], queue), 0))
         yield slots
+        yield busy
+        for measure, (name, help_text) in HISTOGRAMS.items():
+            histogram = HistogramMetricFamily(name, help_text, labels=["queue", "kind"])
+            for (queue, kind, of), observed in snap.timings.items():
+                if of == measure:
+                    histogram.add_metric([queue, kind], observed.cumulative(), sum_value=observed.sum)
+            yield histogram
 
 
 def install_metrics(app: FastAPI) -> None:

@@ -34,6 +34,12 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dygo", description="Durable background jobs on PostgreSQL.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -63,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--shutdown-timeout", type=duration, default=30.0, metavar="DURATION",
                         help="on SIGTERM, how long in-flight jobs may finish before they are handed back "
                         "(default: 30s)")
+    worker.add_argument("--metrics-port", type=port_number, metavar="N",
+                        help="serve this process's own Prometheus metrics on http://HOST:N/metrics "
+                        "(default: off; 0 picks a free port)")
+    worker.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="address for --metrics-port (default: 127.0.0.1; 0.0.0.0 for every interface)")
 
     command("schedules", "list the cron schedules: spec, time zone, next and last fire, status")
     command("status", "show each queue's jobs by state, its lag and pause, the live workers and the failing kinds")
@@ -165,7 +176,8 @@ def worker_command(settings: Settings, args: argparse.Namespace) -> int:
                           f"configured queues: {', '.join(settings.queue_names)}")
     queues = {name: args.concurrency or settings.queues[name].concurrency for name in dict.fromkeys(names)}
     options = WorkerOptions(queues=queues, poll_interval=args.poll_interval, poll_only=args.poll_only,
-                            once=args.once, shutdown_timeout=args.shutdown_timeout)
+                            once=args.once, shutdown_timeout=args.shutdown_timeout,
+                            metrics_port=args.metrics_port, metrics_host=args.metrics_host)
     jobs.freeze()
     url = database_url(settings)
     return asyncio.run(Worker(settings, jobs, options, url).run())

@@ -251,6 +251,7 @@ def fold_stats(conn: psycopg.Connection) -> bool:
         if not conn.execute(queries.FOLD_STATS_LOCK).fetchone()[0]:
             return False
         conn.execute(queries.FOLD_STATS)
+        conn.execute(queries.FOLD_TIMINGS)
     return True
 
 
@@ -289,6 +290,7 @@ def check_ready(conn: psycopg.Connection) -> int:
 def nuke(conn: psycopg.Connection) -> dict[str, int]:
     """Delete every job, idempotency key, stat and queue pause. Development only (the caller checks)."""
     jobs, keys, stats, queues = conn.execute(queries.NUKE).fetchone()
+    stats += conn.execute(queries.NUKE_TIMINGS).fetchone()[0]
     return {"jobs": jobs, "idempotency_keys": keys, "stats_rows": stats, "queue_pauses": queues}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from store import queries
+from store import queries, tracing
 from store.durations import parse_duration
 from store.errors import EnqueueError
 from store.registry import Registry, registry
@@ -48,8 +48,11 @@ class JobRequest:
     idempotency_ttl: str | float | timedelta | None = None
 
 
-def prepare(request: JobRequest, jobs: Registry = registry) -> dict[str, Any]:
-    """The row parameters for `request`, or EnqueueError naming the bad field and the rule."""
+def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The row parameters for `request`, or EnqueueError naming the bad field and the rule.
+
+    `trace`: the trace context to carry in the meta (tracing.carrier()); None takes the current one.
+    """
     definition = jobs.get(request.kind)
     queue = request.queue
     if definition is None:
@@ -88,6 +91,7 @@ def prepare(request: JobRequest, jobs: Registry = registry) -> dict[str, Any]:
     meta = dict(request.meta or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise EnqueueError("invalid_option", "meta must map strings to strings")
+    meta.update(tracing.carrier() if trace is None else trace)  # the parent of the handler's span
 
     key = request.idempotency_key
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH):
@@ -149,7 +153,11 @@ def _keyed_params(ids: list[int], rows: list[dict[str, Any]], db_now: datetime) 
 
 def enqueue(conn: psycopg.Connection, kind: str, args: Any = None, **options: Any) -> Enqueued:
     """Enqueue one job; `options` are the fields of JobRequest. One statement, one round trip."""
-    return _insert_one(conn, prepare(JobRequest(kind, args, **options)))
+    with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
+        row = prepare(JobRequest(kind, args, **options))
+        result = _insert_one(conn, row)
+        tracing.set_attributes(span, job_queue=row["queue"], job_id=result.id)
+        return result
 
 
 def _insert_one(conn: psycopg.Connection, row: dict[str, Any]) -> Enqueued:
@@ -165,17 +173,27 @@ def _insert_one(conn: psycopg.Connection, row: dict[str, Any]) -> Enqueued:
     raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
 
 
-def _prepare_in_batch(index: int, request: JobRequest) -> dict[str, Any]:
+def _prepare_in_batch(index: int, request: JobRequest, trace: Mapping[str, str]) -> dict[str, Any]:
     """`prepare`, with the job's position in the batch in the error (message and details)."""
     try:
-        return prepare(request)
+        return prepare(request, trace=trace)
     except EnqueueError as exc:
         raise EnqueueError(exc.code, f"jobs[{index}]: {exc}", {"index": index, "errors": exc.details}) from None
 
 
 def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
-    """Enqueue a batch all-or-nothing, rows without keys by COPY; results are in the order of `jobs`."""
-    rows = [_prepare_in_batch(index, request) for index, request in enumerate(_requests(jobs))]
+    """Enqueue a batch all-or-nothing, rows without keys by COPY; results are in the order of `jobs`.
+
+    One `dygo.enqueue` span for the whole batch (it is one transaction, and a span per job would
+    cost more than the COPY of that job): every job's handler span is a child of it.
+    """
+    with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
+        return _enqueue_batch(conn, jobs)
+
+
+def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+    trace = tracing.carrier()  # once for the batch: every job carries the same context
+    rows = [_prepare_in_batch(index, request, trace) for index, request in enumerate(_requests(jobs))]
     results: dict[int, Enqueued] = {}
     if not rows:
         return []
@@ -210,7 +228,14 @@ def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[s
 
 async def aenqueue(conn: psycopg.AsyncConnection, kind: str, args: Any = None, **options: Any) -> Enqueued:
     """`enqueue` for an AsyncConnection."""
-    row = prepare(JobRequest(kind, args, **options))
+    with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
+        row = prepare(JobRequest(kind, args, **options))
+        result = await _ainsert_one(conn, row)
+        tracing.set_attributes(span, job_queue=row["queue"], job_id=result.id)
+        return result
+
+
+async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> Enqueued:
     insert, lookup = _single_statement(row)
     for _ in range(3):
         found = await (await conn.execute(insert, row)).fetchone()

@@ -30,6 +30,7 @@ class ClaimedJob:
     enqueued_at: datetime
     lease_token: UUID
     lease_deadline: datetime
+    waited: float = 0.0  # seconds from due to claim (store/timings.py: latency)
 
 
 @dataclass(slots=True)

@@ -103,6 +103,7 @@ async def fold_stats(conn: psycopg.AsyncConnection) -> bool:
         if not (await (await conn.execute(queries.FOLD_STATS_LOCK)).fetchone())[0]:
             return False
         await conn.execute(queries.FOLD_STATS)
+        await conn.execute(queries.FOLD_TIMINGS)
     return True
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from store import admin, queries
+from store import admin, queries, timings
 
 
 @dataclass
@@ -21,6 +21,8 @@ class Snapshot:
     lag: dict[str, float] = field(default_factory=dict)  # queue -> seconds; 0 when nothing is ready
     totals: list[dict[str, Any]] = field(default_factory=list)  # queue, kind and admin.STAT_FIELDS
     workers: list[dict[str, Any]] = field(default_factory=list)  # admin.live_workers rows
+    timings: dict[timings.Key, timings.Histogram] = field(default_factory=dict)  # (queue, kind, measure)
+    busy: dict[tuple[str, str], int] = field(default_factory=dict)  # (worker id, queue) -> jobs running now
 
 
 def queue_lag(conn: psycopg.Connection) -> dict[str, float]:
@@ -34,9 +36,15 @@ def stat_totals(conn: psycopg.Connection) -> list[dict[str, Any]]:
             for row in conn.execute(queries.METRICS_STAT_TOTALS)]
 
 
+def busy_slots(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
+    """Jobs running now per worker id and queue (from the active rows' lease owners)."""
+    return {(worker, queue): n for worker, queue, n in conn.execute(queries.METRICS_BUSY_SLOTS)}
+
+
 def snapshot(conn: psycopg.Connection, configured: Mapping[str, int], seen_within: float) -> Snapshot:
     """Everything one scrape reports, on one connection."""
     queues = admin.list_queues(conn, configured)
     lag = queue_lag(conn)
     return Snapshot(queues=queues, lag=dict.fromkeys((q["name"] for q in queues), 0.0) | lag,
-                    totals=stat_totals(conn), workers=admin.live_workers(conn, seen_within))
+                    totals=stat_totals(conn), workers=admin.live_workers(conn, seen_within),
+                    timings=timings.totals(conn), busy=busy_slots(conn))

@@ -95,7 +95,8 @@ WITH picked AS (
     RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
               j.lease_token, j.lease_deadline, j.priority, j.run_at
 )
-SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline
+SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,
+       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8  -- start latency (store/timings.py)
 FROM claimed ORDER BY priority DESC, run_at, id"""
 
 # Seconds until the next pending job is due, on the database clock (negative: due already).
@@ -738,3 +739,59 @@ SELECT count(*) FROM trimmed"""
 COUNT_VACUUM_DEAD = """
 SELECT count(*) FROM dygo_jobs
 WHERE state = 'dead' AND queue = %(queue)s AND finished_at < now() - make_interval(secs => %(older_than)s)"""
+
+# --- Timings: start latency and execution duration histograms (store/timings.py) ----------------------
+
+# One row per queue, kind and measure that saw observations since the worker's last flush; buckets
+# arrive as array literals ('{1,0,2}'), since unnest would flatten a two-dimensional array.
+RECORD_TIMINGS = """
+INSERT INTO dygo_timing_deltas (queue, kind, measure, buckets, sum, count)
+SELECT queue, kind, measure, buckets::bigint[], sum, count
+FROM unnest(%(queues)s::text[], %(kinds)s::text[], %(measures)s::text[], %(buckets)s::text[],
+            %(sums)s::float8[], %(counts)s::bigint[]) AS t(queue, kind, measure, buckets, sum, count)"""
+
+# Bucket arrays add element by element: one row per (queue, kind, measure, bucket position) summed,
+# then gathered back into an array in bucket order.
+_TIMING_SUMS = """
+per_bucket AS (
+    SELECT queue, kind, measure, i, sum(b)::bigint AS n
+    FROM {rows}, unnest(buckets) WITH ORDINALITY AS u(b, i) GROUP BY queue, kind, measure, i
+), totals AS (
+    SELECT queue, kind, measure, sum(sum)::float8 AS sum, sum(count)::bigint AS count
+    FROM {rows} GROUP BY queue, kind, measure
+)"""
+_TIMING_SELECT = """
+SELECT p.queue, p.kind, p.measure, array_agg(p.n ORDER BY p.i) AS buckets, t.sum, t.count
+FROM per_bucket p JOIN totals t USING (queue, kind, measure)
+GROUP BY p.queue, p.kind, p.measure, t.sum, t.count"""
+
+# Run under FOLD_STATS_LOCK, with FOLD_STATS.
+FOLD_TIMINGS = f"""
+WITH moved AS (DELETE FROM dygo_timing_deltas RETURNING *),
+{_TIMING_SUMS.format(rows="moved")}
+INSERT INTO dygo_timings AS s (queue, kind, measure, buckets, sum, count)
+{_TIMING_SELECT}
+ON CONFLICT (queue, kind, measure) DO UPDATE SET
+    buckets = ARRAY(SELECT a + b FROM unnest(s.buckets, excluded.buckets) WITH ORDINALITY AS u(a, b, i) ORDER BY i),
+    sum = s.sum + excluded.sum, count = s.count + excluded.count"""
+
+# Folded rows plus deltas not folded yet, per queue, kind and measure: never job rows.
+METRICS_TIMINGS = f"""
+WITH timing_rows AS (
+    SELECT queue, kind, measure, buckets, sum, count FROM dygo_timings
+    UNION ALL
+    SELECT queue, kind, measure, buckets, sum, count FROM dygo_timing_deltas
+),
+{_TIMING_SUMS.format(rows="timing_rows")}
+{_TIMING_SELECT}
+ORDER BY p.queue, p.kind, p.measure"""
+
+NUKE_TIMINGS = """
+WITH deltas AS (DELETE FROM dygo_timing_deltas RETURNING 1), timings AS (DELETE FROM dygo_timings RETURNING 1)
+SELECT (SELECT count(*) FROM deltas) + (SELECT count(*) FROM timings)"""
+
+# Jobs running now per lease owner (worker id) and queue: active rows only, found through the
+# dygo_jobs_leases partial index, so as many rows as there are busy slots in the cluster.
+METRICS_BUSY_SLOTS = """
+SELECT lease_owner, queue, count(*) FROM dygo_jobs WHERE state = 'active' AND lease_owner IS NOT NULL
+GROUP BY lease_owner, queue"""

@@ -152,3 +152,15 @@ def fail_first_runs(ctx: JobContext, args: Fail) -> str:
     if runs <= args.times:
         raise ValueError(f"run {runs} of job {ctx.id} failed")
     return "recovered"
+
+
+@job("test.sleep")
+async def sleep(ctx: JobContext, args: Sleep) -> None:
+    """Only sleeps: its duration is known, for the timing histograms."""
+    await asyncio.sleep(args.seconds)
+
+
+if os.environ.get("DYGO_TEST_SPANS_FILE"):  # tests/test_tracing.py: this process writes its spans there
+    from tests.span_file import install_file_exporter
+
+    install_file_exporter(os.environ["DYGO_TEST_SPANS_FILE"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import threading
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from store import tracing
 from store.backoff import retry_delay
 from store.config import Settings
 from store.durations import format_duration
@@ -67,6 +69,7 @@ class Executor:
                  message: str | None = None) -> Unsuccessful:
         error = message or f"{type(exc).__name__}: {exc}"
         trace = "".join(traceback.format_exception(exc))
+        tracing.record_exception(exc)
         if isinstance(exc, Abort):
             return Unsuccessful(job, "dead", error=error, traceback=trace)
         if isinstance(exc, TypeError) and "JSON serializable" in str(exc):
@@ -118,5 +121,7 @@ def run_in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Fu
         else:
             loop.call_soon_threadsafe(settle, result)
 
-    threading.Thread(target=target, daemon=True, name="dygo-handler").start()
+    # The caller's context goes along, so spans a handler starts are children of its execution span.
+    threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True,
+                     name="dygo-handler").start()
     return future

@@ -7,6 +7,8 @@
 * maintain  - heartbeat row, recovery of expired leases, forgetting dead workers, and every
               `retention_interval` a retention pass (one worker of the cluster at a time)
 * schedule  - fire due cron schedules, sleeping until the next fire time (or a NOTIFY that one changed)
+* timings   - every TIMINGS_INTERVAL, append the latency/duration histogram counts observed since
+              the last flush (store/timings.py) for GET /metrics on `dygo serve`
 """
 
 from __future__ import annotations
@@ -21,16 +23,19 @@ import signal
 import socket
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from store import leases, maintenance, schedules
+from store import leases, maintenance, schedules, timings, tracing
 from store.config import Settings
+from store.errors import ConfigError
 from store.leases import ClaimedJob, Outcome, Unsuccessful
 from store.registry import Registry
 from worker.executor import Executor
+from worker.telemetry import WorkerCollector, WorkerStats, outcome_name, serve_metrics
 
 log = logging.getLogger("dygo.worker")
 
@@ -38,6 +43,8 @@ HEARTBEAT_INTERVAL = 5.0
 RECOVER_INTERVAL = 1.0  # at most this often from the claim loop, so recovery stays cheap under load
 SETTLE_BATCH = 1000
 SCHEDULE_LOCKED_RETRY = 0.25  # a due schedule another worker is firing: its fire takes milliseconds
+UNTRACED = contextlib.nullcontext()
+TIMINGS_INTERVAL = 5.0  # one insert per interval, whatever the throughput; a crash loses at most this much
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class WorkerOptions:
     poll_only: bool = False
     once: bool = False
     shutdown_timeout: float = 30.0
+    metrics_port: int | None = None  # serve this process's own metrics (worker/telemetry.py); None: off
+    metrics_host: str = "127.0.0.1"
 
 
 def make_worker_id() -> str:
@@ -102,9 +111,13 @@ class Worker:
         self.last_recovery = 0.0
         self.next_retention = 0.0  # monotonic time of the next retention pass
         self.succeeded_walk = maintenance.SucceededWalk()
-        # Settle, renew, schedule and maintenance (two: a retention pass holds its lock on one while
-        # it deletes on the other); producers keep connections of their own.
-        self.pool = AsyncConnectionPool(url, min_size=1, max_size=5,
+        self.stats = WorkerStats()
+        # Decided once: a TracerProvider is configured when the job modules are imported (or by
+        # opentelemetry-instrument), before a worker exists; untraced, a job pays nothing for tracing.
+        self.traced = tracing.active()
+        # Settle, renew, schedule, timings and maintenance (two: a retention pass holds its lock on
+        # one while it deletes on the other); producers keep connections of their own.
+        self.pool = AsyncConnectionPool(url, min_size=1, max_size=6,
                                         kwargs={"autocommit": True}, open=False)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -114,6 +127,8 @@ class Worker:
         try:
             async with self.pool.connection() as conn:
                 await leases.check_schema(conn)
+            if self.options.metrics_port is not None:
+                self._serve_metrics(self.options.metrics_host, self.options.metrics_port)
             if self.options.once:
                 return await self._run_once()
             return await self._run_forever()
@@ -130,6 +145,7 @@ class Worker:
                 claimed += await self._claim(conn, slots, slots.concurrency)
         await asyncio.gather(*(self.tasks.values()))
         await self._flush()
+        await self._flush_timings()
         say(f"dygo worker {self.id} ran {len(claimed)} job(s) once; exiting")
         return 0
 
@@ -147,7 +163,8 @@ class Worker:
         say(f"dygo worker {self.id} started: queues {queues}; {mode}, poll every {self.options.poll_interval:g}s")
         loops = [asyncio.create_task(self._produce(s), name=f"produce:{s.name}") for s in self.slots.values()]
         background = [asyncio.create_task(coro) for coro in (self._settle_loop(), self._renew_loop(),
-                                                              self._maintain_loop(), self._schedule_loop())]
+                                                              self._maintain_loop(), self._schedule_loop(),
+                                                              self._timings_loop())]
         if not self.options.poll_only:
             background.append(asyncio.create_task(self._listen_loop()))
         await self.stopping.wait()
@@ -161,6 +178,7 @@ class Worker:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         await self._flush()
+        await self._flush_timings()
         async with self.pool.connection() as conn:
             await leases.worker_gone(conn, self.id)
         say(f"dygo worker {self.id} stopped")
@@ -218,6 +236,7 @@ class Worker:
     async def _claim(self, conn: psycopg.AsyncConnection, slots: QueueSlots, limit: int) -> list[ClaimedJob]:
         claimed = await leases.claim(conn, slots.name, limit, self.id, self.settings.lease_ttl)
         for job in claimed:
+            self.stats.claimed_job(job.queue, job.kind, job.waited)
             self.leased[job.id] = job
             slots.running += 1
             self.tasks[job.id] = asyncio.create_task(self._execute(slots, job))
@@ -233,7 +252,13 @@ class Worker:
 
     async def _execute(self, slots: QueueSlots, job: ClaimedJob) -> None:
         try:
-            outcome = await self.executor.run(job)
+            with tracing.execution_span(job) if self.traced else UNTRACED as span:
+                started = time.monotonic()
+                outcome = await self.executor.run(job)
+                elapsed = time.monotonic() - started
+                name = outcome_name(outcome)
+                tracing.record_outcome(span, name, getattr(outcome, "error", None))
+            self.stats.executed(job.queue, job.kind, name, elapsed)
             self.outbox.append(outcome)
             self.outbox_ready.set()
         finally:
@@ -268,6 +293,40 @@ class Worker:
                 self.leased.pop(outcome.job.id, None)
                 if outcome.job.id not in settled:
                     log.warning("job %s: lease lost before settling; its outcome was discarded", outcome.job.id)
+            outcomes = Counter(outcome_name(o) for o in batch if o.job.id in settled)
+            self.stats.settled_batch(outcomes, len(batch) - outcomes.total())
+
+    # --- timings and metrics ---------------------------------------------------------------------------
+
+    async def _timings_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TIMINGS_INTERVAL)
+            await self._flush_timings()
+
+    async def _flush_timings(self) -> None:
+        """Append what was observed since the last flush; on failure it stays unflushed for the next one."""
+        deltas = self.stats.timings.unflushed()
+        if not deltas:
+            return
+        try:
+            async with self.pool.connection() as conn:
+                await timings.record(conn, deltas)
+        except (psycopg.Error, OSError) as exc:
+            # Metrics, not jobs: never worth failing a worker for, nor its shutdown.
+            log.warning("recording timings failed (kept for the next flush): %s", exc)
+            return
+        self.stats.timings.mark_flushed(deltas)
+
+    def _serve_metrics(self, host: str, port: int) -> None:
+        def slots() -> dict[str, tuple[int, int]]:
+            return {name: (s.running, s.concurrency) for name, s in self.slots.items()}
+
+        try:
+            bound = serve_metrics(host, port, WorkerCollector(self.stats, slots))
+        except OSError as exc:
+            raise ConfigError("--metrics-port", str(port), f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                              "choose a free port, or another --metrics-host") from None
+        say(f"dygo worker metrics: http://{host}:{bound}/metrics")
 
     # --- renew leases -------------------------------------------------------------------------------
 
@@ -393,7 +452,9 @@ class Worker:
 
 async def wait_for_event(event: asyncio.Event, timeout: float) -> None:
     """Sleep until `event` is set or `timeout` seconds pass, whichever is first."""
-    # asyncio.timeout, unlike wait_for on Python 3.11, does not wrap the wait in a task of its own.
+    # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives as the event is set,
+    # so a loop cancelled at shutdown went on for another poll interval (seen as a hung SIGTERM);
+    # nor does asyncio.timeout wrap the wait in a task of its own.
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout):
             await event.wait()

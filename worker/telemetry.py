@@ -1,0 +1,113 @@
+"""The worker's own figures: what `--metrics-port` serves, and the timings it flushes to the database.
+
+Everything is counted in memory on the event loop (a dictionary increment per job, no
+prometheus_client object on the hot path); a custom collector turns the counts into metrics when
+the port is scraped, from prometheus-client's HTTP server thread.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from store.leases import Outcome, Succeeded
+from store.timings import Timings
+
+OUTCOMES = ("succeeded", "failed", "snoozed", "dead")
+
+
+def outcome_name(outcome: Outcome) -> str:
+    """succeeded; failed (will be retried); snoozed (or handed back: attempt refunded); dead."""
+    if isinstance(outcome, Succeeded):
+        return "succeeded"
+    if outcome.state == "dead":
+        return "dead"
+    return "snoozed" if outcome.refund_attempt else "failed"
+
+
+class WorkerStats:
+    """This process's counts since it started."""
+
+    def __init__(self) -> None:
+        self.timings = Timings()
+        self.lock = self.timings.lock  # one lock for everything the scrape thread reads
+        self.executions: Counter[tuple[str, str, str]] = Counter()  # (queue, kind, outcome)
+        self.claimed: Counter[str] = Counter()  # queue
+        self.settled: Counter[str] = Counter()  # outcome
+        self.lease_lost = 0  # outcomes discarded: the lease was recovered by another worker first
+
+    def claimed_job(self, queue: str, kind: str, waited: float) -> None:
+        with self.lock:
+            self.timings.observe_unlocked(queue, kind, "latency", waited)
+            self.claimed[queue] += 1
+
+    def executed(self, queue: str, kind: str, outcome: str, seconds: float) -> None:
+        with self.lock:
+            self.timings.observe_unlocked(queue, kind, "duration", seconds)
+            self.executions[(queue, kind, outcome)] += 1
+
+    def settled_batch(self, outcomes: Mapping[str, int], lost: int) -> None:
+        with self.lock:
+            self.settled.update(outcomes)
+            self.lease_lost += lost
+
+
+class WorkerCollector(Collector):
+    """Reads WorkerStats and the live slot counts on each scrape."""
+
+    def __init__(self, stats: WorkerStats, slots: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
+        self.stats = stats
+        self.slots = slots  # queue -> (running, concurrency)
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats
+        with stats.lock:
+            executions, claimed = dict(stats.executions), dict(stats.claimed)
+            settled, lost = dict(stats.settled), stats.lease_lost
+        counter = CounterMetricFamily("dygo_worker_executions", "Handler runs finished in this process, by outcome "
+                                      "(succeeded, failed = will be retried, snoozed, dead)",
+                                      labels=["queue", "kind", "outcome"])
+        for (queue, kind, outcome), n in sorted(executions.items()):
+            counter.add_metric([queue, kind, outcome], n)
+        yield counter
+        counter = CounterMetricFamily("dygo_worker_claimed_jobs", "Jobs this process claimed", labels=["queue"])
+        for queue, n in sorted(claimed.items()):
+            counter.add_metric([queue], n)
+        yield counter
+        counter = CounterMetricFamily("dygo_worker_settled_jobs", "Outcomes this process recorded in the database "
+                                      "(including hand-backs at shutdown)", labels=["outcome"])
+        for outcome, n in sorted(settled.items()):
+            counter.add_metric([outcome], n)
+        yield counter
+        yield CounterMetricFamily("dygo_worker_lease_lost", "Outcomes discarded at settle because the lease had "
+                                  "been recovered by another worker", value=lost)
+        busy = GaugeMetricFamily("dygo_worker_busy_slots", "Jobs running now in this process", labels=["queue"])
+        concurrency = GaugeMetricFamily("dygo_worker_concurrency", "Jobs this process may run at once",
+                                        labels=["queue"])
+        for queue, (running, most) in sorted(self.slots().items()):
+            busy.add_metric([queue], running)
+            concurrency.add_metric([queue], most)
+        yield from (busy, concurrency)
+        histograms = {
+            "latency": HistogramMetricFamily(
+                "dygo_worker_start_latency_seconds", "Seconds from when a job became due (run_at, or its enqueue "
+                "time if later) to its claim by this process", labels=["queue", "kind"]),
+            "duration": HistogramMetricFamily(
+                "dygo_worker_execution_duration_seconds", "Seconds a handler ran in this process, whatever its "
+                "outcome", labels=["queue", "kind"]),
+        }
+        for (queue, kind, measure), histogram in sorted(stats.timings.snapshot().items()):
+            histograms[measure].add_metric([queue, kind], histogram.cumulative(), sum_value=histogram.sum)
+        yield from histograms.values()
+
+
+def serve_metrics(host: str, port: int, collector: Collector) -> int:
+    """Start prometheus-client's HTTP server (a daemon thread) on a registry of our own; returns the port."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server.server_port
