@@ -28,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 from store import leases, maintenance, schedules
 from store.config import Settings
 from store.leases import ClaimedJob, Outcome, Unsuccessful
+from store.outage import OutageLog
 from store.registry import Registry
 from worker.executor import Executor
 
@@ -36,6 +37,7 @@ log = logging.getLogger("dygo.worker")
 HEARTBEAT_INTERVAL = 5.0
 RECOVER_INTERVAL = 1.0  # at most this often from the claim loop, so recovery stays cheap under load
 SETTLE_BATCH = 1000
+LISTEN_RETRY_MAX = 5.0
 SCHEDULE_LOCKED_RETRY = 0.25  # a due schedule another worker is firing: its fire takes milliseconds
 
 
@@ -91,8 +93,11 @@ class Worker:
         self.succeeded_walk = maintenance.SucceededWalk()
         # A connection per producer, plus settle, renew, schedule and maintenance (two: a retention
         # pass holds its lock on one while it deletes on the other).
+        # application_name lets an operator (and the chaos suite) find this worker's backends.
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=len(self.slots) + 5,
-                                        kwargs={"autocommit": True}, open=False)
+                                        kwargs={"autocommit": True, "application_name": f"dygo-worker {self.id}"},
+                                        open=False)
+        self.outage = OutageLog(log)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -188,10 +193,11 @@ class Worker:
                     continue  # there may be more ready right now
                 wait = await self._idle_wait(slots)
                 failures = 0
+                self.outage.back()
             except (psycopg.Error, OSError) as exc:
                 failures += 1
                 wait = failure_backoff(failures)
-                log.warning("claim from queue %s failed (%s); retrying in %.1fs", slots.name, exc, wait)
+                await self._lost(f"claim from queue {slots.name}", exc)
             await wait_for_event(slots.wake, wait)
 
     async def _claim(self, slots: QueueSlots, limit: int) -> list[ClaimedJob]:
@@ -240,8 +246,9 @@ class Worker:
                 async with self.pool.connection() as conn:
                     settled = await leases.settle(conn, batch)
                 del self.outbox[:len(batch)]
+                self.outage.back()
             except (psycopg.Error, OSError) as exc:
-                log.warning("settling %d job(s) failed (%s); retrying in %.1fs", len(batch), exc, delay)
+                await self._lost(f"settling {len(batch)} job(s)", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
@@ -259,8 +266,9 @@ class Worker:
             try:
                 async with self.pool.connection() as conn:
                     held = await leases.renew(conn, jobs, self.settings.lease_ttl)
+                self.outage.back()
             except (psycopg.Error, OSError) as exc:
-                log.warning("renewing %d lease(s) failed: %s", len(jobs), exc)
+                await self._lost(f"renewing {len(jobs)} lease(s)", exc)
                 continue
             for job in jobs:
                 if job.id not in held and job.id in self.leased:
@@ -280,8 +288,9 @@ class Worker:
                 if time.monotonic() >= self.next_retention:
                     self.next_retention = time.monotonic() + self.settings.retention_interval
                     await self._trim_history()
+                self.outage.back()
             except (psycopg.Error, OSError) as exc:
-                log.warning("maintenance failed: %s", exc)
+                await self._lost("maintenance", exc)
 
     async def _trim_history(self) -> None:
         retention = maintenance.Retention.from_settings(self.settings)
@@ -334,10 +343,15 @@ class Worker:
                 async with self.pool.connection() as conn:
                     due_in = await schedules.seconds_to_next_fire(conn)
                 failures = 0
+                self.outage.back()
                 wait = self.options.poll_interval
                 if due_in is not None:
                     # Due yet not fired: another worker holds it this instant; look again shortly.
                     wait = min(wait, due_in + 0.005 if due_in > 0 else SCHEDULE_LOCKED_RETRY)
+            except (psycopg.OperationalError, OSError) as exc:
+                failures += 1
+                wait = failure_backoff(failures)
+                await self._lost("firing schedules", exc)
             except Exception as exc:  # noqa: BLE001 - one bad fire must not stop every schedule for good
                 failures += 1
                 wait = failure_backoff(failures)
@@ -351,11 +365,13 @@ class Worker:
         delay = 0.5
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,
+                                                             application_name=f"dygo-worker-listen {self.id}")
                 async with conn:
                     await leases.listen(conn)
                     await schedules.listen(conn)
                     delay = 0.5
+                    self.outage.back()
                     for slots in self.slots.values():  # catch up on anything sent while not listening
                         slots.wake.set()
                     self.schedules_changed.set()
@@ -367,9 +383,18 @@ class Worker:
                         if slots is not None:
                             slots.wake.set()
             except (psycopg.Error, OSError) as exc:
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
+                await self._lost("LISTEN connection (polling every "
+                                 f"{self.options.poll_interval:g}s until it is back)", exc)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                # Capped low: its reconnect is what wakes every producer once the database is back.
+                delay = min(delay * 2, LISTEN_RETRY_MAX)
+
+    async def _lost(self, where: str, exc: BaseException) -> None:
+        if self.outage.lost(where, exc):
+            # The pool's idle connections died with the server; dropped now, each would fail once
+            # more after the database is back, and be logged as a second outage.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.pool.check(), 5.0)
 
 
 async def wait_for_event(event: asyncio.Event, timeout: float) -> None:
