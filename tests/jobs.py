@@ -152,3 +152,12 @@ def fail_first_runs(ctx: JobContext, args: Fail) -> str:
     if runs <= args.times:
         raise ValueError(f"run {runs} of job {ctx.id} failed")
     return "recovered"
+
+
+@job("test.slow_first_briefly")
+async def slow_first_briefly(ctx: JobContext, args: Sleep) -> str:
+    """Sleeps `seconds` on its first run only, so a test can have it recovered and run again meanwhile."""
+    runs = await asyncio.to_thread(record, ctx)
+    if runs == 1:
+        await asyncio.sleep(args.seconds)
+    return f"run {runs}"

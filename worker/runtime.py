@@ -21,6 +21,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from uuid import UUID
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -82,8 +83,11 @@ class Worker:
         self.id = make_worker_id()
         self.slots = {name: QueueSlots(name, n) for name, n in options.queues.items()}
         self.executor = Executor(settings, jobs)
-        self.leased: dict[int, ClaimedJob] = {}  # claimed and not yet settled
-        self.tasks: dict[int, asyncio.Task[None]] = {}  # handlers still running
+        # Keyed by lease token, not job id: a job whose lease ran out while this worker was cut off
+        # (a database restart, a long pause) can be recovered and claimed by this same worker again
+        # while its first run is still going; by id, the two runs overwrote each other's entries.
+        self.leased: dict[UUID, ClaimedJob] = {}  # claimed and not yet settled
+        self.tasks: dict[UUID, asyncio.Task[None]] = {}  # handlers still running
         self.outbox: list[Outcome] = []  # finished, waiting for the settle loop
         self.outbox_ready = asyncio.Event()
         self.stopping = asyncio.Event()
@@ -162,7 +166,7 @@ class Worker:
         """Let running jobs finish within the shutdown timeout, then hand the rest straight back."""
         if self.tasks:
             await asyncio.wait(list(self.tasks.values()), timeout=self.options.shutdown_timeout)
-        unfinished = [self.leased[job_id] for job_id in self.tasks]
+        unfinished = [self.leased[token] for token in self.tasks]
         running = list(self.tasks.values())
         for task in running:
             task.cancel()
@@ -204,9 +208,9 @@ class Worker:
         async with self.pool.connection() as conn:
             claimed = await leases.claim(conn, slots.name, limit, self.id, self.settings.lease_ttl)
         for job in claimed:
-            self.leased[job.id] = job
+            self.leased[job.lease_token] = job
             slots.running += 1
-            self.tasks[job.id] = asyncio.create_task(self._execute(slots, job))
+            self.tasks[job.lease_token] = asyncio.create_task(self._execute(slots, job))
         return claimed
 
     async def _idle_wait(self, slots: QueueSlots) -> float:
@@ -224,7 +228,7 @@ class Worker:
             self.outbox.append(outcome)
             self.outbox_ready.set()
         finally:
-            del self.tasks[job.id]
+            del self.tasks[job.lease_token]
             slots.running -= 1
             slots.freed.set()
 
@@ -253,7 +257,7 @@ class Worker:
                 delay = min(delay * 2, 10.0)
                 continue
             for outcome in batch:
-                self.leased.pop(outcome.job.id, None)
+                self.leased.pop(outcome.job.lease_token, None)
                 if outcome.job.id not in settled:
                     log.warning("job %s: lease lost before settling; its outcome was discarded", outcome.job.id)
 
@@ -271,7 +275,7 @@ class Worker:
                 await self._lost(f"renewing {len(jobs)} lease(s)", exc)
                 continue
             for job in jobs:
-                if job.id not in held and job.id in self.leased:
+                if job.id not in held and job.lease_token in self.leased:
                     log.warning("job %s: lease lost (recovered by another worker); its outcome will be discarded",
                                 job.id)
 
