@@ -1,9 +1,8 @@
 """Job kinds of the fault-injection suite. Every execution is recorded in `chaos_runs` first.
 
-The row holds the lease token the job had when its handler started (read from the job row), and
-a succeeding handler returns that token as its result. The books check compares the two: a
-succeeded row must carry the token of the job's last execution, so a settle by an older, stale
-lease would show.
+The row holds the execution's own lease token (`ctx.lease_token`), and a succeeding handler
+returns that token as its result, so a succeeded row names the lease whose settle wrote it. The
+books check compares it with the lease the row actually had at that settle (chaos/runner.py).
 """
 
 from __future__ import annotations
@@ -19,10 +18,7 @@ from pydantic import BaseModel
 
 from store import JobContext, job
 
-RECORD = """
-INSERT INTO chaos_runs (job_id, attempt, pid, lease_token)
-SELECT id, %(attempt)s, %(pid)s, lease_token FROM dygo_jobs WHERE id = %(id)s
-RETURNING lease_token"""
+RECORD = "INSERT INTO chaos_runs (job_id, attempt, pid, lease_token) VALUES (%(id)s, %(attempt)s, %(pid)s, %(token)s)"
 
 _conn: psycopg.AsyncConnection | None = None
 RECORD_PATIENCE = 120.0  # the database may be restarting (scenario 2): keep trying this long
@@ -36,9 +32,8 @@ async def record(ctx: JobContext) -> str:
         try:
             if _conn is None or _conn.closed:
                 _conn = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True)
-            cursor = await _conn.execute(RECORD, {"id": ctx.id, "attempt": ctx.attempt, "pid": os.getpid()})
-            row = await cursor.fetchone()
-            return str(row[0]) if row else ""
+            await _conn.execute(RECORD, params(ctx))
+            return str(ctx.lease_token)
         except psycopg.OperationalError:
             if _conn is not None:
                 await _conn.close()
@@ -49,8 +44,12 @@ async def record(ctx: JobContext) -> str:
 
 def record_sync(ctx: JobContext) -> str:
     with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
-        row = conn.execute(RECORD, {"id": ctx.id, "attempt": ctx.attempt, "pid": os.getpid()}).fetchone()
-    return str(row[0]) if row else ""
+        conn.execute(RECORD, params(ctx))
+    return str(ctx.lease_token)
+
+
+def params(ctx: JobContext) -> dict[str, object]:
+    return {"id": ctx.id, "attempt": ctx.attempt, "pid": os.getpid(), "token": ctx.lease_token}
 
 
 class Work(BaseModel):

@@ -13,8 +13,9 @@ then checks the books (`check_books`, the same for every scenario and for the sh
   (installed by this runner only) records how every lease ended: settled, reaped after a crash or
   freeze, handed back at shutdown, or failed. Executions are counted by distinct lease token, so
   two executions under one lease, or a claim of a row someone else held, would show. Must be 0.
-* stale settles: a succeeded job whose result (the lease token its handler saw, chaos/jobs.py) is
-  not the token of its last execution, i.e. a worker that had lost its lease overwrote the row.
+* stale settles: a succeeded job whose result (the lease token of the run that returned it,
+  chaos/jobs.py) is not the lease the row held when it was settled (the trigger's record), i.e. a
+  worker that had lost its lease overwrote the row; or a job settled as succeeded more than once.
   Must be 0. Settles that fencing refused are counted from the workers' logs ("lease lost before
   settling"): freezing a worker past its lease TTL (scenario 1) makes them happen for real.
 * duplicates: executions beyond the first, per job, summed; each is explained by a crash.
@@ -86,16 +87,17 @@ CREATE TRIGGER chaos_lease_ended AFTER UPDATE ON dygo_jobs FOR EACH ROW
 # Per job: executions (distinct lease tokens and rows), and how its leases ended.
 BOOKS = """
 WITH runs AS (
-    SELECT job_id, count(*) AS executions, count(DISTINCT lease_token) AS tokens,
-           (array_agg(lease_token ORDER BY at DESC, id DESC))[1] AS last_token
+    SELECT job_id, count(*) AS executions, count(DISTINCT lease_token) AS tokens
     FROM chaos_runs GROUP BY job_id
 ), ends AS (
     SELECT job_id, count(*) FILTER (WHERE reaped) AS reaped, count(*) FILTER (WHERE handed_back) AS handed_back,
-           count(*) FILTER (WHERE failed) AS failed
+           count(*) FILTER (WHERE failed) AS failed, count(*) FILTER (WHERE new_state = 'succeeded') AS successes,
+           (array_agg(lease_token::text) FILTER (WHERE new_state = 'succeeded'))[1] AS settled_lease
     FROM chaos_lease_ends GROUP BY job_id
 )
 SELECT j.id, j.kind, j.state, j.last_error, j.result ->> 'token', coalesce(r.executions, 0), coalesce(r.tokens, 0),
-       r.last_token::text, coalesce(e.reaped, 0), coalesce(e.handed_back, 0), coalesce(e.failed, 0)
+       e.settled_lease, coalesce(e.successes, 0), coalesce(e.reaped, 0), coalesce(e.handed_back, 0),
+       coalesce(e.failed, 0)
 FROM dygo_jobs j LEFT JOIN runs r ON r.job_id = j.id LEFT JOIN ends e ON e.job_id = j.id"""
 
 
@@ -180,6 +182,8 @@ class Lab:
         self.data_dir = data_dir
         self.logs = logs
         logs.mkdir(parents=True, exist_ok=True)
+        for old in [*logs.glob("*.out"), *logs.glob("*.err")]:  # a previous run's, which would confuse a reader
+            old.unlink()
         self.server_url = embedded.ensure_running(data_dir)
         self.processes: list[WorkerProcess] = []
         self.scenario = "lab"
@@ -293,8 +297,8 @@ def check_books(conn: psycopg.Connection, report: Report, expect_dead: dict[str,
     report.stuck = stuck
     lost, over, stale, duplicates, jobs = 0, 0, 0, 0, 0
     examples: list[str] = []
-    for (job_id, kind, state, last_error, result_token, executions, tokens, last_token, reaped, handed_back,
-         failed) in conn.execute(BOOKS):
+    for (job_id, kind, state, last_error, result_token, executions, tokens, settled_lease, successes, reaped,
+         handed_back, failed) in conn.execute(BOOKS):
         jobs += 1
         if kind in expect_dead:
             ok = state == "dead" and expect_dead[kind] in (last_error or "") and executions >= 1
@@ -307,9 +311,10 @@ def check_books(conn: psycopg.Connection, report: Report, expect_dead: dict[str,
         if executions > 1 + crashes or tokens < executions:
             over += 1
             examples.append(f"job {job_id}: {executions} run(s) ({tokens} lease(s)) but {crashes} crash(es)")
-        if state == "succeeded" and result_token != last_token:
+        if state == "succeeded" and (result_token != settled_lease or successes != 1):
             stale += 1
-            examples.append(f"job {job_id}: settled by lease {result_token}, last run had {last_token}")
+            examples.append(f"job {job_id}: result from lease {result_token}, row held {settled_lease} "
+                            f"when settled ({successes} success settle(s))")
         duplicates += max(0, executions - 1)
     report.jobs, report.lost, report.over_run, report.stale_settles, report.duplicates = \
         jobs, lost, over, stale, duplicates

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from store import embedded
+from store import JobRequest, embedded, enqueue, enqueue_many
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO / ".dygo" / "chaos-test"
@@ -69,3 +70,28 @@ def test_sigterm_during_deploys_hands_long_jobs_back_and_a_new_worker_starts_the
 def test_misbehaving_handlers_each_end_dead_with_their_error_and_the_worker_stays_up(data_dir, tmp_path):
     report = short(data_dir, "handlers", tmp_path)
     assert len(report["notes"]["misbehaving_by_kind"]) == 12
+
+
+def test_a_job_reclaimed_by_the_same_worker_during_its_first_run_leaves_the_worker_whole(conn, spawn):
+    """A database outage longer than the lease TTL gets a running job recovered, and the worker that
+    still runs it can claim it again: both runs must keep their own bookkeeping (slots, leases)."""
+    worker = spawn("worker", "--queue", "default", "--concurrency", "2", "--poll-interval", "60s")
+    worker.wait_for_line("started")
+    job = enqueue(conn, "test.slow_first_briefly", {"seconds": 3})
+    runs = "SELECT count(*) FROM test_runs WHERE job_id = %s"
+    wait_until(lambda: conn.execute(runs, (job.id,)).fetchone()[0] == 1, message="the first run")
+    # What lease recovery does to a job whose lease ran out (store/queries.py RECOVER_EXPIRED_LEASES).
+    conn.execute("UPDATE dygo_jobs SET state = 'pending', lease_owner = NULL, lease_token = NULL, "
+                 "lease_deadline = NULL, attempt = attempt - 1, reap_count = reap_count + 1 WHERE id = %s", (job.id,))
+    wait_until(lambda: conn.execute("SELECT state = 'succeeded' FROM dygo_jobs WHERE id = %s",
+                                    (job.id,)).fetchone()[0], message="the second run to succeed")
+    wait_until(lambda: "lease lost before settling" in worker.stderr(), message="the first run's refused settle")
+    assert conn.execute("SELECT result FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone()[0] == "run 2"
+    assert "Traceback" not in worker.stderr()
+    # Both slots are free again: two jobs run side by side.
+    spans = enqueue_many(conn, [JobRequest("test.span", {"seconds": 0.5})] * 2)
+    wait_until(lambda: conn.execute("SELECT count(*) FROM dygo_jobs WHERE id = ANY(%s) AND state = 'succeeded'",
+                                    ([s.id for s in spans],)).fetchone()[0] == 2, message="the two spans")
+    notes = [n for (n,) in conn.execute("SELECT note FROM test_runs WHERE job_id = ANY(%s) ORDER BY at",
+                                        ([s.id for s in spans],))]
+    assert notes == ["start", "start", "end", "end"]

@@ -47,7 +47,7 @@ class Executor:
         deadline = datetime.now(UTC) + timedelta(seconds=timeout) if timeout else None
         ctx = JobContext(id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt,
                          max_attempts=job.max_attempts, enqueued_at=job.enqueued_at, meta=job.meta,
-                         deadline=deadline)
+                         deadline=deadline, lease_token=job.lease_token)
         try:
             args = definition.build_args(job.args)
             if definition.is_async:
