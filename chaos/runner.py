@@ -583,6 +583,8 @@ def scenario_deploy(lab: Lab, plan: Plan, rng: random.Random, long_seconds: floa
     if not handed_back:
         report.problems.append("no job was handed back: the deploys never caught a long job")
     report.refused_settles = worker_log_counts(lab.processes)["refused_settles"]
+    if report.refused_settles:  # no lease runs out in a deploy: a refused settle is a settle sent twice
+        report.problems.append(f"{report.refused_settles} settle(s) refused although no lease was lost")
     lab.stop_all()
     return report
 

@@ -90,6 +90,7 @@ class Worker:
         self.tasks: dict[UUID, asyncio.Task[None]] = {}  # handlers still running
         self.outbox: list[Outcome] = []  # finished, waiting for the settle loop
         self.outbox_ready = asyncio.Event()
+        self.flushing = asyncio.Lock()  # one settle at a time: the settle loop's and shutdown's final one
         self.stopping = asyncio.Event()
         self.schedules_changed = asyncio.Event()  # a NOTIFY: some schedule may be due sooner
         self.last_recovery = 0.0
@@ -238,10 +239,16 @@ class Worker:
         while True:
             await self.outbox_ready.wait()
             self.outbox_ready.clear()
-            await self._flush()
+            # Shielded: cancelled at shutdown between the commit and its reply, a settled batch would
+            # stay in the outbox, be sent again by the final flush, be refused, and be reported as lost.
+            await asyncio.shield(self._flush())
 
     async def _flush(self) -> None:
         """Settle everything in the outbox; on a database error keep it and retry (leases cover it)."""
+        async with self.flushing:
+            await self._flush_outbox()
+
+    async def _flush_outbox(self) -> None:
         delay = 0.1
         while self.outbox:
             # Removed from the outbox only once settled, so a cancelled flush loses nothing.
