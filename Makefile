@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint bench stop-db browsers
+.PHONY: run test setup lint bench chaos stop-db browsers
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -49,3 +49,8 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/run.py
+
+# The fault-injection suite in full (10,000 jobs per scenario, several minutes); a short version of
+# each scenario runs inside `make test` (tests/test_chaos.py). See README, "Reliability".
+chaos: setup
+	$(BIN)/python -m chaos --markdown chaos/results.md --json chaos/results.json

@@ -544,7 +544,6 @@ def scenario_deploy(lab: Lab, plan: Plan, rng: random.Random, long_seconds: floa
     extra = [JobRequest("chaos.work", {"seconds": long_seconds}) for _ in range(long_jobs)]
     enqueue_work(url, plan.jobs - long_jobs, plan.job_seconds, rng, extra)
     workers = [lab.worker(url, concurrency=plan.concurrency) for _ in range(plan.workers)]
-    events: list[tuple[float, list[int]]] = []
     drains: list[float] = []
     exit_codes: list[int] = []
     handed_back = 0
@@ -557,11 +556,9 @@ def scenario_deploy(lab: Lab, plan: Plan, rng: random.Random, long_seconds: floa
             old.process.send_signal(signal.SIGTERM)
             exit_codes.append(old.process.wait(SHUTDOWN_TIMEOUT + 30))
             drains.append(time.monotonic() - sent)
-            gone_at = db_now(conn)
             found = re.search(r"handing back \d+ unfinished job\(s\): ([\d, ]+)", old.stderr())
             ids = [int(x) for x in found.group(1).split(",")] if found else []
             handed_back += len(ids)
-            events.append((gone_at, ids))
 
         started = time.monotonic()
         drive(conn, plan, fault)
@@ -572,7 +569,6 @@ def scenario_deploy(lab: Lab, plan: Plan, rng: random.Random, long_seconds: floa
             "SELECT max((SELECT extract(epoch FROM min(r.at) - e.at) FROM chaos_runs r "
             "            WHERE r.job_id = e.job_id AND r.at > e.at))::float8 "
             "FROM chaos_lease_ends e WHERE e.handed_back").fetchone()[0]
-        report.notes["max_sigterm_to_running_again"] = max_first_run_after(conn, events)
     report.faults = plan.faults
     report.notes.update(handed_back=handed_back, long_jobs=long_jobs, long_job_seconds=long_seconds,
                         shutdown_timeout=SHUTDOWN_TIMEOUT, max_drain_seconds=round(max(drains), 2))
