@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from chaos.runner import REPO, SCENARIOS, Lab, Plan, as_json, run, table
+from store import embedded
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("jobs", "faults", "job_seconds", "workers"):
         if getattr(args, name) is not None:
             setattr(plan, name, getattr(args, name))
+    was_running = embedded.status(args.data_dir).running
     lab = Lab(args.data_dir, args.data_dir / "logs")
     started = time.monotonic()
-    reports = run(args.scenarios or list(SCENARIOS), plan, lab, seed=args.seed)
+    try:
+        reports = run(args.scenarios or list(SCENARIOS), plan, lab, seed=args.seed)
+    finally:
+        if not was_running:  # the suite's own server: no reason to leave it running
+            embedded.stop(args.data_dir)
     took = time.monotonic() - started
     print(table(reports))
     print(f"\n{sum(r.jobs for r in reports):,} jobs in {took:.0f}s; worker logs in {lab.logs}")
