@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint bench bench-dashboard stop-db browsers
+.PHONY: run test setup lint bench bench-dashboard chaos stop-db browsers
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -53,3 +53,8 @@ bench: setup
 # Seeds 1,000,000 jobs in bench_dashboard (embedded server) and times every dashboard page.
 bench-dashboard: setup
 	$(BIN)/python bench/dashboard_pages.py
+
+# The fault-injection suite in full (10,000 jobs per scenario, several minutes); a short version of
+# each scenario runs inside `make test` (tests/test_chaos.py). See README, "Reliability".
+chaos: setup
+	$(BIN)/python -m chaos --markdown chaos/results.md --json chaos/results.json

@@ -33,6 +33,7 @@ from app.system import router as system_router
 from store import admin
 from store.config import Settings
 from store.errors import Conflict, EnqueueError, NotFound
+from store.outage import OutageLog
 from store.registry import Registry
 
 log = logging.getLogger("dygo.serve")
@@ -46,9 +47,13 @@ def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.pool = ConnectionPool(database_url, min_size=1, max_size=10, timeout=10,
-                                        kwargs={"autocommit": True}, open=True)
-        folder = StatsFolder(app.state.pool)
+        # check: a connection the database dropped (a restart) is replaced before a request gets it,
+        # at one round trip per request. timeout: while the database is down, a request waits this
+        # long for a connection, then gets its 503.
+        app.state.pool = ConnectionPool(database_url, min_size=1, max_size=10, timeout=5,
+                                        check=ConnectionPool.check_connection,
+                                        kwargs={"autocommit": True, "application_name": "dygo-serve"}, open=True)
+        folder = StatsFolder(app.state.pool, app.state.outage)
         folder.start()
         try:
             yield
@@ -61,6 +66,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI
                               "Errors are `{\"error\": {\"code\", \"message\", \"details\"}}`.")
     app.state.settings = settings
     app.state.jobs = jobs
+    app.state.outage = OutageLog(log)
     install_error_handlers(app)
     # The last middleware added runs first: auth, then the body limit, then the routes.
     app.add_middleware(BodyLimit, max_bytes=settings.max_payload_bytes)
@@ -108,7 +114,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(psycopg.OperationalError)
     async def database_down(request: Request, exc: psycopg.OperationalError) -> Response:
-        log.warning("database unavailable: %s", exc)
+        request.app.state.outage.lost(f"{request.method} {request.url.path}", exc)
         if is_dashboard(request):
             return error_page(request, 503, "Database unavailable", "The database is not reachable; try again shortly.")
         return error_response(503, "database_unavailable", "the database is not reachable; try again shortly")
@@ -144,8 +150,9 @@ def validation_error(errors: list[Any]) -> JSONResponse:
 class StatsFolder:
     """Folds the stats deltas into the daily rollups every FOLD_INTERVAL, in a daemon thread."""
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, pool: ConnectionPool, outage: OutageLog) -> None:
         self.pool = pool
+        self.outage = outage
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="dygo-stats-folder", daemon=True)
 
@@ -161,5 +168,8 @@ class StatsFolder:
             try:
                 with self.pool.connection() as conn:
                     admin.fold_stats(conn)
+                self.outage.back()
+            except psycopg.OperationalError as exc:
+                self.outage.lost("folding stats", exc)
             except psycopg.Error as exc:
                 log.warning("folding stats failed (will retry): %s", exc)

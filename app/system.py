@@ -36,8 +36,10 @@ def readyz(request: Request) -> Any:
     except SchemaError as exc:
         return error_response(503, "not_ready", str(exc), {"check": "schema"})
     except psycopg.Error as exc:
-        log.warning("readiness: database check failed: %s", exc)
+        # Load balancers poll this every few seconds: an outage is logged once, not per poll.
+        request.app.state.outage.lost("readiness check", exc)
         return error_response(503, "not_ready", "the database is not reachable", {"check": "database"})
+    request.app.state.outage.back()
     return {"status": "ready", "schema_version": version}
 
 

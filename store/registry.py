@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, get_type_hints
+from uuid import UUID
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,6 +33,8 @@ class JobContext:
     enqueued_at: datetime
     meta: Mapping[str, str] = field(default_factory=dict)
     deadline: datetime | None = None
+    # This run's lease: a fencing token for downstream writes (accept one only from the newest lease).
+    lease_token: UUID | None = None
 
     @property
     def is_retry(self) -> bool:

@@ -160,6 +160,15 @@ async def sleep(ctx: JobContext, args: Sleep) -> None:
     await asyncio.sleep(args.seconds)
 
 
+@job("test.slow_first_briefly")
+async def slow_first_briefly(ctx: JobContext, args: Sleep) -> str:
+    """Sleeps `seconds` on its first run only, so a test can have it recovered and run again meanwhile."""
+    runs = await asyncio.to_thread(record, ctx)
+    if runs == 1:
+        await asyncio.sleep(args.seconds)
+    return f"run {runs}"
+
+
 if os.environ.get("DYGO_TEST_SPANS_FILE"):  # tests/test_tracing.py: this process writes its spans there
     from tests.span_file import install_file_exporter
 

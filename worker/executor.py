@@ -24,6 +24,10 @@ from store.registry import JobContext, JobDefinition, Registry
 log = logging.getLogger("dygo.worker")
 
 
+class UnstorableResult(Exception):
+    """A handler returned something the job row cannot hold: the attempt fails instead of the settle."""
+
+
 class Executor:
     def __init__(self, settings: Settings, jobs: Registry) -> None:
         self.settings = settings
@@ -45,7 +49,7 @@ class Executor:
         deadline = datetime.now(UTC) + timedelta(seconds=timeout) if timeout else None
         ctx = JobContext(id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt,
                          max_attempts=job.max_attempts, enqueued_at=job.enqueued_at, meta=job.meta,
-                         deadline=deadline)
+                         deadline=deadline, lease_token=job.lease_token)
         try:
             args = definition.build_args(job.args)
             if definition.is_async:
@@ -54,7 +58,7 @@ class Executor:
                 call = run_in_daemon_thread(definition.handler, ctx, args)
             async with asyncio.timeout(timeout or None):
                 result = await call
-            return Succeeded(job, None if result is None else json.dumps(result))
+            return Succeeded(job, encode_result(result, self.settings.max_result_bytes))
         except asyncio.CancelledError:
             raise
         except Snooze as snooze:
@@ -62,18 +66,20 @@ class Executor:
         except TimeoutError as exc:
             message = f"timed out after {format_duration(timeout)}" if timeout else f"TimeoutError: {exc}"
             return self._failure(definition, job, exc, message)
+        except UnstorableResult as exc:
+            return self._failure(definition, job, exc, str(exc))
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             return self._failure(definition, job, exc)
 
     def _failure(self, definition: JobDefinition, job: ClaimedJob, exc: BaseException,
                  message: str | None = None) -> Unsuccessful:
-        error = message or f"{type(exc).__name__}: {exc}"
-        trace = "".join(traceback.format_exception(exc))
+        # PostgreSQL text cannot hold NUL: one in an error message would make the settle fail for
+        # the whole batch, again and again.
+        error = (message or f"{type(exc).__name__}: {exc}").replace("\x00", "\\x00")
+        trace = "".join(traceback.format_exception(exc)).replace("\x00", "\\x00")
         tracing.record_exception(exc)
         if isinstance(exc, Abort):
             return Unsuccessful(job, "dead", error=error, traceback=trace)
-        if isinstance(exc, TypeError) and "JSON serializable" in str(exc):
-            error = f"result is not JSON-serialisable: {exc}"
         if job.attempt >= job.max_attempts:
             if isinstance(exc, Reportable):
                 log.error("REPORTABLE job %s %s is dead after %s attempts: %s\n%s",
@@ -97,6 +103,24 @@ class Executor:
         if log.isEnabledFor(level):
             log.log(level, "job %s %s attempt %s/%s %s in %s%s", job.id, job.kind, job.attempt, job.max_attempts,
                     word, format_duration(elapsed), detail)
+
+
+def encode_result(result: Any, max_bytes: int) -> str | None:
+    """The result as JSON text for the jsonb column, or UnstorableResult saying why it cannot be stored."""
+    if result is None:
+        return None
+    try:
+        # NaN and Infinity are not JSON: jsonb refuses them, and at settle time that would fail the batch.
+        text = json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UnstorableResult(f"result is not JSON-serialisable: {exc}") from None
+    if "\\u0000" in text:
+        raise UnstorableResult("result contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+    size = len(text.encode())
+    if max_bytes and size > max_bytes:
+        raise UnstorableResult(f"result is {size} bytes of JSON, above max_result_bytes ({max_bytes}); "
+                               "store large data elsewhere and return a reference to it")
+    return text
 
 
 def run_in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:

@@ -25,6 +25,8 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -33,6 +35,7 @@ from store import leases, maintenance, schedules, timings, tracing
 from store.config import Settings
 from store.errors import ConfigError
 from store.leases import ClaimedJob, Outcome, Unsuccessful
+from store.outage import OutageLog
 from store.registry import Registry
 from worker.executor import Executor
 from worker.telemetry import WorkerCollector, WorkerStats, outcome_name, serve_metrics
@@ -42,6 +45,7 @@ log = logging.getLogger("dygo.worker")
 HEARTBEAT_INTERVAL = 5.0
 RECOVER_INTERVAL = 1.0  # at most this often from the claim loop, so recovery stays cheap under load
 SETTLE_BATCH = 1000
+LISTEN_RETRY_MAX = 5.0
 SCHEDULE_LOCKED_RETRY = 0.25  # a due schedule another worker is firing: its fire takes milliseconds
 UNTRACED = contextlib.nullcontext()
 TIMINGS_INTERVAL = 5.0  # one insert per interval, whatever the throughput; a crash loses at most this much
@@ -74,9 +78,9 @@ class QueueSlots:
         # The producer's own connection: a pool checkout would add ~0.2 ms to every wake-up.
         self.conn: psycopg.AsyncConnection | None = None
 
-    async def connection(self, url: str) -> psycopg.AsyncConnection:
+    async def connection(self, url: str, options: dict[str, Any]) -> psycopg.AsyncConnection:
         if self.conn is None or self.conn.closed:
-            self.conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+            self.conn = await psycopg.AsyncConnection.connect(url, **options)
         return self.conn
 
     async def close_connection(self) -> None:
@@ -102,10 +106,14 @@ class Worker:
         self.id = make_worker_id()
         self.slots = {name: QueueSlots(name, n) for name, n in options.queues.items()}
         self.executor = Executor(settings, jobs)
-        self.leased: dict[int, ClaimedJob] = {}  # claimed and not yet settled
-        self.tasks: dict[int, asyncio.Task[None]] = {}  # handlers still running
+        # Keyed by lease token, not job id: a job whose lease ran out while this worker was cut off
+        # (a database restart, a long pause) can be recovered and claimed by this same worker again
+        # while its first run is still going; by id, the two runs overwrote each other's entries.
+        self.leased: dict[UUID, ClaimedJob] = {}  # claimed and not yet settled
+        self.tasks: dict[UUID, asyncio.Task[None]] = {}  # handlers still running
         self.outbox: list[Outcome] = []  # finished, waiting for the settle loop
         self.outbox_ready = asyncio.Event()
+        self.flushing = asyncio.Lock()  # one settle at a time: the settle loop's and shutdown's final one
         self.stopping = asyncio.Event()
         self.schedules_changed = asyncio.Event()  # a NOTIFY: some schedule may be due sooner
         self.last_recovery = 0.0
@@ -115,10 +123,12 @@ class Worker:
         # Decided once: a TracerProvider is configured when the job modules are imported (or by
         # opentelemetry-instrument), before a worker exists; untraced, a job pays nothing for tracing.
         self.traced = tracing.active()
+        # application_name lets an operator (and the chaos suite) find this worker's backends.
+        self.connect_options = {"autocommit": True, "application_name": f"dygo-worker {self.id}"}
         # Settle, renew, schedule, timings and maintenance (two: a retention pass holds its lock on
         # one while it deletes on the other); producers keep connections of their own.
-        self.pool = AsyncConnectionPool(url, min_size=1, max_size=6,
-                                        kwargs={"autocommit": True}, open=False)
+        self.pool = AsyncConnectionPool(url, min_size=1, max_size=6, kwargs=self.connect_options, open=False)
+        self.outage = OutageLog(log)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -194,7 +204,7 @@ class Worker:
         """Let running jobs finish within the shutdown timeout, then hand the rest straight back."""
         if self.tasks:
             await asyncio.wait(list(self.tasks.values()), timeout=self.options.shutdown_timeout)
-        unfinished = [self.leased[job_id] for job_id in self.tasks]
+        unfinished = [self.leased[token] for token in self.tasks]
         running = list(self.tasks.values())
         for task in running:
             task.cancel()
@@ -215,9 +225,10 @@ class Worker:
                 continue
             slots.wake.clear()
             try:
-                conn = await slots.connection(self.url)
+                conn = await slots.connection(self.url, self.connect_options)
                 wanted = min(slots.free, self.settings.claim_batch_size)
                 claimed = await self._claim(conn, slots, wanted)
+                self.outage.back()
                 # Recovery comes right after a claim rather than before it, to keep its round trip
                 # off the path from a wake-up to a started job; what it recovers wakes us again.
                 if time.monotonic() - self.last_recovery >= RECOVER_INTERVAL:
@@ -230,16 +241,16 @@ class Worker:
                 await slots.close_connection()
                 failures += 1
                 wait = failure_backoff(failures)
-                log.warning("claim from queue %s failed (%s); retrying in %.1fs", slots.name, exc, wait)
+                await self._lost(f"claim from queue {slots.name}", exc)
             await wait_for_event(slots.wake, wait)
 
     async def _claim(self, conn: psycopg.AsyncConnection, slots: QueueSlots, limit: int) -> list[ClaimedJob]:
         claimed = await leases.claim(conn, slots.name, limit, self.id, self.settings.lease_ttl)
         for job in claimed:
             self.stats.claimed_job(job.queue, job.kind, job.waited)
-            self.leased[job.id] = job
+            self.leased[job.lease_token] = job
             slots.running += 1
-            self.tasks[job.id] = asyncio.create_task(self._execute(slots, job))
+            self.tasks[job.lease_token] = asyncio.create_task(self._execute(slots, job))
         return claimed
 
     async def _idle_wait(self, conn: psycopg.AsyncConnection, slots: QueueSlots) -> float:
@@ -262,7 +273,7 @@ class Worker:
             self.outbox.append(outcome)
             self.outbox_ready.set()
         finally:
-            del self.tasks[job.id]
+            del self.tasks[job.lease_token]
             slots.running -= 1
             slots.freed.set()
 
@@ -272,10 +283,16 @@ class Worker:
         while True:
             await self.outbox_ready.wait()
             self.outbox_ready.clear()
-            await self._flush()
+            # Shielded: cancelled at shutdown between the commit and its reply, a settled batch would
+            # stay in the outbox, be sent again by the final flush, be refused, and be reported as lost.
+            await asyncio.shield(self._flush())
 
     async def _flush(self) -> None:
         """Settle everything in the outbox; on a database error keep it and retry (leases cover it)."""
+        async with self.flushing:
+            await self._flush_outbox()
+
+    async def _flush_outbox(self) -> None:
         delay = 0.1
         while self.outbox:
             # Removed from the outbox only once settled, so a cancelled flush loses nothing.
@@ -284,13 +301,14 @@ class Worker:
                 async with self.pool.connection() as conn:
                     settled = await leases.settle(conn, batch)
                 del self.outbox[:len(batch)]
+                self.outage.back()
             except (psycopg.Error, OSError) as exc:
-                log.warning("settling %d job(s) failed (%s); retrying in %.1fs", len(batch), exc, delay)
+                await self._lost(f"settling {len(batch)} job(s)", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
             for outcome in batch:
-                self.leased.pop(outcome.job.id, None)
+                self.leased.pop(outcome.job.lease_token, None)
                 if outcome.job.id not in settled:
                     log.warning("job %s: lease lost before settling; its outcome was discarded", outcome.job.id)
             outcomes = Counter(outcome_name(o) for o in batch if o.job.id in settled)
@@ -337,11 +355,12 @@ class Worker:
             try:
                 async with self.pool.connection() as conn:
                     held = await leases.renew(conn, jobs, self.settings.lease_ttl)
+                self.outage.back()
             except (psycopg.Error, OSError) as exc:
-                log.warning("renewing %d lease(s) failed: %s", len(jobs), exc)
+                await self._lost(f"renewing {len(jobs)} lease(s)", exc)
                 continue
             for job in jobs:
-                if job.id not in held and job.id in self.leased:
+                if job.id not in held and job.lease_token in self.leased:
                     log.warning("job %s: lease lost (recovered by another worker); its outcome will be discarded",
                                 job.id)
 
@@ -358,8 +377,9 @@ class Worker:
                 if time.monotonic() >= self.next_retention:
                     self.next_retention = time.monotonic() + self.settings.retention_interval
                     await self._trim_history()
+                self.outage.back()
             except (psycopg.Error, OSError) as exc:
-                log.warning("maintenance failed: %s", exc)
+                await self._lost("maintenance", exc)
 
     async def _trim_history(self) -> None:
         retention = maintenance.Retention.from_settings(self.settings)
@@ -412,10 +432,15 @@ class Worker:
                 async with self.pool.connection() as conn:
                     due_in = await schedules.seconds_to_next_fire(conn)
                 failures = 0
+                self.outage.back()
                 wait = self.options.poll_interval
                 if due_in is not None:
                     # Due yet not fired: another worker holds it this instant; look again shortly.
                     wait = min(wait, due_in + 0.005 if due_in > 0 else SCHEDULE_LOCKED_RETRY)
+            except (psycopg.OperationalError, OSError) as exc:
+                failures += 1
+                wait = failure_backoff(failures)
+                await self._lost("firing schedules", exc)
             except Exception as exc:  # noqa: BLE001 - one bad fire must not stop every schedule for good
                 failures += 1
                 wait = failure_backoff(failures)
@@ -429,11 +454,13 @@ class Worker:
         delay = 0.5
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,
+                                                             application_name=f"dygo-worker-listen {self.id}")
                 async with conn:
                     await leases.listen(conn)
                     await schedules.listen(conn)
                     delay = 0.5
+                    self.outage.back()
                     for slots in self.slots.values():  # catch up on anything sent while not listening
                         slots.wake.set()
                     self.schedules_changed.set()
@@ -445,9 +472,18 @@ class Worker:
                         if slots is not None:
                             slots.wake.set()
             except (psycopg.Error, OSError) as exc:
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
+                await self._lost("LISTEN connection (polling every "
+                                 f"{self.options.poll_interval:g}s until it is back)", exc)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                # Capped low: its reconnect is what wakes every producer once the database is back.
+                delay = min(delay * 2, LISTEN_RETRY_MAX)
+
+    async def _lost(self, where: str, exc: BaseException) -> None:
+        if self.outage.lost(where, exc):
+            # The pool's idle connections died with the server; dropped now, each would fail once
+            # more after the database is back, and be logged as a second outage.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.pool.check(), 5.0)
 
 
 async def wait_for_event(event: asyncio.Event, timeout: float) -> None:

@@ -1,0 +1,97 @@
+"""The fault-injection suite in its short form: every scenario of chaos/runner.py with a few hundred
+jobs and a couple of faults, through `python -m chaos --short` (its own process: the chaos job kinds
+must not join this process's registry) on a dedicated embedded server, which scenario 2 restarts.
+The books check is the same as in the full `make chaos` run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store import JobRequest, embedded, enqueue, enqueue_many
+from tests.conftest import wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+DATA_DIR = REPO / ".dygo" / "chaos-test"
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Iterator[Path]:
+    yield DATA_DIR
+    embedded.stop(DATA_DIR)
+
+
+def short(data_dir: Path, scenario: str, tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "chaos", "--short", "--scenario", scenario, "--data-dir",
+                           str(data_dir), "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert out.exists(), done.stderr[-3000:]
+    [report] = json.loads(out.read_text())
+    assert report["problems"] == [], f"{report['problems']}; notes {report['notes']}; logs in {data_dir / 'logs'}"
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert report["lost"] == report["stuck"] == report["over_run"] == report["stale_settles"] == 0
+    assert report["jobs"] >= 300
+    return report
+
+
+def test_killed_and_frozen_workers_lose_no_job_and_stale_settles_are_refused(data_dir, tmp_path):
+    report = short(data_dir, "kill", tmp_path)
+    assert report["notes"]["kills"] >= 1 and report["notes"]["freezes"] >= 1
+    # Recovery waits for the lease TTL (3s) to run out, then for the next recovery pass.
+    assert report["max_recovery"] is not None and report["max_recovery"] < 3.0 + 4.0
+
+
+def test_database_restart_is_survived_logged_once_and_serve_answers_503_meanwhile(data_dir, tmp_path):
+    report = short(data_dir, "restart", tmp_path)
+    assert report["faults"] == 1
+    assert report["notes"]["serve_answers_while_down"] == ["503 database_unavailable"]
+    assert all(lines == [1, 1] for lines in report["notes"]["log_lines_per_process"].values())
+    assert report["max_recovery"] is not None and report["max_recovery"] < 10.0
+
+
+def test_terminated_backends_and_listen_connection_miss_no_wake_up_beyond_the_poll_interval(data_dir, tmp_path):
+    report = short(data_dir, "terminate", tmp_path)
+    assert report["notes"]["backends_terminated"] >= 2
+    assert report["max_recovery"] is not None and report["max_recovery"] <= report["notes"]["poll_interval"]
+
+
+def test_sigterm_during_deploys_hands_long_jobs_back_and_a_new_worker_starts_them_at_once(data_dir, tmp_path):
+    report = short(data_dir, "deploy", tmp_path)
+    assert report["notes"]["handed_back"] >= 1
+    assert report["max_recovery"] is not None and report["max_recovery"] < 1.0
+
+
+def test_misbehaving_handlers_each_end_dead_with_their_error_and_the_worker_stays_up(data_dir, tmp_path):
+    report = short(data_dir, "handlers", tmp_path)
+    assert len(report["notes"]["misbehaving_by_kind"]) == 12
+
+
+def test_a_job_reclaimed_by_the_same_worker_during_its_first_run_leaves_the_worker_whole(conn, spawn):
+    """A database outage longer than the lease TTL gets a running job recovered, and the worker that
+    still runs it can claim it again: both runs must keep their own bookkeeping (slots, leases)."""
+    worker = spawn("worker", "--queue", "default", "--concurrency", "2", "--poll-interval", "60s")
+    worker.wait_for_line("started")
+    job = enqueue(conn, "test.slow_first_briefly", {"seconds": 3})
+    runs = "SELECT count(*) FROM test_runs WHERE job_id = %s"
+    wait_until(lambda: conn.execute(runs, (job.id,)).fetchone()[0] == 1, message="the first run")
+    # What lease recovery does to a job whose lease ran out (store/queries.py RECOVER_EXPIRED_LEASES).
+    conn.execute("UPDATE dygo_jobs SET state = 'pending', lease_owner = NULL, lease_token = NULL, "
+                 "lease_deadline = NULL, attempt = attempt - 1, reap_count = reap_count + 1 WHERE id = %s", (job.id,))
+    wait_until(lambda: conn.execute("SELECT state = 'succeeded' FROM dygo_jobs WHERE id = %s",
+                                    (job.id,)).fetchone()[0], message="the second run to succeed")
+    wait_until(lambda: "lease lost before settling" in worker.stderr(), message="the first run's refused settle")
+    assert conn.execute("SELECT result FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone()[0] == "run 2"
+    assert "Traceback" not in worker.stderr()
+    # Both slots are free again: two jobs run side by side.
+    spans = enqueue_many(conn, [JobRequest("test.span", {"seconds": 0.5})] * 2)
+    wait_until(lambda: conn.execute("SELECT count(*) FROM dygo_jobs WHERE id = ANY(%s) AND state = 'succeeded'",
+                                    ([s.id for s in spans],)).fetchone()[0] == 2, message="the two spans")
+    notes = [n for (n,) in conn.execute("SELECT note FROM test_runs WHERE job_id = ANY(%s) ORDER BY at",
+                                        ([s.id for s in spans],))]
+    assert notes == ["start", "start", "end", "end"]
