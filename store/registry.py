@@ -18,6 +18,7 @@ from store.errors import ConfigError, EnqueueError
 
 KIND_PATTERN = re.compile(r"^[A-Za-z0-9_]+(?:[.\-][A-Za-z0-9_]+)*$")
 DEFAULT_QUEUE = "default"
+MAX_PROGRESS_MESSAGE = 1000  # characters kept of a progress message
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,23 @@ class JobContext:
     enqueued_at: datetime
     meta: Mapping[str, str] = field(default_factory=dict)
     deadline: datetime | None = None
+    # Set by the worker; receives (job id, fraction, message). None in `make_context` contexts.
+    reporter: Callable[[int, float, str | None], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_retry(self) -> bool:
         return self.attempt > 1
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the job is, 0 to 1, with an optional message. Cheap to call often: the
+        worker keeps the latest value and writes it at most once a second (API and dashboard show it)."""
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"ctx.progress: fraction must be a number from 0 to 1 (0.25 = a quarter done), "
+                             f"got {fraction!r}")
+        if message is not None and not isinstance(message, str):
+            raise ValueError(f"ctx.progress: message must be a string or None, got {type(message).__name__}")
+        if self.reporter is not None:
+            self.reporter(self.id, float(fraction), None if message is None else message[:MAX_PROGRESS_MESSAGE])
 
 
 def make_context(kind: str = "test.job", **overrides: Any) -> JobContext:

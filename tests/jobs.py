@@ -152,3 +152,31 @@ def fail_first_runs(ctx: JobContext, args: Fail) -> str:
     if runs <= args.times:
         raise ValueError(f"run {runs} of job {ctx.id} failed")
     return "recovered"
+
+
+class Progress(BaseModel):
+    seconds: float = 1.0  # how long to keep reporting
+
+
+@job("test.progress")
+async def progress(ctx: JobContext, args: Progress) -> str:
+    """Reports progress as fast as it can (the worker must throttle the writes), then finishes."""
+    started = time.monotonic()
+    reports = 0
+    while (elapsed := time.monotonic() - started) < args.seconds:
+        ctx.progress(min(elapsed / args.seconds, 1.0), f"report {reports}")
+        reports += 1
+        await asyncio.sleep(0)
+    return f"{reports} reports"
+
+
+@job("test.progress_sync")
+def progress_sync(ctx: JobContext, args: Progress) -> str:
+    """The same from a sync handler, which runs in a thread of its own."""
+    started = time.monotonic()
+    reports = 0
+    while (elapsed := time.monotonic() - started) < args.seconds:
+        ctx.progress(min(elapsed / args.seconds, 1.0), f"report {reports}")
+        reports += 1
+        time.sleep(0.0005)
+    return f"{reports} reports"

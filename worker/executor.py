@@ -23,9 +23,11 @@ log = logging.getLogger("dygo.worker")
 
 
 class Executor:
-    def __init__(self, settings: Settings, jobs: Registry) -> None:
+    def __init__(self, settings: Settings, jobs: Registry,
+                 progress: Callable[[int, float, str | None], None] | None = None) -> None:
         self.settings = settings
         self.jobs = jobs
+        self.progress = progress  # where ctx.progress reports go (worker.progress.ProgressWriter.report)
 
     async def run(self, job: ClaimedJob) -> Outcome:
         started = time.monotonic()
@@ -43,7 +45,7 @@ class Executor:
         deadline = datetime.now(UTC) + timedelta(seconds=timeout) if timeout else None
         ctx = JobContext(id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt,
                          max_attempts=job.max_attempts, enqueued_at=job.enqueued_at, meta=job.meta,
-                         deadline=deadline)
+                         deadline=deadline, reporter=self.progress)
         try:
             args = definition.build_args(job.args)
             if definition.is_async:

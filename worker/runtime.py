@@ -30,6 +30,7 @@ from store.config import Settings
 from store.leases import ClaimedJob, Outcome, Unsuccessful
 from store.registry import Registry
 from worker.executor import Executor
+from worker.progress import ProgressWriter
 
 log = logging.getLogger("dygo.worker")
 
@@ -79,7 +80,6 @@ class Worker:
         self.url = url
         self.id = make_worker_id()
         self.slots = {name: QueueSlots(name, n) for name, n in options.queues.items()}
-        self.executor = Executor(settings, jobs)
         self.leased: dict[int, ClaimedJob] = {}  # claimed and not yet settled
         self.tasks: dict[int, asyncio.Task[None]] = {}  # handlers still running
         self.outbox: list[Outcome] = []  # finished, waiting for the settle loop
@@ -89,10 +89,12 @@ class Worker:
         self.last_recovery = 0.0
         self.next_retention = 0.0  # monotonic time of the next retention pass
         self.succeeded_walk = maintenance.SucceededWalk()
-        # A connection per producer, plus settle, renew, schedule and maintenance (two: a retention
-        # pass holds its lock on one while it deletes on the other).
-        self.pool = AsyncConnectionPool(url, min_size=1, max_size=len(self.slots) + 5,
+        # A connection per producer, plus settle, renew, schedule, progress and maintenance (two: a
+        # retention pass holds its lock on one while it deletes on the other).
+        self.pool = AsyncConnectionPool(url, min_size=1, max_size=len(self.slots) + 6,
                                         kwargs={"autocommit": True}, open=False)
+        self.progress = ProgressWriter(self.pool, self.leased)
+        self.executor = Executor(settings, jobs, self.progress.report)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -131,6 +133,7 @@ class Worker:
         loops = [asyncio.create_task(self._produce(s), name=f"produce:{s.name}") for s in self.slots.values()]
         background = [asyncio.create_task(coro) for coro in (self._settle_loop(), self._renew_loop(),
                                                               self._maintain_loop(), self._schedule_loop())]
+        background.append(self.progress.start())
         if not self.options.poll_only:
             background.append(asyncio.create_task(self._listen_loop()))
         await self.stopping.wait()
