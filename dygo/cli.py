@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from datetime import datetime
 from pathlib import Path
 
-from dygo.logs import configure_logging
-from store.config import ENVIRONMENTS, Settings, load_settings
+from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, resolve_log_format
+from store.config import ENVIRONMENTS, Settings, load_settings, resolve_env
 from store.durations import parse_duration
 from store.errors import ConfigError, SchemaError
 
@@ -43,14 +44,20 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--env", choices=ENVIRONMENTS, help="environment (default: $DYGO_ENV or development)")
         return sub
 
+    def logged(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sub.add_argument("--log-format", choices=LOG_FORMATS,
+                         help="stderr log lines (and stdout lifecycle lines) as text or one JSON object per line "
+                         "(default: $DYGO_LOG_FORMAT, else json with --env production, else text)")
+        return sub
+
     command("migrate", "apply pending database migrations")
 
-    serve = command("serve", "run the admin service (HTTP API)")
+    serve = logged(command("serve", "run the admin service (HTTP API)"))
     serve.add_argument("--host", help="bind address (default: $DYGO_HOST, else 0.0.0.0 when $PORT is set "
                        "as on Heroku, else 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: $PORT or 8000)")
 
-    worker = command("worker", "run a worker process")
+    worker = logged(command("worker", "run a worker process"))
     worker.add_argument("--queue", action="append", dest="queues", metavar="NAME",
                         help="process only this queue (repeatable; default: every configured queue)")
     worker.add_argument("--concurrency", type=positive_int, metavar="N",
@@ -73,9 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    configure_logging()
     args = build_parser().parse_args(argv)
     try:
+        configure_logging(_log_format(args))
         if args.command == "db":
             return db_command(args.action)
         settings = load_settings(env=args.env)
@@ -94,6 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     except SchemaError as exc:
         print(f"dygo: {exc}", file=sys.stderr)
         return 1
+
+
+def _log_format(args: argparse.Namespace) -> str:
+    if not hasattr(args, "log_format"):
+        return "text"
+    try:
+        return resolve_log_format(args.log_format, resolve_env(args.env))
+    except ValueError as exc:
+        raise ConfigError("DYGO_LOG_FORMAT", os.environ.get("DYGO_LOG_FORMAT", ""), str(exc)) from None
 
 
 def migrate_command(settings: Settings) -> int:
@@ -136,8 +152,10 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     check_protection(settings, host)
     url = database_url(settings)
     _check_schema(url)
-    print(f"dygo serve: http://{host}:{port} (API docs at /docs)", flush=True)
-    print(f"dygo serve: auth {_auth_summary(settings)}", flush=True)
+    lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
+    lifecycle.info("dygo serve: http://%s:%s (API docs at /docs)", host, port,
+                   extra={"fields": {"event": "listening", "host": host, "port": port}})
+    lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
     uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info", log_config=None)

@@ -94,8 +94,13 @@ class Executor:
             word, detail, level = "failed", f", retry in {format_duration(outcome.delay)}: {outcome.error}", \
                 logging.WARNING
         if log.isEnabledFor(level):
+            # The fields are what a JSON log line carries (dygo.logs.JsonFormatter); text lines ignore them.
+            fields = {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt,
+                      "max_attempts": job.max_attempts, "outcome": word, "duration_ms": round(elapsed * 1000, 3)}
+            if isinstance(outcome, Unsuccessful) and outcome.error:
+                fields["error"] = outcome.error
             log.log(level, "job %s %s attempt %s/%s %s in %s%s", job.id, job.kind, job.attempt, job.max_attempts,
-                    word, format_duration(elapsed), detail)
+                    word, format_duration(elapsed), detail, extra={"fields": fields})
 
 
 def run_in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:

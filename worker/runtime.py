@@ -33,6 +33,7 @@ from worker.executor import Executor
 from worker.progress import ProgressWriter
 
 log = logging.getLogger("dygo.worker")
+lifecycle = logging.getLogger("dygo.lifecycle")  # stdout; configured by dygo.logs
 
 HEARTBEAT_INTERVAL = 5.0
 RECOVER_INTERVAL = 1.0  # at most this often from the claim loop, so recovery stays cheap under load
@@ -118,7 +119,8 @@ class Worker:
             claimed += await self._claim(slots, slots.concurrency)
         await asyncio.gather(*(self.tasks.values()))
         await self._flush()
-        say(f"dygo worker {self.id} ran {len(claimed)} job(s) once; exiting")
+        say(f"dygo worker {self.id} ran {len(claimed)} job(s) once; exiting", event="ran_once", worker=self.id,
+            jobs=len(claimed))
         return 0
 
     async def _run_forever(self) -> int:
@@ -129,7 +131,8 @@ class Worker:
         await self._sync_schedules()
         queues = ", ".join(f"{s.name}({s.concurrency})" for s in self.slots.values())
         mode = "polling only" if self.options.poll_only else "listening"
-        say(f"dygo worker {self.id} started: queues {queues}; {mode}, poll every {self.options.poll_interval:g}s")
+        say(f"dygo worker {self.id} started: queues {queues}; {mode}, poll every {self.options.poll_interval:g}s",
+            event="started", worker=self.id, queues=self.options.queues)
         loops = [asyncio.create_task(self._produce(s), name=f"produce:{s.name}") for s in self.slots.values()]
         background = [asyncio.create_task(coro) for coro in (self._settle_loop(), self._renew_loop(),
                                                               self._maintain_loop(), self._schedule_loop())]
@@ -138,7 +141,8 @@ class Worker:
             background.append(asyncio.create_task(self._listen_loop()))
         await self.stopping.wait()
         say(f"dygo worker {self.id} stopping: {len(self.tasks)} job(s) in flight, "
-            f"waiting up to {self.options.shutdown_timeout:g}s")
+            f"waiting up to {self.options.shutdown_timeout:g}s", event="stopping", worker=self.id,
+            in_flight=len(self.tasks))
         await asyncio.gather(*loops, return_exceptions=True)
         await self._drain()
         for task in background:
@@ -147,7 +151,7 @@ class Worker:
         await self._flush()
         async with self.pool.connection() as conn:
             await leases.worker_gone(conn, self.id)
-        say(f"dygo worker {self.id} stopped")
+        say(f"dygo worker {self.id} stopped", event="stopped", worker=self.id)
         return 0
 
     def stop(self) -> None:
@@ -386,6 +390,10 @@ def failure_backoff(failures: int) -> float:
     return min(30.0, 0.5 * 2**failures)
 
 
-def say(line: str) -> None:
-    """Lifecycle lines go to stdout; everything else is a log line on stderr."""
-    print(line, file=sys.stdout, flush=True)
+def say(line: str, **fields: object) -> None:
+    """Lifecycle lines go to stdout; everything else is a log line on stderr. The `dygo` command sets
+    up the lifecycle logger (text or JSON with these fields); without it, a plain print."""
+    if lifecycle.handlers:
+        lifecycle.info(line, extra={"fields": fields})
+    else:
+        print(line, file=sys.stdout, flush=True)
