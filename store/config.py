@@ -47,6 +47,7 @@ class Settings:
     claim_batch_size: int = 100
     max_batch_size: int = 1000  # jobs in one POST /api/v1/jobs/batch
     max_payload_bytes: int = 1024 * 1024  # request bodies above this are refused with 413
+    max_result_bytes: int = 64 * 1024  # a handler's result above this (as JSON) is stored as a note instead
     # (role, token) pairs for the API, from config/dygo.yml and DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN.
     # Kept out of repr so a logged Settings never shows a token.
     api_tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -165,6 +166,7 @@ SETTING_PARSERS = {
     "claim_batch_size": ("claim_batch_size", _positive_int),
     "max_batch_size": ("max_batch_size", _positive_int),
     "max_payload_bytes": ("max_payload_bytes", _byte_size),
+    "max_result_bytes": ("max_result_bytes", _byte_size),
     "api_tokens": ("api_tokens", _api_tokens),
     "completed_retention": ("completed_retention", _retention),
     "dead_retention": ("dead_retention", _retention),

@@ -180,3 +180,12 @@ def progress_sync(ctx: JobContext, args: Progress) -> str:
         reports += 1
         time.sleep(0.0005)
     return f"{reports} reports"
+
+
+class Size(BaseModel):
+    chars: int
+
+
+@job("test.sized_result")
+async def sized_result(ctx: JobContext, args: Size) -> str:
+    return "x" * args.chars

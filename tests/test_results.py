@@ -145,3 +145,15 @@ def test_progress_refuses_a_fraction_outside_0_to_1_with_a_clear_error():
             ctx.progress(bad)
     with pytest.raises(ValueError, match="message must be a string"):
         ctx.progress(0.5, 42)  # type: ignore[arg-type]
+
+
+def test_a_result_above_max_result_bytes_is_replaced_by_a_note_and_the_job_still_succeeds(conn, api, worker):
+    small = enqueue(conn, "test.sized_result", {"chars": 60_000})
+    big = enqueue(conn, "test.sized_result", {"chars": 70_000})  # 70,002 bytes of JSON > 64 KiB
+    kept = api.admin.get(f"/api/v1/jobs/{small.id}", params={"wait": "10s"}).json()
+    assert kept["state"] == "succeeded" and kept["result"] == "x" * 60_000
+    noted = api.admin.get(f"/api/v1/jobs/{big.id}", params={"wait": "10s"}).json()
+    assert noted["state"] == "succeeded"
+    assert noted["result"] == {"result_not_stored": "70002 bytes of JSON, more than max_result_bytes (65536)",
+                               "bytes": 70002}
+    assert f"job {big.id} test.sized_result: result of 70002 bytes not stored" in worker.stderr()

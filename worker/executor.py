@@ -54,7 +54,7 @@ class Executor:
                 call = run_in_daemon_thread(definition.handler, ctx, args)
             async with asyncio.timeout(timeout or None):
                 result = await call
-            return Succeeded(job, None if result is None else json.dumps(result))
+            return Succeeded(job, None if result is None else self._stored_result(job, json.dumps(result)))
         except asyncio.CancelledError:
             raise
         except Snooze as snooze:
@@ -64,6 +64,18 @@ class Executor:
             return self._failure(definition, job, exc, message)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             return self._failure(definition, job, exc)
+
+    def _stored_result(self, job: ClaimedJob, encoded: str) -> str:
+        """The result as stored: itself, or a note when it is bigger than max_result_bytes. The job
+        still succeeds (its work is done; running it again would not make the result smaller)."""
+        size = len(encoded)  # json.dumps escapes non-ASCII, so characters are bytes
+        limit = self.settings.max_result_bytes
+        if size <= limit:
+            return encoded
+        log.warning("job %s %s: result of %d bytes not stored (max_result_bytes is %d)", job.id, job.kind, size, limit,
+                    extra={"fields": {"job_id": job.id, "kind": job.kind, "result_bytes": size}})
+        return json.dumps({"result_not_stored": f"{size} bytes of JSON, more than max_result_bytes ({limit})",
+                           "bytes": size})
 
     def _failure(self, definition: JobDefinition, job: ClaimedJob, exc: BaseException,
                  message: str | None = None) -> Unsuccessful:
