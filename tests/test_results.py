@@ -157,3 +157,20 @@ def test_a_result_above_max_result_bytes_is_replaced_by_a_note_and_the_job_still
     assert noted["result"] == {"result_not_stored": "70002 bytes of JSON, more than max_result_bytes (65536)",
                                "bytes": 70002}
     assert f"job {big.id} test.sized_result: result of 70002 bytes not stored" in worker.stderr()
+
+
+def test_one_statement_finishing_a_thousand_jobs_notifies_their_ids_in_a_few_chunks(conn, db_url):
+    import psycopg
+
+    from store import enqueue_many
+    from store.admin import JobFilter, bulk_act
+    from store.results import CHANNEL, finished_ids
+
+    ids = [r.id for r in enqueue_many(conn, [{"kind": "test.record"}] * 1000)]
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        report = bulk_act(conn, "cancel", where=JobFilter(state="pending"))
+        assert report.changed == 1000
+        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=3)]
+    assert len(payloads) == 3 and all(len(p) < 8000 for p in payloads)
+    assert set().union(*(finished_ids(p) for p in payloads)) == set(ids)
