@@ -174,3 +174,28 @@ def test_one_statement_finishing_a_thousand_jobs_notifies_their_ids_in_a_few_chu
         payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=3)]
     assert len(payloads) == 3 and all(len(p) < 8000 for p in payloads)
     assert set().union(*(finished_ids(p) for p in payloads)) == set(ids)
+
+
+def _listen_backends(conn) -> int:
+    return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND query = 'LISTEN dygo_finished'").fetchone()[0]
+
+
+def test_waiters_survive_a_dropped_listen_connection(conn, api):
+    job = enqueue(conn, "test.record", {})
+    thread, answer = _wait_in_background(api, job.id, wait="20s")
+    conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 "WHERE datname = current_database() AND query = 'LISTEN dygo_finished'")
+    wait_until(lambda: "result LISTEN connection lost" in api.process.stderr(), message="serve to notice")
+    # Finished while serve is not listening: its waiter re-reads when serve reconnects.
+    conn.execute("UPDATE dygo_jobs SET state = 'cancelled', finished_at = now() WHERE id = %s", (job.id,))
+    thread.join(10)
+    assert answer["body"]["state"] == "cancelled"
+
+    wait_until(lambda: _listen_backends(conn) == 1, message="serve to LISTEN again")
+    other = enqueue(conn, "test.record", {})
+    thread, answer = _wait_in_background(api, other.id, wait="20s")
+    assert api.admin.post(f"/api/v1/jobs/{other.id}/cancel").status_code == 200
+    finished = time.monotonic()
+    thread.join(10)
+    assert answer["body"]["state"] == "cancelled" and answer["at"] - finished < 0.5
