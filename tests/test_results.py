@@ -199,3 +199,11 @@ def test_waiters_survive_a_dropped_listen_connection(conn, api):
     finished = time.monotonic()
     thread.join(10)
     assert answer["body"]["state"] == "cancelled" and answer["at"] - finished < 0.5
+
+
+def test_progress_is_written_by_a_once_worker_too(conn, spawn):
+    job = enqueue(conn, "test.progress_sync", {"seconds": 1.5})
+    once = spawn("worker", "--once")
+    wait_until(lambda: conn.execute("SELECT progress FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone()[0],
+               message="a progress write")
+    assert once.wait() == 0

@@ -115,9 +115,12 @@ class Worker:
         await self._fire_due_schedules()
         await self._recover()
         claimed: list[ClaimedJob] = []
+        progress = self.progress.start()
         for slots in self.slots.values():
             claimed += await self._claim(slots, slots.concurrency)
         await asyncio.gather(*(self.tasks.values()))
+        progress.cancel()
+        await asyncio.gather(progress, return_exceptions=True)
         await self._flush()
         say(f"dygo worker {self.id} ran {len(claimed)} job(s) once; exiting", event="ran_once", worker=self.id,
             jobs=len(claimed))
