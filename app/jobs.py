@@ -8,11 +8,13 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from app.db import Conn
 from app.errors import ApiError, documented
 from app.schemas import BatchEnqueued, BatchRequest, Enqueued, EnqueueRequest, Job, JobPage, JobState
 from store import admin, inspect, tracing
+from store.durations import parse_duration
 from store.enqueue import Enqueued as EnqueueResult
 from store.enqueue import JobRequest, enqueue, enqueue_many
 
@@ -97,13 +99,46 @@ def decode_cursor(cursor: str, order: str) -> int:
                    "start again without a cursor")
 
 
+# Longest `?wait=`: long enough to cover most jobs, short enough for proxies' idle timeouts.
+MAX_WAIT = 60.0
+
+
 @router.get("/jobs/{job_id}", response_model=Job, summary="A job with its result and attempt history",
             responses=documented(404, 422))
-def get_job(job_id: JobId, conn: Conn) -> dict[str, Any]:
-    job = inspect.get_job(conn, job_id)
+async def get_job(
+    job_id: JobId, request: Request,
+    wait: Annotated[str | None, Query(max_length=32, description=(
+        "Wait up to this long (e.g. '30s', '500ms', at most 60s) for the job to be succeeded, dead or "
+        "cancelled; the answer comes as soon as it is, or at the end of the wait with the job as it is then"))] = None,
+) -> dict[str, Any]:
+    pool = request.app.state.pool
+
+    def read() -> dict[str, Any] | None:
+        # A pooled connection per read, not per request: a waiting request holds none.
+        with pool.connection() as conn:
+            return inspect.get_job(conn, job_id)
+
+    seconds = _wait_seconds(wait)
+    if seconds:
+        job = await request.app.state.waiters.wait(job_id, seconds, read)
+    else:
+        job = await run_in_threadpool(read)
     if job is None:
         raise ApiError(404, "job_not_found", f"no job with id {job_id}")
     return job
+
+
+def _wait_seconds(wait: str | None) -> float:
+    if wait is None:
+        return 0.0
+    try:
+        seconds = parse_duration(wait, field="wait")
+    except ValueError as exc:
+        raise ApiError(422, "invalid_duration", str(exc), {"field": "wait"}) from None
+    if seconds > MAX_WAIT:
+        raise ApiError(422, "invalid_duration", f"wait: at most {MAX_WAIT:g}s, got {wait!r}",
+                       {"field": "wait", "max_seconds": MAX_WAIT})
+    return seconds
 
 
 @router.delete("/jobs/{job_id}", status_code=204, summary="Delete a job (not while it is active)",

@@ -30,6 +30,7 @@ from app.openapi import install_openapi
 from app.queues import router as queues_router
 from app.schedules import router as schedules_router
 from app.system import router as system_router
+from app.waiting import ResultWaiters
 from store import admin
 from store.config import Settings
 from store.errors import Conflict, EnqueueError, NotFound
@@ -55,9 +56,12 @@ def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI
                                         kwargs={"autocommit": True, "application_name": "dygo-serve"}, open=True)
         folder = StatsFolder(app.state.pool, app.state.outage)
         folder.start()
+        app.state.waiters = ResultWaiters(database_url)
+        app.state.waiters.start()
         try:
             yield
         finally:
+            await app.state.waiters.stop()
             folder.stop()
             app.state.pool.close()
 

@@ -83,8 +83,16 @@ class AttemptError(BaseModel):
     traceback: str | None = None
 
 
+class Progress(BaseModel):
+    fraction: float = Field(description="0 to 1, as the handler last reported it (ctx.progress)")
+    message: str | None
+    attempt: int = Field(description="The attempt that reported it")
+    at: datetime = Field(description="When the worker wrote it (at most once a second per job)")
+
+
 class Job(JobSummary):
     result: Any = Field(description="What the handler returned, once succeeded")
+    progress: Progress | None = Field(None, description="The latest progress the handler reported, if any")
     errors: list[AttemptError] = Field(description="Every failed attempt, oldest first")
     reap_count: int = Field(description="Times its lease expired and it was recovered")
     lease_owner: str | None

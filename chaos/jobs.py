@@ -126,12 +126,6 @@ async def nan(ctx: JobContext, args: dict) -> dict:
     return {"value": float("nan")}
 
 
-@job("chaos.huge", max_attempts=1)
-async def huge(ctx: JobContext, args: dict) -> str:
-    await record(ctx)
-    return "x" * (256 * 1024)
-
-
 @job("chaos.nul_result", max_attempts=1)
 async def nul_result(ctx: JobContext, args: dict) -> str:
     await record(ctx)
@@ -155,7 +149,6 @@ MISBEHAVING = {
     "chaos.async_system_exit": "SystemExit: 5",
     "chaos.unserialisable": "result is not JSON-serialisable",
     "chaos.nan": "result is not JSON-serialisable",
-    "chaos.huge": "above max_result_bytes",
     "chaos.nul_result": "NUL character",
     "chaos.nul_error": "RuntimeError: an error message with a \\x00 NUL",
 }

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dygo.logs import configure_logging
-from store.config import ENVIRONMENTS, Settings, load_settings
+from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, resolve_log_format
+from store.admin import STATES
+from store.config import ENVIRONMENTS, Settings, load_settings, resolve_env
 from store.durations import parse_duration
-from store.errors import ConfigError, SchemaError
+from store.errors import AdminError, ConfigError, SchemaError
+
+if TYPE_CHECKING:
+    import psycopg
 
 EXIT_USAGE = 2
 
@@ -49,14 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--env", choices=ENVIRONMENTS, help="environment (default: $DYGO_ENV or development)")
         return sub
 
+    def logged(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sub.add_argument("--log-format", choices=LOG_FORMATS,
+                         help="stderr log lines (and stdout lifecycle lines) as text or one JSON object per line "
+                         "(default: $DYGO_LOG_FORMAT, else json with --env production, else text)")
+        return sub
+
     command("migrate", "apply pending database migrations")
 
-    serve = command("serve", "run the admin service (HTTP API)")
+    serve = logged(command("serve", "run the admin service (HTTP API)"))
     serve.add_argument("--host", help="bind address (default: $DYGO_HOST, else 0.0.0.0 when $PORT is set "
                        "as on Heroku, else 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: $PORT or 8000)")
 
-    worker = command("worker", "run a worker process")
+    worker = logged(command("worker", "run a worker process"))
     worker.add_argument("--queue", action="append", dest="queues", metavar="NAME",
                         help="process only this queue (repeatable; default: every configured queue)")
     worker.add_argument("--concurrency", type=positive_int, metavar="N",
@@ -76,6 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="address for --metrics-port (default: 127.0.0.1; 0.0.0.0 for every interface)")
 
     command("schedules", "list the cron schedules: spec, time zone, next and last fire, status")
+
+    jobs = command("jobs", "list, show, retry or cancel jobs (what the dashboard does, for a terminal)")
+    actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="a table of jobs, newest first", description="a table of jobs")
+    listing.add_argument("--queue", help="only this queue")
+    listing.add_argument("--kind", help="only this kind")
+    listing.add_argument("--state", choices=STATES, help="only jobs in this state")
+    listing.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N jobs (default: 50)")
+    listing.add_argument("--oldest", action="store_true", help="oldest first")
+    show = actions.add_parser("show", help="one job: args, meta, result, progress, attempt errors",
+                              description="one job in full")
+    show.add_argument("id", type=positive_int)
+    for action, what in (("retry", "dead or cancelled jobs back to pending now, with a fresh attempt budget"),
+                         ("cancel", "cancel pending, scheduled or paused jobs")):
+        sub = actions.add_parser(action, help=what, description=what)
+        sub.add_argument("ids", type=positive_int, nargs="+", metavar="ID")
     command("status", "show each queue's jobs by state, its lag and pause, the live workers and the failing kinds")
 
     db = commands.add_parser("db", help="the embedded PostgreSQL server (used when DATABASE_URL is unset)")
@@ -84,9 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    configure_logging()
     args = build_parser().parse_args(argv)
     try:
+        configure_logging(_log_format(args))
         if args.command == "db":
             return db_command(args.action)
         settings = load_settings(env=args.env)
@@ -98,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             return schedules_command(settings)
         if args.command == "status":
             return status_command(settings)
+        if args.command == "jobs":
+            return jobs_command(settings, args)
         return worker_command(settings, args)
     except ConfigError as exc:
         print(f"dygo: configuration error: {exc}", file=sys.stderr)
@@ -105,6 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     except SchemaError as exc:
         print(f"dygo: {exc}", file=sys.stderr)
         return 1
+
+
+def _log_format(args: argparse.Namespace) -> str:
+    if not hasattr(args, "log_format"):
+        return "text"
+    try:
+        return resolve_log_format(args.log_format, resolve_env(args.env))
+    except ValueError as exc:
+        raise ConfigError("DYGO_LOG_FORMAT", os.environ.get("DYGO_LOG_FORMAT", ""), str(exc)) from None
 
 
 def migrate_command(settings: Settings) -> int:
@@ -147,8 +186,10 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     check_protection(settings, host)
     url = database_url(settings)
     _check_schema(url)
-    print(f"dygo serve: http://{host}:{port} (API docs at /docs)", flush=True)
-    print(f"dygo serve: auth {_auth_summary(settings)}", flush=True)
+    lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
+    lifecycle.info("dygo serve: http://%s:%s (API docs at /docs)", host, port,
+                   extra={"fields": {"event": "listening", "host": host, "port": port}})
+    lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
     uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info", log_config=None)
@@ -246,6 +287,98 @@ def status_command(settings: Settings) -> int:
     else:
         print("failing kinds: none today or yesterday")
     return 0
+
+
+def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
+    """`dygo jobs ...`: the same store functions as the API. Exit 1 when a job is missing or its
+    state does not allow the action (the reason on stderr), after acting on every other id."""
+    import psycopg
+
+    from store.db import database_url
+    from store.migrate import check_schema
+
+    with psycopg.connect(database_url(settings), autocommit=True) as conn:
+        check_schema(conn)
+        if args.jobs_command == "list":
+            return _list_jobs(conn, args)
+        if args.jobs_command == "show":
+            return _show_job(conn, args.id)
+        return _act_on_jobs(conn, args.jobs_command, args.ids)
+
+
+def _list_jobs(conn: psycopg.Connection, args: argparse.Namespace) -> int:
+    from store import admin
+
+    where = admin.JobFilter(queue=args.queue, kind=args.kind, state=args.state)
+    order = "oldest" if args.oldest else "newest"
+    jobs: list[dict] = []
+    position = None
+    while len(jobs) < args.limit:  # a filter that scans can return short pages before the end
+        page = admin.list_jobs(conn, where, order=order, limit=args.limit - len(jobs), position=position)
+        jobs += page.jobs
+        if page.next_position is None:
+            break
+        position = page.next_position
+    if not jobs:
+        print("no jobs match")
+        return 0
+    table = [("ID", "KIND", "QUEUE", "STATE", "ATTEMPT", "RUN AT", "FINISHED", "LAST ERROR")]
+    for job in jobs:
+        error = (job["last_error"] or "").splitlines()[0][:60] if job["last_error"] else ""
+        table.append((str(job["id"]), job["kind"], job["queue"], job["state"],
+                      f"{job['attempt']}/{job['max_attempts']}", _utc(job["run_at"]), _utc(job["finished_at"]), error))
+    _print_table(table)
+    return 0
+
+
+def _show_job(conn: psycopg.Connection, job_id: int) -> int:
+    import json
+
+    from store import inspect
+
+    job = inspect.get_job(conn, job_id)
+    if job is None:
+        print(f"dygo: no job with id {job_id}", file=sys.stderr)
+        return 1
+    fields = [("id", job["id"]), ("kind", job["kind"]), ("queue", job["queue"]), ("state", job["state"]),
+              ("priority", job["priority"]), ("attempt", f"{job['attempt']}/{job['max_attempts']}"),
+              ("run at", _utc(job["run_at"])), ("enqueued at", _utc(job["enqueued_at"])),
+              ("started at", _utc(job["started_at"])), ("finished at", _utc(job["finished_at"])),
+              ("lease owner", job["lease_owner"] or "-"), ("reaped", job["reap_count"]),
+              ("idempotency key", job["idempotency_key"] or "-"),
+              ("args", json.dumps(job["args"])), ("meta", json.dumps(job["meta"])),
+              ("result", "-" if job["result"] is None else json.dumps(job["result"]))]
+    progress = job.get("progress")
+    if progress:
+        message = f" {progress['message']}" if progress.get("message") else ""
+        fields.append(("progress", f"{progress['fraction'] * 100:.0f}%{message} (attempt {progress['attempt']})"))
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        print(f"{name.ljust(width)}  {value}")
+    for error in job["errors"]:
+        print(f"\nattempt {error['attempt']} failed at {error['at']} on {error.get('worker') or '?'}: {error['error']}")
+        if error.get("traceback"):
+            print(error["traceback"].rstrip())
+    return 0
+
+
+def _act_on_jobs(conn: psycopg.Connection, action: str, ids: list[int]) -> int:
+    from store import admin
+
+    code = 0
+    for job_id in dict.fromkeys(ids):
+        try:
+            job = admin.act_on_job(conn, action, job_id)
+        except AdminError as exc:
+            print(f"dygo: {exc}", file=sys.stderr)
+            code = 1
+            continue
+        print(f"job {job_id}: {'retried' if action == 'retry' else 'cancelled'}, now {job['state']}")
+    return code
+
+
+def _utc(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _print_table(rows: list[tuple[str, ...]]) -> None:

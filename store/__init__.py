@@ -3,10 +3,11 @@
 from store.enqueue import Enqueued, JobRequest, aenqueue, enqueue, enqueue_many
 from store.errors import Abort, ConfigError, EnqueueError, Reportable, Retry, RetryAfter, SchemaError, Snooze
 from store.registry import JobContext, job, make_context, registry
+from store.results import result, wait_for_result
 from store.schedules import schedule
 
 __all__ = [
     "Abort", "ConfigError", "EnqueueError", "Enqueued", "JobContext", "JobRequest", "Reportable", "Retry",
     "RetryAfter", "SchemaError", "Snooze", "aenqueue", "enqueue", "enqueue_many", "job", "make_context",
-    "registry", "schedule",
+    "registry", "result", "schedule", "wait_for_result",
 ]

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from store import queries
+from store import queries, results
 from store.errors import Conflict, NotFound
 from store.migrate import check_version, schema_version
 
@@ -183,6 +183,8 @@ def act_on_job(conn: psycopg.Connection, action: str, job_id: int) -> dict[str, 
 def delete_job(conn: psycopg.Connection, job_id: int) -> None:
     if conn.execute(queries.DELETE_JOB, {"id": job_id}).fetchone() is None:
         _refuse(conn, job_id, "delete", DELETABLE)
+    # Anyone waiting for its result stops waiting now rather than at their timeout.
+    results.notify_deleted(conn, [job_id])
 
 
 def _refuse(conn: psycopg.Connection, job_id: int, action: str, allowed: tuple[str, ...]) -> None:

@@ -47,7 +47,7 @@ class Settings:
     claim_batch_size: int = 100
     max_batch_size: int = 1000  # jobs in one POST /api/v1/jobs/batch
     max_payload_bytes: int = 1024 * 1024  # request bodies above this are refused with 413
-    max_result_bytes: int = 1024 * 1024  # a handler result above this (as JSON) is a failed attempt
+    max_result_bytes: int = 64 * 1024  # a handler's result above this (as JSON) is stored as a note instead
     # (role, token) pairs for the API, from config/dygo.yml and DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN.
     # Kept out of repr so a logged Settings never shows a token.
     api_tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)

@@ -81,3 +81,11 @@ class NotFound(AdminError):
 
 class Conflict(AdminError):
     """The job or queue is not in a state that allows the operation."""
+
+
+class WaitTimeout(DygoError):
+    """Waiting for a job's result ran out of time before the job reached a final state."""
+
+    def __init__(self, job_id: int, timeout: float, job: dict) -> None:
+        self.job_id, self.timeout, self.job = job_id, timeout, job
+        super().__init__(f"job {job_id} is still {job['state']} after waiting {timeout:g}s for its result")

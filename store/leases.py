@@ -131,3 +131,15 @@ async def forget_stale_workers(conn: psycopg.AsyncConnection, older_than: float)
 
 async def worker_gone(conn: psycopg.AsyncConnection, worker_id: str) -> None:
     await conn.execute(queries.WORKER_GONE, (worker_id,))
+
+
+async def report_progress(conn: psycopg.AsyncConnection,
+                          reports: list[tuple[ClaimedJob, tuple[float, str | None]]]) -> set[int]:
+    """Write the latest progress of running jobs, fenced by lease token; returns the ids written."""
+    params = {
+        "ids": [job.id for job, _ in reports],
+        "tokens": [job.lease_token for job, _ in reports],
+        "fractions": [fraction for _, (fraction, _) in reports],
+        "messages": [message for _, (_, message) in reports],
+    }
+    return {row[0] for row in await (await conn.execute(queries.REPORT_PROGRESS, params)).fetchall()}

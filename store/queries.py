@@ -210,7 +210,7 @@ WHERE last_seen_at >= now() - make_interval(secs => %s) ORDER BY started_at"""
 JOB_COLUMNS = """id, kind, queue, args, meta,
     CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END AS state,
     priority, run_at, attempt, max_attempts, lease_owner, lease_deadline, enqueued_at, started_at,
-    finished_at, result, last_error, errors, reap_count, idempotency_key"""
+    finished_at, result, last_error, errors, reap_count, idempotency_key, progress"""
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM dygo_jobs WHERE id = %s"
 
 # --- Admin: job lists ----------------------------------------------------------------------------
@@ -798,3 +798,20 @@ SELECT (SELECT count(*) FROM deltas) + (SELECT count(*) FROM timings)"""
 METRICS_BUSY_SLOTS = """
 SELECT lease_owner, queue, count(*) FROM dygo_jobs WHERE state = 'active' AND lease_owner IS NOT NULL
 GROUP BY lease_owner, queue"""
+
+# --- Results and progress (store/results.py, worker/progress.py) ------------------------------------
+
+# The channel the dygo_notify_finished trigger (0006) sends the ids of jobs that reached a final state to.
+LISTEN_FOR_FINISHED = "LISTEN dygo_finished"
+# The same notification for a statement the trigger does not see (a deleted job: its waiters find it gone).
+NOTIFY_FINISHED = "SELECT pg_notify('dygo_finished', %s)"
+
+# The latest progress of each job, one statement per batch, fenced by the lease token like a settle:
+# a job settled or lost meanwhile keeps what it had.
+REPORT_PROGRESS = """
+UPDATE dygo_jobs AS j
+SET progress = jsonb_build_object('fraction', p.fraction, 'message', p.message, 'attempt', j.attempt, 'at', now())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(fractions)s::float8[], %(messages)s::text[])
+     AS p(id, token, fraction, message)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = p.id AND j.lease_token = p.token AND j.state = 'active'
+RETURNING j.id"""

@@ -19,6 +19,7 @@ from store.errors import ConfigError, EnqueueError
 
 KIND_PATTERN = re.compile(r"^[A-Za-z0-9_]+(?:[.\-][A-Za-z0-9_]+)*$")
 DEFAULT_QUEUE = "default"
+MAX_PROGRESS_MESSAGE = 1000  # characters kept of a progress message
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,24 @@ class JobContext:
     deadline: datetime | None = None
     # This run's lease: a fencing token for downstream writes (accept one only from the newest lease).
     lease_token: UUID | None = None
+    # Set by the worker; receives (lease token, fraction, message). None in `make_context` contexts.
+    reporter: Callable[[UUID, float, str | None], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_retry(self) -> bool:
         return self.attempt > 1
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the job is, 0 to 1, with an optional message. Cheap to call often: the
+        worker keeps the latest value and writes it at most once a second (API and dashboard show it)."""
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"ctx.progress: fraction must be a number from 0 to 1 (0.25 = a quarter done), "
+                             f"got {fraction!r}")
+        if message is not None and not isinstance(message, str):
+            raise ValueError(f"ctx.progress: message must be a string or None, got {type(message).__name__}")
+        if self.reporter is not None and self.lease_token is not None:
+            short = None if message is None else message[:MAX_PROGRESS_MESSAGE]
+            self.reporter(self.lease_token, float(fraction), short)
 
 
 def make_context(kind: str = "test.job", **overrides: Any) -> JobContext:

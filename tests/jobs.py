@@ -169,6 +169,43 @@ async def slow_first_briefly(ctx: JobContext, args: Sleep) -> str:
     return f"run {runs}"
 
 
+class Progress(BaseModel):
+    seconds: float = 1.0  # how long to keep reporting
+
+
+@job("test.progress")
+async def progress(ctx: JobContext, args: Progress) -> str:
+    """Reports progress as fast as it can (the worker must throttle the writes), then finishes."""
+    started = time.monotonic()
+    reports = 0
+    while (elapsed := time.monotonic() - started) < args.seconds:
+        ctx.progress(min(elapsed / args.seconds, 1.0), f"report {reports}")
+        reports += 1
+        await asyncio.sleep(0)
+    return f"{reports} reports"
+
+
+@job("test.progress_sync")
+def progress_sync(ctx: JobContext, args: Progress) -> str:
+    """The same from a sync handler, which runs in a thread of its own."""
+    started = time.monotonic()
+    reports = 0
+    while (elapsed := time.monotonic() - started) < args.seconds:
+        ctx.progress(min(elapsed / args.seconds, 1.0), f"report {reports}")
+        reports += 1
+        time.sleep(0.0005)
+    return f"{reports} reports"
+
+
+class Size(BaseModel):
+    chars: int
+
+
+@job("test.sized_result")
+async def sized_result(ctx: JobContext, args: Size) -> str:
+    return "x" * args.chars
+
+
 if os.environ.get("DYGO_TEST_SPANS_FILE"):  # tests/test_tracing.py: this process writes its spans there
     from tests.span_file import install_file_exporter
 

@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from store import tracing
 from store.backoff import retry_delay
@@ -29,9 +30,11 @@ class UnstorableResult(Exception):
 
 
 class Executor:
-    def __init__(self, settings: Settings, jobs: Registry) -> None:
+    def __init__(self, settings: Settings, jobs: Registry,
+                 progress: Callable[[UUID, float, str | None], None] | None = None) -> None:
         self.settings = settings
         self.jobs = jobs
+        self.progress = progress  # where ctx.progress reports go (worker.progress.ProgressWriter.report)
 
     async def run(self, job: ClaimedJob) -> Outcome:
         started = time.monotonic()
@@ -49,7 +52,7 @@ class Executor:
         deadline = datetime.now(UTC) + timedelta(seconds=timeout) if timeout else None
         ctx = JobContext(id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt,
                          max_attempts=job.max_attempts, enqueued_at=job.enqueued_at, meta=job.meta,
-                         deadline=deadline, lease_token=job.lease_token)
+                         deadline=deadline, lease_token=job.lease_token, reporter=self.progress)
         try:
             args = definition.build_args(job.args)
             if definition.is_async:
@@ -58,7 +61,7 @@ class Executor:
                 call = run_in_daemon_thread(definition.handler, ctx, args)
             async with asyncio.timeout(timeout or None):
                 result = await call
-            return Succeeded(job, encode_result(result, self.settings.max_result_bytes))
+            return Succeeded(job, self._stored_result(job, encode_result(result)))
         except asyncio.CancelledError:
             raise
         except Snooze as snooze:
@@ -70,6 +73,20 @@ class Executor:
             return self._failure(definition, job, exc, str(exc))
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             return self._failure(definition, job, exc)
+
+    def _stored_result(self, job: ClaimedJob, encoded: str | None) -> str | None:
+        """The result as stored: itself, or a note when it is bigger than max_result_bytes. The job
+        still succeeds (its work is done; running it again would not make the result smaller)."""
+        if encoded is None:
+            return None
+        size = len(encoded)  # json.dumps escapes non-ASCII, so characters are bytes
+        limit = self.settings.max_result_bytes
+        if size <= limit:
+            return encoded
+        log.warning("job %s %s: result of %d bytes not stored (max_result_bytes is %d)", job.id, job.kind, size, limit,
+                    extra={"fields": {"job_id": job.id, "kind": job.kind, "result_bytes": size}})
+        return json.dumps({"result_not_stored": f"{size} bytes of JSON, more than max_result_bytes ({limit})",
+                           "bytes": size})
 
     def _failure(self, definition: JobDefinition, job: ClaimedJob, exc: BaseException,
                  message: str | None = None) -> Unsuccessful:
@@ -101,11 +118,16 @@ class Executor:
             word, detail, level = "failed", f", retry in {format_duration(outcome.delay)}: {outcome.error}", \
                 logging.WARNING
         if log.isEnabledFor(level):
+            # The fields are what a JSON log line carries (dygo.logs.JsonFormatter); text lines ignore them.
+            fields = {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt,
+                      "max_attempts": job.max_attempts, "outcome": word, "duration_ms": round(elapsed * 1000, 3)}
+            if isinstance(outcome, Unsuccessful) and outcome.error:
+                fields["error"] = outcome.error
             log.log(level, "job %s %s attempt %s/%s %s in %s%s", job.id, job.kind, job.attempt, job.max_attempts,
-                    word, format_duration(elapsed), detail)
+                    word, format_duration(elapsed), detail, extra={"fields": fields})
 
 
-def encode_result(result: Any, max_bytes: int) -> str | None:
+def encode_result(result: Any) -> str | None:
     """The result as JSON text for the jsonb column, or UnstorableResult saying why it cannot be stored."""
     if result is None:
         return None
@@ -116,10 +138,6 @@ def encode_result(result: Any, max_bytes: int) -> str | None:
         raise UnstorableResult(f"result is not JSON-serialisable: {exc}") from None
     if "\\u0000" in text:
         raise UnstorableResult("result contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
-    size = len(text.encode())
-    if max_bytes and size > max_bytes:
-        raise UnstorableResult(f"result is {size} bytes of JSON, above max_result_bytes ({max_bytes}); "
-                               "store large data elsewhere and return a reference to it")
     return text
 
 

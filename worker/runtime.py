@@ -38,9 +38,11 @@ from store.leases import ClaimedJob, Outcome, Unsuccessful
 from store.outage import OutageLog
 from store.registry import Registry
 from worker.executor import Executor
+from worker.progress import ProgressWriter
 from worker.telemetry import WorkerCollector, WorkerStats, outcome_name, serve_metrics
 
 log = logging.getLogger("dygo.worker")
+lifecycle = logging.getLogger("dygo.lifecycle")  # stdout; configured by dygo.logs
 
 HEARTBEAT_INTERVAL = 5.0
 RECOVER_INTERVAL = 1.0  # at most this often from the claim loop, so recovery stays cheap under load
@@ -105,7 +107,6 @@ class Worker:
         self.url = url
         self.id = make_worker_id()
         self.slots = {name: QueueSlots(name, n) for name, n in options.queues.items()}
-        self.executor = Executor(settings, jobs)
         # Keyed by lease token, not job id: a job whose lease ran out while this worker was cut off
         # (a database restart, a long pause) can be recovered and claimed by this same worker again
         # while its first run is still going; by id, the two runs overwrote each other's entries.
@@ -125,10 +126,12 @@ class Worker:
         self.traced = tracing.active()
         # application_name lets an operator (and the chaos suite) find this worker's backends.
         self.connect_options = {"autocommit": True, "application_name": f"dygo-worker {self.id}"}
-        # Settle, renew, schedule, timings and maintenance (two: a retention pass holds its lock on
+        # Settle, renew, schedule, timings, progress and maintenance (two: a retention pass holds its lock on
         # one while it deletes on the other); producers keep connections of their own.
-        self.pool = AsyncConnectionPool(url, min_size=1, max_size=6, kwargs=self.connect_options, open=False)
+        self.pool = AsyncConnectionPool(url, min_size=1, max_size=7, kwargs=self.connect_options, open=False)
         self.outage = OutageLog(log)
+        self.progress = ProgressWriter(self.pool, self.leased)
+        self.executor = Executor(settings, jobs, self.progress.report)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -150,13 +153,17 @@ class Worker:
         await self._fire_due_schedules()
         await self._recover()
         claimed: list[ClaimedJob] = []
+        progress = self.progress.start()
         for slots in self.slots.values():
             async with self.pool.connection() as conn:
                 claimed += await self._claim(conn, slots, slots.concurrency)
         await asyncio.gather(*(self.tasks.values()))
+        progress.cancel()
+        await asyncio.gather(progress, return_exceptions=True)
         await self._flush()
         await self._flush_timings()
-        say(f"dygo worker {self.id} ran {len(claimed)} job(s) once; exiting")
+        say(f"dygo worker {self.id} ran {len(claimed)} job(s) once; exiting", event="ran_once", worker=self.id,
+            jobs=len(claimed))
         return 0
 
     async def _run_forever(self) -> int:
@@ -170,16 +177,19 @@ class Worker:
         gc.freeze()
         queues = ", ".join(f"{s.name}({s.concurrency})" for s in self.slots.values())
         mode = "polling only" if self.options.poll_only else "listening"
-        say(f"dygo worker {self.id} started: queues {queues}; {mode}, poll every {self.options.poll_interval:g}s")
+        say(f"dygo worker {self.id} started: queues {queues}; {mode}, poll every {self.options.poll_interval:g}s",
+            event="started", worker=self.id, queues=self.options.queues)
         loops = [asyncio.create_task(self._produce(s), name=f"produce:{s.name}") for s in self.slots.values()]
         background = [asyncio.create_task(coro) for coro in (self._settle_loop(), self._renew_loop(),
                                                               self._maintain_loop(), self._schedule_loop(),
                                                               self._timings_loop())]
+        background.append(self.progress.start())
         if not self.options.poll_only:
             background.append(asyncio.create_task(self._listen_loop()))
         await self.stopping.wait()
         say(f"dygo worker {self.id} stopping: {len(self.tasks)} job(s) in flight, "
-            f"waiting up to {self.options.shutdown_timeout:g}s")
+            f"waiting up to {self.options.shutdown_timeout:g}s", event="stopping", worker=self.id,
+            in_flight=len(self.tasks))
         await asyncio.gather(*loops, return_exceptions=True)
         for slots in self.slots.values():
             await slots.close_connection()
@@ -191,7 +201,7 @@ class Worker:
         await self._flush_timings()
         async with self.pool.connection() as conn:
             await leases.worker_gone(conn, self.id)
-        say(f"dygo worker {self.id} stopped")
+        say(f"dygo worker {self.id} stopped", event="stopped", worker=self.id)
         return 0
 
     def stop(self) -> None:
@@ -501,6 +511,10 @@ def failure_backoff(failures: int) -> float:
     return min(30.0, 0.5 * 2**failures)
 
 
-def say(line: str) -> None:
-    """Lifecycle lines go to stdout; everything else is a log line on stderr."""
-    print(line, file=sys.stdout, flush=True)
+def say(line: str, **fields: object) -> None:
+    """Lifecycle lines go to stdout; everything else is a log line on stderr. The `dygo` command sets
+    up the lifecycle logger (text or JSON with these fields); without it, a plain print."""
+    if lifecycle.handlers:
+        lifecycle.info(line, extra={"fields": fields})
+    else:
+        print(line, file=sys.stdout, flush=True)

@@ -1,0 +1,95 @@
+"""`GET /api/v1/jobs/{id}?wait=`: requests waiting for a job to finish, woken by LISTEN/NOTIFY.
+
+One LISTEN connection per serve process fans the `dygo_finished` notifications out to the
+waiting requests (a future per request, keyed by job id), so a thousand waiting clients cost one
+connection and no polling. A request subscribes before it reads the job, so a job that finishes
+in between is seen by the read. When the LISTEN connection drops, every waiter re-reads its job
+and the connection is re-established with backoff; on reconnect every waiter re-reads again, which
+covers anything that finished while nobody listened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from starlette.concurrency import run_in_threadpool
+
+from store import results
+
+log = logging.getLogger("dygo.serve")
+
+
+class ResultWaiters:
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self.waiting: dict[int, set[asyncio.Future[None]]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._listen(), name="dygo-result-waiters")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        self._wake_all()
+
+    async def wait(self, job_id: int, seconds: float,
+                   read: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
+        """The job once it is final, or as it is when `seconds` run out; None if it does not exist.
+        `read` is a blocking read of the job (run in the thread pool)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            woken = asyncio.get_running_loop().create_future()
+            self.waiting.setdefault(job_id, set()).add(woken)
+            try:
+                job = await run_in_threadpool(read)
+                remaining = deadline - time.monotonic()
+                if job is None or job["state"] in results.FINAL_STATES or remaining <= 0:
+                    return job
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken, remaining)
+            finally:
+                self._forget(job_id, woken)
+
+    def _forget(self, job_id: int, woken: asyncio.Future[None]) -> None:
+        futures = self.waiting.get(job_id)
+        if futures is not None:
+            futures.discard(woken)
+            if not futures:
+                del self.waiting[job_id]
+
+    def _wake(self, job_id: int) -> None:
+        for woken in self.waiting.get(job_id, ()):
+            if not woken.done():
+                woken.set_result(None)
+
+    def _wake_all(self) -> None:
+        for job_id in list(self.waiting):
+            self._wake(job_id)
+
+    async def _listen(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.database_url, autocommit=True)
+                async with conn:
+                    await results.listen(conn)
+                    delay = 0.5
+                    self._wake_all()  # re-read: a job may have finished while nobody listened
+                    async for notify in conn.notifies():
+                        for job_id in results.finished_ids(notify.payload):
+                            self._wake(job_id)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("result LISTEN connection lost (%s); waiting requests re-read their job; "
+                            "reconnecting in %.1fs", exc, delay)
+                self._wake_all()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)

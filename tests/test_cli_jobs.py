@@ -1,0 +1,65 @@
+"""`dygo jobs list|show|retry|cancel` as real subprocesses against a real database."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from store import enqueue
+from tests.conftest import REPO, dygo_env
+
+
+def dygo(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dygo", *args], cwd=REPO, env=dygo_env(db_url),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_jobs_list_shows_a_filtered_table(conn, db_url):
+    mine = enqueue(conn, "test.record", {}, queue="other")
+    enqueue(conn, "test.record", {})
+    later = enqueue(conn, "test.noop", {}, delay="1h")
+    listed = dygo(db_url, "jobs", "list", "--queue", "other")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split()[:4] == ["ID", "KIND", "QUEUE", "STATE"]
+    assert len(lines) == 2 and lines[1].split()[:5] == [str(mine.id), "test.record", "other", "pending", "0/20"]
+
+    scheduled = dygo(db_url, "jobs", "list", "--state", "scheduled", "--kind", "test.noop", "--limit", "5")
+    assert [line.split()[0] for line in scheduled.stdout.splitlines()[1:]] == [str(later.id)]
+    assert dygo(db_url, "jobs", "list", "--state", "dead").stdout.strip() == "no jobs match"
+
+
+def test_jobs_show_prints_the_job_and_exits_1_for_an_unknown_id(conn, db_url):
+    job = enqueue(conn, "test.record", {"seconds": 0.5}, meta={"tenant": "acme"})
+    shown = dygo(db_url, "jobs", "show", str(job.id))
+    assert shown.returncode == 0, shown.stderr
+    assert "test.record" in shown.stdout and '{"tenant": "acme"}' in shown.stdout
+    assert '{"seconds": 0.5}' in shown.stdout and "pending" in shown.stdout
+    missing = dygo(db_url, "jobs", "show", "999999")
+    assert missing.returncode == 1 and "no job with id 999999" in missing.stderr
+
+
+def test_jobs_cancel_and_retry_act_on_each_id_and_exit_1_with_the_reason_for_the_rest(conn, db_url):
+    first, second = enqueue(conn, "test.record", {}), enqueue(conn, "test.record", {})
+    cancelled = dygo(db_url, "jobs", "cancel", str(first.id), str(second.id))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"job {first.id}: cancelled, now cancelled" in cancelled.stdout
+    states = conn.execute("SELECT array_agg(DISTINCT state) FROM dygo_jobs").fetchone()[0]
+    assert states == ["cancelled"]
+
+    again = dygo(db_url, "jobs", "cancel", str(first.id), "999999")
+    assert again.returncode == 1
+    assert f"job {first.id} is cancelled; cancel applies to a job that is pending or scheduled or paused" \
+        in again.stderr
+    assert "no job with id 999999" in again.stderr
+
+    retried = dygo(db_url, "jobs", "retry", str(first.id))
+    assert retried.returncode == 0 and f"job {first.id}: retried, now pending" in retried.stdout
+    assert conn.execute("SELECT state FROM dygo_jobs WHERE id = %s", (first.id,)).fetchone()[0] == "pending"
+
+
+def test_jobs_usage_errors_exit_2(db_url):
+    assert dygo(db_url, "jobs").returncode == 2
+    assert dygo(db_url, "jobs", "retry").returncode == 2
+    assert dygo(db_url, "jobs", "show", "abc").returncode == 2
+    assert dygo(db_url, "jobs", "list", "--state", "sleeping").returncode == 2

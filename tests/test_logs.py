@@ -1,0 +1,64 @@
+"""Log lines: text in development, one JSON object per line in production (or --log-format json)."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from store import enqueue
+from tests.conftest import dygo_env, wait_until
+
+EXECUTION_FIELDS = {"ts", "level", "logger", "message", "job_id", "kind", "queue", "attempt", "outcome", "duration_ms"}
+
+
+def finished(conn, *ids: int) -> bool:
+    states = conn.execute("SELECT state FROM dygo_jobs WHERE id = ANY(%s)", (list(ids),)).fetchall()
+    return all(state in ("succeeded", "dead") for (state,) in states)
+
+
+def test_production_worker_writes_one_json_object_per_line_with_the_execution_fields(conn, db_url, spawn):
+    worker = spawn("worker", "--env", "production", env=dygo_env(db_url))
+    worker.wait_for_line("started")
+    ok = enqueue(conn, "test.record", {})
+    dead = enqueue(conn, "test.abort", {})
+    wait_until(lambda: finished(conn, ok.id, dead.id), message="both jobs to finish")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+
+    lines = [json.loads(line) for line in worker.stderr().splitlines()]  # each line parses on its own
+    executions = {line["job_id"]: line for line in lines if "job_id" in line}
+    assert executions[ok.id].keys() >= EXECUTION_FIELDS
+    assert executions[ok.id]["outcome"] == "succeeded" and executions[ok.id]["kind"] == "test.record"
+    assert (executions[ok.id]["queue"], executions[ok.id]["attempt"]) == ("default", 1)
+    assert isinstance(executions[ok.id]["duration_ms"], float) and executions[ok.id]["level"] == "INFO"
+    assert executions[dead.id]["outcome"] == "dead" and executions[dead.id]["level"] == "WARNING"
+    assert "never retry" in executions[dead.id]["error"]
+
+    lifecycle = [json.loads(line) for line in worker.lines]  # stdout too
+    assert [line["event"] for line in lifecycle] == ["started", "stopping", "stopped"]
+    assert lifecycle[0]["queues"] == {"default": 8, "other": 2}
+
+
+def test_log_format_flag_overrides_the_environment_default(conn, db_url, spawn):
+    job = enqueue(conn, "test.record", {})
+    text = spawn("worker", "--env", "production", "--log-format", "text", "--once", env=dygo_env(db_url))
+    assert text.wait() == 0
+    assert f"job {job.id} test.record attempt 1/20 succeeded" in text.stderr()
+    assert not text.stderr().lstrip().startswith("{")
+
+    job = enqueue(conn, "test.record", {})
+    as_json = spawn("worker", "--log-format", "json", "--once", env=dygo_env(db_url))
+    assert as_json.wait() == 0
+    lines = [json.loads(line) for line in as_json.stderr().splitlines()]
+    assert any(line.get("job_id") == job.id for line in lines)
+
+
+def test_production_serve_logs_json_lines(conn, serve):
+    api = serve("--env", "production")
+    assert api.admin.get("/api/v1/queues").status_code == 200
+    api.process.signal(signal.SIGTERM)
+    api.process.wait()
+    lines = [json.loads(line) for line in api.process.stderr().splitlines()]
+    assert any("GET /api/v1/queues" in line["message"] for line in lines)  # uvicorn's access log
+    started = [json.loads(line) for line in api.process.lines]
+    assert started[0]["event"] == "listening" and started[1]["event"] == "auth"
