@@ -9,10 +9,12 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import psycopg
+
 from dygo.logs import configure_logging
 from store.config import ENVIRONMENTS, Settings, load_settings
 from store.durations import parse_duration
-from store.errors import ConfigError, SchemaError
+from store.errors import ConfigError, DatabaseUnavailable, SchemaError
 
 EXIT_USAGE = 2
 
@@ -91,9 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"dygo: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except SchemaError as exc:
+    except (SchemaError, DatabaseUnavailable) as exc:
         print(f"dygo: {exc}", file=sys.stderr)
         return 1
+    except psycopg.OperationalError as exc:
+        # Not a traceback: libpq's first lines say what failed (host, port, user), never the password.
+        print(f"dygo: cannot reach the database: {_database_message(exc)}", file=sys.stderr)
+        return 1
+
+
+def _database_message(exc: Exception) -> str:
+    from store.db import scrub
+
+    return scrub(" ".join(str(exc).split()), os.environ.get("DATABASE_URL", ""))
 
 
 def migrate_command(settings: Settings) -> int:

@@ -81,3 +81,10 @@ class NotFound(AdminError):
 
 class Conflict(AdminError):
     """The job or queue is not in a state that allows the operation."""
+
+
+# --- The database connection ---------------------------------------------------------------------
+
+
+class DatabaseUnavailable(DygoError):
+    """DATABASE_URL is malformed, or the database cannot be reached. The message never holds the password."""
