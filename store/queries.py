@@ -687,3 +687,13 @@ SELECT kind, sum(dead)::bigint AS dead, sum(failed)::bigint AS failed FROM count
 GROUP BY kind HAVING sum(dead) + sum(failed) > 0
 ORDER BY sum(dead) DESC, sum(failed) DESC, kind
 LIMIT %(limit)s"""
+
+# --- The embedded server's settings (store/embedded.py) --------------------------------------------
+
+# dygo owns the embedded server, so it may tune it server-wide: autovacuum visits each database every
+# naptime (1 min by default), too rarely for a queue table settling thousands of jobs a second
+# (migration 0008). A reload applies it; no restart.
+EMBEDDED_NAPTIME = "10s"
+AUTOVACUUM_NAPTIME = "SELECT current_setting('autovacuum_naptime')"
+SET_AUTOVACUUM_NAPTIME = f"ALTER SYSTEM SET autovacuum_naptime = '{EMBEDDED_NAPTIME}'"
+RELOAD_CONFIGURATION = "SELECT pg_reload_conf()"
