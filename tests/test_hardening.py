@@ -301,3 +301,24 @@ def test_python_enqueue_stores_quotes_and_unicode_verbatim(db):
                              for t in SQL_SIGNIFICANT + UNICODE])
     rows = db.execute("SELECT args FROM dygo_jobs WHERE id = ANY(%s) ORDER BY id", ([m.id for m in many],)).fetchall()
     assert [r[0] for r in rows] == [{t: t} for t in SQL_SIGNIFICANT + UNICODE]
+
+
+# --- the dashboard's filters ----------------------------------------------------------------------------
+
+
+def test_dashboard_filters_take_hostile_text_without_a_server_error(serve, conn):
+    api = serve(tokens=False)  # development on localhost: the dashboard needs no sign-in
+    enqueue(conn, "test.noop", {"needle": "50% off_'quoted'"}, delay="1h")
+    before = written(conn)
+    for text in SQL_SIGNIFICANT + UNICODE + ["x" * 5000]:
+        for name in ("queue", "kind", "q", "state", "cursor"):
+            response = api.anon.get("/dashboard/jobs", params={name: text}, follow_redirects=False)
+            assert response.status_code in (200, 303), f"{name}={text!r}: {response.status_code}"
+    found = api.anon.get("/dashboard/jobs", params={"q": "50% off_'quoted'"})
+    assert found.status_code == 200 and "50% off_" in found.text
+    assert "50% off_" not in api.anon.get("/dashboard/jobs", params={"q": "50%_off"}).text  # wildcards are literal
+    for name in ("queue", "kind", "q"):
+        refused(api.anon.get(f"/dashboard/jobs?{name}=a%00b"), 400, 422)
+    for job_id in ("0", "-1", str(2**63), "abc"):
+        assert 400 <= api.anon.get(f"/dashboard/jobs/{job_id}").status_code < 500
+    assert written(conn) == before
