@@ -59,6 +59,8 @@ class Round:
     vacuum_us_per_job: float  # this round's share of it: an upper bound on the vacuum CPU the meter misses
     autoanalyzes: int
     deltas_mb: float  # dygo_stats_deltas, folded by retention
+    wal_bytes_per_job: float = 0.0  # WAL written in the round (the whole server: run nothing else on it)
+    full_page_images_per_job: float = 0.0
 
 
 def main() -> int:
@@ -160,6 +162,7 @@ def push_round(conn: psycopg.Connection, worker: WorkerProcess, number: int, job
                previous: list[Round]) -> Round:
     before = conn.execute("SELECT coalesce(max(id), 0) FROM dygo_jobs").fetchone()[0]
     meter = CpuMeter(worker.pid, parent_pid(conn.info.backend_pid)).start()
+    wal_before = conn.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal").fetchone()
     enqueue_started = time.perf_counter()
     for first in range(0, jobs, BATCH):
         enqueue_many(conn, [JobRequest(KIND, {"n": first + i}) for i in range(min(BATCH, jobs - first))])
@@ -175,6 +178,7 @@ def push_round(conn: psycopg.Connection, worker: WorkerProcess, number: int, job
 
     wait_until(drained, timeout, f"round {number} to drain", interval=0.2)
     meter.stop()
+    wal_after = conn.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal").fetchone()
     # Retention keeps succeeded rows `completed_retention` after they finish: these are all still there.
     row = conn.execute("SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) FROM dygo_jobs "
                        "WHERE id > %s AND state = 'succeeded'", (before,)).fetchone()
@@ -198,7 +202,8 @@ def push_round(conn: psycopg.Connection, worker: WorkerProcess, number: int, job
                  index_mb=index_mb,
                  live_rows=stats[0], dead_rows=stats[1], autovacuums=stats[2], autoanalyzes=stats[3],
                  autovacuum_seconds=round(float(stats[4]), 3), vacuum_us_per_job=round(vacuumed / jobs * 1e6, 1),
-                 deltas_mb=mb(deltas))
+                 deltas_mb=mb(deltas), wal_bytes_per_job=round(float(wal_after[0] - wal_before[0]) / jobs, 1),
+                 full_page_images_per_job=round((wal_after[1] - wal_before[1]) / jobs, 3))
 
 
 def succeeded_so_far(conn: psycopg.Connection) -> int:
@@ -218,6 +223,7 @@ def short(index: str) -> str:
 def line(r: Round) -> str:
     indexes = ", ".join(f"{short(name)} {size}" for name, size in r.index_mb.items())
     return (f"round {r.number}: {r.jobs_total:,} jobs, {r.rate:,.0f}/s, {r.cpu_us_per_job:.0f} µs CPU/job; "
+            f"WAL {r.wal_bytes_per_job:.0f} B/job ({r.full_page_images_per_job:.2f} FPI); "
             f"heap {r.heap_mb} MB; indexes MB: {indexes}; "
             f"live {r.live_rows:,}, dead {r.dead_rows:,}; autovacuums {r.autovacuums}")
 
