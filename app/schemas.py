@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 JobState = Literal["scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled"]
 
@@ -18,16 +18,18 @@ class EnqueueOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     queue: str | None = Field(None, description="A configured queue; defaults to the kind's queue")
-    priority: int | None = Field(None, description="Higher runs first; -1000 to 1000 (default: the kind's)")
+    # Strict: JSON true is not 1, and "5" is not a number.
+    priority: StrictInt | None = Field(None, description="Higher runs first; -1000 to 1000 (default: the kind's)")
     run_at: datetime | None = Field(None, description="When to run: an ISO 8601 timestamp with a timezone")
-    delay: str | float | None = Field(None, description="Run after this long on the database clock: '30s', "
-                                      "'5m', '2h', '1d' or seconds. Not with run_at")
-    max_attempts: int | None = Field(None, description="1 to 1000 (default: the kind's, else the configured one)")
+    delay: StrictStr | StrictInt | StrictFloat | None = Field(
+        None, description="Run after this long on the database clock: '30s', '5m', '2h', '1d' or seconds. "
+        "Not with run_at")
+    max_attempts: StrictInt | None = Field(None, description="1 to 1000 (default: the kind's, else the configured one)")
     meta: dict[str, str] = Field(default_factory=dict, description="String map handed to the handler as ctx.meta")
     idempotency_key: str | None = Field(None, description="While a live job (pending, scheduled, active, paused) "
                                         "holds this key, the enqueue returns that job instead (200, deduplicated)")
-    idempotency_ttl: str | float | None = Field(None, description="Hold the key this long even after the job "
-                                                "finished, e.g. '1h' (needs idempotency_key)")
+    idempotency_ttl: StrictStr | StrictInt | StrictFloat | None = Field(
+        None, description="Hold the key this long even after the job finished, e.g. '1h' (needs idempotency_key)")
 
 
 class EnqueueRequest(EnqueueOptions):

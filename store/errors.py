@@ -89,3 +89,10 @@ class WaitTimeout(DygoError):
     def __init__(self, job_id: int, timeout: float, job: dict) -> None:
         self.job_id, self.timeout, self.job = job_id, timeout, job
         super().__init__(f"job {job_id} is still {job['state']} after waiting {timeout:g}s for its result")
+
+
+# --- The database connection ---------------------------------------------------------------------
+
+
+class DatabaseUnavailable(DygoError):
+    """DATABASE_URL is malformed, or the database cannot be reached. The message never holds the password."""

@@ -815,3 +815,13 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(fractions)s::float8[], %(me
      AS p(id, token, fraction, message)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = p.id AND j.lease_token = p.token AND j.state = 'active'
 RETURNING j.id"""
+
+# --- The embedded server's settings (store/embedded.py) --------------------------------------------
+
+# dygo owns the embedded server, so it may tune it server-wide: autovacuum visits each database every
+# naptime (1 min by default), too rarely for a queue table settling thousands of jobs a second
+# (migration 0008). A reload applies it; no restart.
+EMBEDDED_NAPTIME = "10s"
+AUTOVACUUM_NAPTIME = "SELECT current_setting('autovacuum_naptime')"
+SET_AUTOVACUUM_NAPTIME = f"ALTER SYSTEM SET autovacuum_naptime = '{EMBEDDED_NAPTIME}'"
+RELOAD_CONFIGURATION = "SELECT pg_reload_conf()"

@@ -136,6 +136,7 @@ class Worker:
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def run(self) -> int:
+        await self._wait_for_database()
         await self.pool.open(wait=True, timeout=30)
         try:
             async with self.pool.connection() as conn:
@@ -147,6 +148,22 @@ class Worker:
             return await self._run_forever()
         finally:
             await self.pool.close()
+
+    async def _wait_for_database(self) -> None:
+        """At start, an unreachable database is retried with backoff and said once, as in an outage
+        later on: under a process manager the worker then starts working as soon as it is back."""
+        failures = 0
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.url, **self.connect_options)
+            except psycopg.OperationalError as exc:
+                failures += 1
+                self.outage.lost("start-up: cannot reach the database", exc)
+                await asyncio.sleep(failure_backoff(failures))
+                continue
+            await conn.close()
+            self.outage.back()
+            return
 
     async def _run_once(self) -> int:
         await self._sync_schedules()
