@@ -71,9 +71,10 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     else:
         args = definition.validate_args(request.args)
         queue = queue or definition.queue_name
-    _refuse_unstorable("kind", request.kind)
-    _refuse_unstorable("queue", queue)
-    _refuse_unstorable("args", args)
+    if UNSTORABLE.search(request.kind) or (isinstance(queue, str) and UNSTORABLE.search(queue)):
+        _refuse_unstorable("kind", request.kind)
+        _refuse_unstorable("queue", queue)
+    args_json = _dump("args", args)
     if jobs.queues is not None and queue not in jobs.queues:
         raise EnqueueError("unknown_queue", f"queue {queue!r} is not configured; queues: {', '.join(jobs.queues)}")
 
@@ -106,8 +107,8 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     meta = dict(request.meta or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise EnqueueError("invalid_option", "meta must map strings to strings")
-    _refuse_unstorable("meta", meta)
     meta.update(tracing.carrier() if trace is None else trace)  # the parent of the handler's span
+    meta_json = _dump("meta", meta)
 
     key = request.idempotency_key
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH):
@@ -122,10 +123,20 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
             raise EnqueueError("invalid_duration", "idempotency_ttl must be greater than 0")
 
     return {
-        "kind": request.kind, "queue": queue, "args": json.dumps(args), "meta": json.dumps(meta),
+        "kind": request.kind, "queue": queue, "args": args_json, "meta": meta_json,
         "priority": priority, "run_at": request.run_at, "delay": delay, "max_attempts": max_attempts,
         "key": key, "ttl": ttl,
     }
+
+
+def _dump(name: str, value: Any) -> str:
+    """`value` as JSON text, or EnqueueError when it holds a character PostgreSQL cannot store."""
+    text = json.dumps(value)
+    # The JSON escapes every such character (NUL as \u0000, a surrogate as \udXXX), so the walk
+    # that names the field only runs when the text holds one (or an emoji's surrogate pair).
+    if "\\u0000" in text or "\\ud" in text:
+        _refuse_unstorable(name, value)
+    return text
 
 
 def _refuse_unstorable(name: str, value: Any) -> None:
