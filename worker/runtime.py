@@ -9,6 +9,7 @@
 * schedule  - fire due cron schedules, sleeping until the next fire time (or a NOTIFY that one changed)
 * timings   - every TIMINGS_INTERVAL, append the latency/duration histogram counts observed since
               the last flush (store/timings.py) for GET /metrics on `dygo serve`
+* progress  - write the latest `ctx.progress` reports, at most once a second (worker/progress.py)
 """
 
 from __future__ import annotations
