@@ -57,7 +57,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI
                                         kwargs={"autocommit": True, "application_name": "dygo-serve"}, open=True)
         folder = StatsFolder(app.state.pool, app.state.outage)
         folder.start()
-        app.state.waiters = ResultWaiters(database_url)
+        app.state.waiters = ResultWaiters(database_url, app.state.outage)
         app.state.waiters.start()
         try:
             yield
