@@ -6,12 +6,13 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, resolve_log_format
+from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, flush_then_die, resolve_log_format
 from store.admin import STATES
 from store.config import ENVIRONMENTS, Settings, load_settings, resolve_env
 from store.durations import parse_duration
@@ -193,6 +194,7 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
+    signal.signal(signal.SIGTERM, flush_then_die)  # uvicorn re-raises it after its graceful stop
     uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info", log_config=None)
     return 0
 
