@@ -275,9 +275,7 @@ class Worker:
     async def _execute(self, slots: QueueSlots, job: ClaimedJob) -> None:
         try:
             with tracing.execution_span(job) if self.traced else UNTRACED as span:
-                started = time.monotonic()
-                outcome = await self.executor.run(job)
-                elapsed = time.monotonic() - started
+                outcome, elapsed = await self.executor.run(job)
                 name = outcome_name(outcome)
                 tracing.record_outcome(span, name, getattr(outcome, "error", None))
             self.stats.executed(job.queue, job.kind, name, elapsed)
