@@ -131,7 +131,7 @@ class Worker:
         # one while it deletes on the other); producers keep connections of their own.
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=7, kwargs=self.connect_options, open=False)
         self.outage = OutageLog(log)
-        self.progress = ProgressWriter(self.pool, self.leased)
+        self.progress = ProgressWriter(self.pool, self.leased, self.outage)
         self.executor = Executor(settings, jobs, self.progress.report)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -338,9 +338,11 @@ class Worker:
         try:
             async with self.pool.connection() as conn:
                 await timings.record(conn, deltas)
+            self.outage.back()
         except (psycopg.Error, OSError) as exc:
-            # Metrics, not jobs: never worth failing a worker for, nor its shutdown.
-            log.warning("recording timings failed (kept for the next flush): %s", exc)
+            # Metrics, not jobs: never worth failing a worker for, nor its shutdown. Logged like any other
+            # lost connection, once per outage, not once per flush.
+            await self._lost("recording timings (kept for the next flush)", exc)
             return
         self.stats.timings.mark_flushed(deltas)
 
