@@ -24,6 +24,7 @@ run: setup
 	@echo "  enqueue a job:  curl -s -X POST http://127.0.0.1:$(PORT)/api/v1/jobs -H 'content-type: application/json' \\"
 	@echo "                    -d '{\"kind\": \"example.flaky\", \"args\": {\"failures\": 2}}'"
 	@echo "  see it:         curl -s http://127.0.0.1:$(PORT)/api/v1/jobs/<id from the reply>"
+	@echo "  from a shell:   $(BIN)/dygo status    $(BIN)/dygo jobs list"
 	@echo "  Ctrl-C stops serve and worker; 'make stop-db' (or .venv/bin/dygo db stop) stops PostgreSQL."
 	@echo
 	DYGO_HOST=127.0.0.1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start --port $(PORT) web worker

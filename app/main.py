@@ -1,8 +1,9 @@
 """The admin service: a FastAPI app over the store. It never runs jobs.
 
-create_app wires the pieces: the pool, the error handlers (every error is
-`{"error": {"code", "message", "details"}}`, never a stack trace), the body-size limit, bearer
-auth, one router per area, and the OpenAPI document with each kind's args.
+create_app wires the pieces: the pool, the stats folder, the result waiters (`?wait=`), the error
+handlers (every error is `{"error": {"code", "message", "details"}}`, never a stack trace), the
+body-size limit, bearer auth, one router per area, `/metrics`, the dashboard, and the OpenAPI
+document with each kind's args.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from store.registry import Registry
 
 log = logging.getLogger("dygo.serve")
 
-# How often serve folds the stats deltas into the daily rollups (stats reads fold too).
+# How often serve folds the stats and timing deltas into their rollups (stats reads fold too).
 FOLD_INTERVAL = 30.0
 
 
@@ -56,7 +57,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI
                                         kwargs={"autocommit": True, "application_name": "dygo-serve"}, open=True)
         folder = StatsFolder(app.state.pool, app.state.outage)
         folder.start()
-        app.state.waiters = ResultWaiters(database_url)
+        app.state.waiters = ResultWaiters(database_url, app.state.outage)
         app.state.waiters.start()
         try:
             yield
@@ -152,7 +153,7 @@ def validation_error(errors: list[Any]) -> JSONResponse:
 
 
 class StatsFolder:
-    """Folds the stats deltas into the daily rollups every FOLD_INTERVAL, in a daemon thread."""
+    """Folds the stats and timing deltas into their rollups every FOLD_INTERVAL, in a daemon thread."""
 
     def __init__(self, pool: ConnectionPool, outage: OutageLog) -> None:
         self.pool = pool

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,13 +20,17 @@ import psycopg
 from starlette.concurrency import run_in_threadpool
 
 from store import results
+from store.outage import OutageLog
 
-log = logging.getLogger("dygo.serve")
+# Named for pg_stat_activity, like the worker's `dygo-worker-listen <id>`.
+LISTEN_APPLICATION_NAME = "dygo-serve-listen"
+LISTEN_RETRY_MAX = 5.0
 
 
 class ResultWaiters:
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, outage: OutageLog) -> None:
         self.database_url = database_url
+        self.outage = outage  # serve's one outage log: a lost LISTEN is logged like any other lost connection
         self.waiting: dict[int, set[asyncio.Future[None]]] = {}
         self.task: asyncio.Task[None] | None = None
 
@@ -79,17 +82,20 @@ class ResultWaiters:
         delay = 0.5
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.database_url, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(self.database_url, autocommit=True,
+                                                             application_name=LISTEN_APPLICATION_NAME)
                 async with conn:
                     await results.listen(conn)
                     delay = 0.5
+                    self.outage.back()
                     self._wake_all()  # re-read: a job may have finished while nobody listened
                     async for notify in conn.notifies():
                         for job_id in results.finished_ids(notify.payload):
                             self._wake(job_id)
             except (psycopg.Error, OSError) as exc:
-                log.warning("result LISTEN connection lost (%s); waiting requests re-read their job; "
-                            "reconnecting in %.1fs", exc, delay)
+                self.outage.lost("result LISTEN connection; waiting requests re-read their job", exc)
                 self._wake_all()
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                # Capped low, like the worker's LISTEN: a job that finishes before the reconnect is only
+                # seen at its waiter's deadline.
+                delay = min(delay * 2, LISTEN_RETRY_MAX)

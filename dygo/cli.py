@@ -6,13 +6,14 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
 
-from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, resolve_log_format
+from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, flush_then_die, resolve_log_format
 from store.admin import STATES
 from store.config import ENVIRONMENTS, Settings, load_settings, resolve_env
 from store.durations import parse_duration
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fallback poll when no notification arrives (default: 60s)")
     worker.add_argument("--poll-only", action="store_true", help="do not LISTEN; rely on polling and timers")
     worker.add_argument("--once", action="store_true",
-                        help="fire due schedules, recover expired leases, claim one batch, run it, settle, exit")
+                        help="fire due schedules, recover expired leases, claim one batch per queue, run it, "
+                        "settle, exit")
     worker.add_argument("--shutdown-timeout", type=duration, default=30.0, metavar="DURATION",
                         help="on SIGTERM, how long in-flight jobs may finish before they are handed back "
                         "(default: 30s)")
@@ -200,6 +202,7 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
+    signal.signal(signal.SIGTERM, flush_then_die)  # uvicorn re-raises it after its graceful stop
     uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info", log_config=None)
     return 0
 
@@ -272,10 +275,11 @@ def status_command(settings: Settings) -> int:
         check_schema(conn)
         snap = snapshot(conn, configured, WORKER_SEEN_WITHIN)
         failing = failing_kinds(conn)
-    table = [("QUEUE", *(state.upper() for state in COUNTED_STATES), "LAG", "PAUSED")]
+    # The queue's own pause is STATUS (as in `dygo schedules`): PAUSED is already the paused jobs' count.
+    table = [("QUEUE", *(state.upper() for state in COUNTED_STATES), "LAG", "STATUS")]
     for queue in snap.queues:
         table.append((queue["name"], *(str(queue["counts"][state]) for state in COUNTED_STATES),
-                      f"{snap.lag.get(queue['name'], 0.0):.1f}s", "yes" if queue["paused"] else "no"))
+                      f"{snap.lag.get(queue['name'], 0.0):.1f}s", "paused" if queue["paused"] else "active"))
     _print_table(table)
     print()
     if snap.workers:
@@ -364,7 +368,8 @@ def _show_job(conn: psycopg.Connection, job_id: int) -> int:
     for name, value in fields:
         print(f"{name.ljust(width)}  {value}")
     for error in job["errors"]:
-        print(f"\nattempt {error['attempt']} failed at {error['at']} on {error.get('worker') or '?'}: {error['error']}")
+        at = _utc(datetime.fromisoformat(error["at"])) if error.get("at") else "?"
+        print(f"\nattempt {error['attempt']} failed at {at} on {error.get('worker') or '?'}: {error['error']}")
         if error.get("traceback"):
             print(error["traceback"].rstrip())
     return 0

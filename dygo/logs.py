@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from datetime import UTC, datetime
@@ -87,3 +88,12 @@ def configure_logging(log_format: str = "text") -> None:
     stdout.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter("%(message)s"))
     lifecycle.handlers = [stdout]
     lifecycle.propagate = False
+
+
+def flush_then_die(signum: int, frame: object) -> None:
+    """For SIGTERM under uvicorn: it stops gracefully, then raises the signal again against the handler it
+    found, to end "by the signal". With the default handler the process died before the buffered INFO
+    lines (the last access lines, "Shutting down", "Finished server process") reached stderr."""
+    logging.shutdown()  # flushes every handler
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from pydantic import BaseModel, Field
@@ -21,7 +22,11 @@ class Sleep(BaseModel):
 
 @job("example.sleep", queue="slow", timeout="10m")
 async def sleep(ctx: JobContext, args: Sleep) -> dict:
-    await asyncio.sleep(args.seconds)
+    """Sleeps, reporting its progress every second, so the API and the dashboard have some to show."""
+    end = time.monotonic() + args.seconds
+    while (left := end - time.monotonic()) > 0:
+        ctx.progress(1 - left / args.seconds, f"{math.ceil(left)}s to go")
+        await asyncio.sleep(min(left, 1.0))
     return {"slept": args.seconds}
 
 

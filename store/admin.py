@@ -248,7 +248,8 @@ def count_vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -
 
 
 def fold_stats(conn: psycopg.Connection) -> bool:
-    """Fold the stats deltas into the daily rollups; False when another process is folding."""
+    """Fold the stats deltas into the daily and minute rollups, and the timing deltas into dygo_timings;
+    False when another process is folding."""
     with conn.transaction():
         if not conn.execute(queries.FOLD_STATS_LOCK).fetchone()[0]:
             return False

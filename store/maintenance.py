@@ -98,7 +98,7 @@ async def trim(guard: psycopg.AsyncConnection, conn: psycopg.AsyncConnection, re
 
 
 async def fold_stats(conn: psycopg.AsyncConnection) -> bool:
-    """Fold the stats deltas into the daily rows (as `dygo serve` does), so they stay small without it."""
+    """Fold the stats and timing deltas into their rollups (as `dygo serve` does), so they stay small without it."""
     async with conn.transaction():
         if not (await (await conn.execute(queries.FOLD_STATS_LOCK)).fetchone())[0]:
             return False

@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from store import queries
 from store.durations import parse_duration
 from store.errors import NotFound, WaitTimeout
+from store.inspect import get_job
 
 CHANNEL = "dygo_finished"
 FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
@@ -95,7 +96,7 @@ def wait_for_result(job_id: int, timeout: str | float = 30.0, *, db: str | None 
     deadline = time.monotonic() + seconds
     with psycopg.connect(_conninfo(db), autocommit=True) as conn:
         conn.execute(queries.LISTEN_FOR_FINISHED)
-        job = _get_job(conn, job_id)
+        job = get_job(conn, job_id)
         while not _final_or_raise(job_id, job):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -103,12 +104,5 @@ def wait_for_result(job_id: int, timeout: str | float = 30.0, *, db: str | None 
             for notify in conn.notifies(timeout=remaining):
                 if job_id in finished_ids(notify.payload):
                     break
-            job = _get_job(conn, job_id)
+            job = get_job(conn, job_id)
         return job
-
-
-def _get_job(conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
-    with conn.cursor(row_factory=dict_row) as cursor:
-        return cursor.execute(queries.GET_JOB, (job_id,)).fetchone()
-
-

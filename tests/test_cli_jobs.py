@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -37,6 +38,16 @@ def test_jobs_show_prints_the_job_and_exits_1_for_an_unknown_id(conn, db_url):
     assert '{"seconds": 0.5}' in shown.stdout and "pending" in shown.stdout
     missing = dygo(db_url, "jobs", "show", "999999")
     assert missing.returncode == 1 and "no job with id 999999" in missing.stderr
+
+
+def test_jobs_show_prints_each_failed_attempt_with_its_time_like_the_other_times(conn, db_url):
+    job = enqueue(conn, "test.abort", {})
+    ran = dygo(db_url, "worker", "--once", "--queue", "default")
+    assert ran.returncode == 0, ran.stderr
+    shown = dygo(db_url, "jobs", "show", str(job.id))
+    assert shown.returncode == 0, shown.stderr
+    failed = next(line for line in shown.stdout.splitlines() if line.startswith("attempt 1 failed at "))
+    assert re.fullmatch(r"attempt 1 failed at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d on \S+: Abort: .+", failed), failed
 
 
 def test_jobs_cancel_and_retry_act_on_each_id_and_exit_1_with_the_reason_for_the_rest(conn, db_url):

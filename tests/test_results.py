@@ -181,18 +181,22 @@ def _listen_backends(conn) -> int:
                         "AND query = 'LISTEN dygo_finished'").fetchone()[0]
 
 
-def test_waiters_survive_a_dropped_listen_connection(conn, api):
+def test_waiters_survive_a_dropped_listen_connection_logged_as_lost_then_back(conn, api):
     job = enqueue(conn, "test.record", {})
     thread, answer = _wait_in_background(api, job.id, wait="20s")
     conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                  "WHERE datname = current_database() AND query = 'LISTEN dygo_finished'")
-    wait_until(lambda: "result LISTEN connection lost" in api.process.stderr(), message="serve to notice")
+    wait_until(lambda: "database connection lost (result LISTEN connection" in api.process.stderr(),
+               message="serve to notice")
     # Finished while serve is not listening: its waiter re-reads when serve reconnects.
     conn.execute("UPDATE dygo_jobs SET state = 'cancelled', finished_at = now() WHERE id = %s", (job.id,))
     thread.join(10)
     assert answer["body"]["state"] == "cancelled"
 
     wait_until(lambda: _listen_backends(conn) == 1, message="serve to LISTEN again")
+    assert conn.execute("SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND query = 'LISTEN dygo_finished'").fetchone()[0] == "dygo-serve-listen"
+    wait_until(lambda: "database connection back after" in api.process.stderr(), message="serve to log it back")
     other = enqueue(conn, "test.record", {})
     thread, answer = _wait_in_background(api, other.id, wait="20s")
     assert api.admin.post(f"/api/v1/jobs/{other.id}/cancel").status_code == 200

@@ -36,7 +36,8 @@ class Executor:
         self.jobs = jobs
         self.progress = progress  # where ctx.progress reports go (worker.progress.ProgressWriter.report)
 
-    async def run(self, job: ClaimedJob) -> Outcome:
+    async def run(self, job: ClaimedJob) -> tuple[Outcome, float]:
+        """The outcome, and how long the handler ran in seconds (the log line's and the metrics' duration)."""
         started = time.monotonic()
         definition = self.jobs.get(job.kind)
         if definition is None:
@@ -44,8 +45,9 @@ class Executor:
                 job, "dead", error=f"no handler for kind {job.kind!r} in this worker (not retried)")
         else:
             outcome = await self._run_handler(definition, job)
-        self._log(job, outcome, time.monotonic() - started)
-        return outcome
+        elapsed = time.monotonic() - started
+        self._log(job, outcome, elapsed)
+        return outcome, elapsed
 
     async def _run_handler(self, definition: JobDefinition, job: ClaimedJob) -> Outcome:
         timeout = definition.timeout if definition.timeout is not None else self.settings.default_timeout

@@ -10,7 +10,6 @@ settles, its last written progress stays, and a report that had not been written
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from uuid import UUID
@@ -20,15 +19,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from store import leases
 from store.leases import ClaimedJob
-
-log = logging.getLogger("dygo.worker")
+from store.outage import OutageLog
 
 INTERVAL = 1.0
 
 
 class ProgressWriter:
-    def __init__(self, pool: AsyncConnectionPool, leased: dict[UUID, ClaimedJob]) -> None:
+    def __init__(self, pool: AsyncConnectionPool, leased: dict[UUID, ClaimedJob], outage: OutageLog) -> None:
         self.pool = pool
+        self.outage = outage  # the worker's: a failed write during an outage is not logged once per second
         self.leased = leased  # the worker's claimed-and-not-settled jobs: their lease tokens fence the write
         self.latest: dict[UUID, tuple[float, str | None]] = {}  # by lease token, like the worker's leases
         self.pending = False  # a report is waiting for the next write (ready is set or about to be)
@@ -71,6 +70,7 @@ class ProgressWriter:
             try:
                 async with self.pool.connection() as conn:
                     await leases.report_progress(conn, jobs)
+                self.outage.back()
             except (psycopg.Error, OSError) as exc:
                 # Progress is advisory: the next report carries the then-latest value anyway.
-                log.warning("writing the progress of %d job(s) failed: %s", len(jobs), exc)
+                self.outage.lost(f"writing the progress of {len(jobs)} job(s)", exc)

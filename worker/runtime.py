@@ -9,6 +9,7 @@
 * schedule  - fire due cron schedules, sleeping until the next fire time (or a NOTIFY that one changed)
 * timings   - every TIMINGS_INTERVAL, append the latency/duration histogram counts observed since
               the last flush (store/timings.py) for GET /metrics on `dygo serve`
+* progress  - write the latest `ctx.progress` reports, at most once a second (worker/progress.py)
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class Worker:
         # one while it deletes on the other); producers keep connections of their own.
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=7, kwargs=self.connect_options, open=False)
         self.outage = OutageLog(log)
-        self.progress = ProgressWriter(self.pool, self.leased)
+        self.progress = ProgressWriter(self.pool, self.leased, self.outage)
         self.executor = Executor(settings, jobs, self.progress.report)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -291,9 +292,7 @@ class Worker:
     async def _execute(self, slots: QueueSlots, job: ClaimedJob) -> None:
         try:
             with tracing.execution_span(job) if self.traced else UNTRACED as span:
-                started = time.monotonic()
-                outcome = await self.executor.run(job)
-                elapsed = time.monotonic() - started
+                outcome, elapsed = await self.executor.run(job)
                 name = outcome_name(outcome)
                 tracing.record_outcome(span, name, getattr(outcome, "error", None))
             self.stats.executed(job.queue, job.kind, name, elapsed)
@@ -356,9 +355,11 @@ class Worker:
         try:
             async with self.pool.connection() as conn:
                 await timings.record(conn, deltas)
+            self.outage.back()
         except (psycopg.Error, OSError) as exc:
-            # Metrics, not jobs: never worth failing a worker for, nor its shutdown.
-            log.warning("recording timings failed (kept for the next flush): %s", exc)
+            # Metrics, not jobs: never worth failing a worker for, nor its shutdown. Logged like any other
+            # lost connection, once per outage, not once per flush.
+            await self._lost("recording timings (kept for the next flush)", exc)
             return
         self.stats.timings.mark_flushed(deltas)
 
