@@ -252,10 +252,12 @@ class Worker:
                 await slots.freed.wait()
                 continue
             slots.wake.clear()
+            reused = slots.conn is not None
             try:
                 conn = await slots.connection(self.url, self.connect_options)
                 wanted = min(slots.free, self.settings.claim_batch_size)
                 claimed = await self._claim(conn, slots, wanted)
+                failures = 0
                 self.outage.back()
                 # Recovery comes right after a claim rather than before it, to keep its round trip
                 # off the path from a wake-up to a started job; what it recovers wakes us again.
@@ -264,9 +266,12 @@ class Worker:
                 if len(claimed) == wanted:
                     continue  # there may be more ready right now
                 wait = await self._idle_wait(conn, slots)
-                failures = 0
             except (psycopg.Error, OSError) as exc:
                 await slots.close_connection()
+                if reused:
+                    # A connection left idle through a database restart fails on its first use after
+                    # it: a fresh one decides, at once, whether the database is really away.
+                    continue
                 failures += 1
                 wait = failure_backoff(failures)
                 await self._lost(f"claim from queue {slots.name}", exc)
