@@ -132,7 +132,7 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
 def _dump(name: str, value: Any) -> str:
     """`value` as JSON text, or EnqueueError when it holds a character PostgreSQL cannot store."""
     text = json.dumps(value)
-    # The JSON escapes every such character (NUL as \u0000, a surrogate as \udXXX), so the walk
+    # The JSON escapes every such character (NUL as \u0000, a surrogate as \ud800 to \udfff), so the walk
     # that names the field only runs when the text holds one (or an emoji's surrogate pair).
     if "\\u0000" in text or "\\ud" in text:
         _refuse_unstorable(name, value)
