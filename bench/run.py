@@ -61,6 +61,8 @@ def main() -> int:
     if args.quick:
         base = replace(base, one_jobs=1_000, batched_jobs=10_000, process_jobs=5_000, process_rounds=2,
                        latency_jobs=100)
+    if args.latency_jobs:
+        base = replace(base, latency_jobs=args.latency_jobs)
     systems, notes = available_systems(args.systems)
     passes: dict[str, list[Result]] = {system.name: [] for system in systems}
     failed = False
@@ -109,6 +111,8 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run every system N times, taking turns; report the median of the passes")
     parser.add_argument("--profile", action="store_true", help="py-spy the dygo worker in one extra round")
+    parser.add_argument("--latency-jobs", type=int, metavar="N",
+                        help="jobs in each latency round (default 200; more makes the p99 less of a single sample)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--json", metavar="PATH", help="also write the full results (rounds, CPU, profile) here")
     parser.add_argument("--server-url", help="PostgreSQL server to use (default: `dygo db url`, the embedded one)")
