@@ -109,8 +109,15 @@ class Result:
     enqueue_one_rounds: list[float] = field(default_factory=list)
     enqueue_batched_rounds: list[float] = field(default_factory=list)
     rounds: list[ProcessingRound] = field(default_factory=list)
+    latency_ms: list[float] = field(default_factory=list)  # every latency sample, so passes can be pooled
     notes: list[str] = field(default_factory=list)
     profile: dict[str, Any] | None = None
+
+    def record_latency(self, samples_ms: Sequence[float]) -> None:
+        self.latency_ms = [round(x, 4) for x in samples_ms]
+        self.p50_ms, self.p95_ms, self.p99_ms = percentiles(samples_ms)
+        log(f"{self.system}: latency over {len(samples_ms)} jobs p50 {self.p50_ms:.2f} ms, p95 {self.p95_ms:.2f} ms, "
+            f"p99 {self.p99_ms:.2f} ms")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -135,14 +142,14 @@ def log(message: str) -> None:
 def percentiles(values_ms: Sequence[float]) -> tuple[float, float, float]:
     """p50, p95, p99 by the nearest-rank method."""
     ordered = sorted(values_ms)
+    return percentile(ordered, 50), percentile(ordered, 95), percentile(ordered, 99)
+
+
+def percentile(ordered: Sequence[float], p: float) -> float:
+    """The nearest-rank p-th percentile of `ordered` (sorted)."""
     if not ordered:
-        return (float("nan"),) * 3  # type: ignore[return-value]
-
-    def rank(p: float) -> float:
-        index = max(0, min(len(ordered) - 1, int(round(p / 100 * len(ordered) + 0.5)) - 1))
-        return ordered[index]
-
-    return rank(50), rank(95), rank(99)
+        return float("nan")
+    return ordered[max(0, min(len(ordered) - 1, int(round(p / 100 * len(ordered) + 0.5)) - 1))]
 
 
 def median_round(rounds: Sequence[ProcessingRound]) -> float:

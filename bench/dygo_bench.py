@@ -32,7 +32,6 @@ from common import (
     median_round,
     paced,
     parent_pid,
-    percentiles,
     plan_from,
     py_spy,
     rate,
@@ -78,7 +77,7 @@ def main() -> int:
                    "--concurrency", str(args.concurrency)]
         with WorkerProcess(command, env) as worker:
             warm_up(plan, worker)
-            result.p50_ms, result.p95_ms, result.p99_ms = measure_latency(plan, worker)
+            result.record_latency(measure_latency(plan, worker))
             vacuum_analyze(plan)
             result.rounds = [measure_processing(plan, worker, plan.process_jobs) for _ in range(plan.process_rounds)]
             result.processed = median_round(result.rounds)
@@ -161,7 +160,7 @@ def warm_up(plan: Plan, worker: WorkerProcess) -> None:
     time.sleep(0.5)
 
 
-def measure_latency(plan: Plan, worker: WorkerProcess) -> tuple[float, float, float]:
+def measure_latency(plan: Plan, worker: WorkerProcess) -> list[float]:
     with psycopg.connect(plan.url, autocommit=True) as conn:
         before = last_id(conn)
         for i in paced(plan.latency_jobs, plan.latency_interval):
@@ -171,9 +170,7 @@ def measure_latency(plan: Plan, worker: WorkerProcess) -> tuple[float, float, fl
         rows = conn.execute(
             "SELECT extract(epoch FROM started_at - enqueued_at) * 1000 FROM dygo_jobs WHERE id > %s",
             (before,)).fetchall()
-    p50, p95, p99 = percentiles([float(r[0]) for r in rows])
-    log(f"dygo: latency over {len(rows)} jobs p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms")
-    return p50, p95, p99
+    return [float(r[0]) for r in rows]
 
 
 def measure_processing(plan: Plan, worker: WorkerProcess, jobs: int) -> ProcessingRound:

@@ -40,7 +40,6 @@ from common import (
     log,
     median_round,
     parent_pid,
-    percentiles,
     plan_from,
     rate,
 )
@@ -107,7 +106,7 @@ async def run(plan: Plan, worker_batch_size: int, max_concurrent_tasks: int) -> 
     postmaster = await postmaster_pid(connection)
     with WorkerProcess(command, {"BENCH_URL": plan.url}, cwd=BENCH_DIR) as worker:
         await warm_up(plan, queries, connection, worker)
-        result.p50_ms, result.p95_ms, result.p99_ms = await measure_latency(plan, queries, connection, worker)
+        result.record_latency(await measure_latency(plan, queries, connection, worker))
         await connection.execute("VACUUM ANALYZE pgqueuer, pgqueuer_log")
         for _ in range(plan.process_rounds):
             result.rounds.append(await measure_processing(plan, queries, connection, worker, postmaster))
@@ -180,7 +179,7 @@ async def warm_up(plan: Plan, queries: Queries, connection: asyncpg.Connection, 
 
 
 async def measure_latency(plan: Plan, queries: Queries, connection: asyncpg.Connection,
-                          worker: WorkerProcess) -> tuple[float, float, float]:
+                          worker: WorkerProcess) -> list[float]:
     before = await last_id(connection)
     start = time.perf_counter()
     for i in range(plan.latency_jobs):
@@ -193,9 +192,7 @@ async def measure_latency(plan: Plan, queries: Queries, connection: asyncpg.Conn
         """SELECT extract(epoch FROM p.created - q.created) * 1000 AS ms
            FROM pgqueuer_log q JOIN pgqueuer_log p ON p.job_id = q.job_id AND p.status = 'picked'
            WHERE q.job_id > $1 AND q.status = 'queued'""", before)
-    p50, p95, p99 = percentiles([float(r["ms"]) for r in rows])
-    log(f"pgqueuer: latency over {len(rows)} jobs p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms")
-    return p50, p95, p99
+    return [float(r["ms"]) for r in rows]
 
 
 async def measure_processing(plan: Plan, queries: Queries, connection: asyncpg.Connection, worker: WorkerProcess,

@@ -35,7 +35,6 @@ from common import (
     log,
     median_round,
     parent_pid,
-    percentiles,
     plan_from,
     rate,
 )
@@ -85,7 +84,7 @@ async def measure(plan: Plan, concurrency: int, conn: psycopg.AsyncConnection, r
     env = {"BENCH_URL": plan.url, "PYTHONPATH": str(BENCH_DIR)}
     with WorkerProcess(command, env, cwd=BENCH_DIR) as worker:
         await warm_up(plan, noop, conn, worker)
-        result.p50_ms, result.p95_ms, result.p99_ms = await measure_latency(plan, noop, conn, worker)
+        result.record_latency(await measure_latency(plan, noop, conn, worker))
         await conn.execute("VACUUM ANALYZE procrastinate_jobs, procrastinate_events")
         for _ in range(plan.process_rounds):
             result.rounds.append(await measure_processing(plan, noop, conn, worker))
@@ -159,7 +158,7 @@ async def warm_up(plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.Asyn
 
 
 async def measure_latency(plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.AsyncConnection,
-                          worker: WorkerProcess) -> tuple[float, float, float]:
+                          worker: WorkerProcess) -> list[float]:
     before = await last_id(conn)
     start = time.perf_counter()
     for i in range(plan.latency_jobs):
@@ -172,9 +171,7 @@ async def measure_latency(plan: Plan, task: procrastinate.tasks.Task, conn: psyc
         """SELECT extract(epoch FROM s.at - d.at) * 1000
            FROM procrastinate_events d JOIN procrastinate_events s ON s.job_id = d.job_id AND s.type = 'started'
            WHERE d.job_id > %s AND d.type = 'deferred'""", (before,))
-    p50, p95, p99 = percentiles([float(r[0]) for r in await cursor.fetchall()])
-    log(f"procrastinate: latency p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms")
-    return p50, p95, p99
+    return [float(r[0]) for r in await cursor.fetchall()]
 
 
 async def measure_processing(plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.AsyncConnection,

@@ -23,17 +23,29 @@ import argparse
 import json
 import math
 import os
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from common import BENCH_DIR, ROOT, Plan, Result, log, machine_busy_seconds, plan_arguments
+from common import (
+    BENCH_DIR,
+    ROOT,
+    Plan,
+    Result,
+    log,
+    machine_busy_seconds,
+    percentile,
+    percentiles,
+    plan_arguments,
+)
 from psycopg.conninfo import make_conninfo
 
 PEER_VENV = ROOT / ".venv-bench"
@@ -89,12 +101,15 @@ def main() -> int:
             print(f"    {line}")
     print(f"  machine: {os.cpu_count()} cores; background load between systems: up to {max(loads):.2f} cores")
     if args.repeat > 1:
-        print(f"  each figure: the median of {args.repeat} passes (each pass: the median of its rounds)")
+        print(f"  rates: the median of {args.repeat} passes (each pass: the median of its rounds); "
+              f"latency: the percentiles of all passes' samples together")
     for note in notes:
         print(f"  note: {note}")
     dygo = next((r for r in results if r.system == "dygo"), None)
     if dygo is not None:
         print(target_report(dygo))
+        if len(results) > 1:
+            print(peer_report(passes))
         if dygo.profile:
             print(profile_report(dygo.profile))
     if args.json:
@@ -216,7 +231,9 @@ def run_system(system: System, plan: Plan, extra: list[str]) -> Result | None:
 
 
 def combine(passes: list[Result]) -> Result:
-    """One result from several passes of a system: the median of each figure, every round kept."""
+    """One result from several passes of a system: the median of each rate, every round kept, and the
+    latency percentiles of all passes' samples pooled (a p99 of 5 x 200 samples is the 10th slowest of
+    1,000, where a median of five per-pass p99s is a median of second-slowest samples)."""
     first = passes[0]
     if len(passes) == 1:
         return first
@@ -224,10 +241,12 @@ def combine(passes: list[Result]) -> Result:
     def median(attribute: str) -> float:
         return statistics.median(getattr(r, attribute) for r in passes)
 
+    pooled = [x for r in passes for x in r.latency_ms]
+    p50, p95, p99 = percentiles(pooled)
     return replace(
         first,
         enqueue_one=median("enqueue_one"), enqueue_batched=median("enqueue_batched"), processed=median("processed"),
-        p50_ms=median("p50_ms"), p95_ms=median("p95_ms"), p99_ms=median("p99_ms"),
+        p50_ms=p50, p95_ms=p95, p99_ms=p99, latency_ms=pooled,
         enqueue_one_rounds=[x for r in passes for x in r.enqueue_one_rounds],
         enqueue_batched_rounds=[x for r in passes for x in r.enqueue_batched_rounds],
         rounds=[x for r in passes for x in r.rounds],
@@ -288,6 +307,56 @@ def target_report(dygo: Result) -> str:
                      f"{r.worker_cpu_seconds}s, PostgreSQL {r.postgres_cpu_seconds}s, "
                      f"machine {r.machine_busy_seconds}s")
     return "\n".join(lines)
+
+
+LOWER_IS_BETTER = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99}  # latency columns, and their percentile
+
+
+def peer_report(passes: dict[str, list[Result]]) -> str:
+    """dygo against the best peer on every line: the margin, how many passes dygo won, and for latency a
+    bootstrap 95% interval of the difference, so a gap smaller than the run's own noise reads as level."""
+    ours = passes.get("dygo", [])
+    peers = {name: runs for name, runs in passes.items() if name != "dygo" and runs}
+    if not ours or not peers:
+        return ""
+    mine = combine(ours)
+    theirs = {name: combine(runs) for name, runs in peers.items()}
+    lines = ["", "dygo against the best peer, line by line:"]
+    for title, attribute in COLUMNS[2:]:
+        beats = partial(better_on, attribute)
+        best = next(name for name in theirs if all(not beats(theirs[other], theirs[name]) for other in theirs))
+        value, peer_value = getattr(mine, attribute), getattr(theirs[best], attribute)
+        margin = abs(value / peer_value - 1) * 100 if peer_value else float("nan")
+        won = sum(beats(a, b) for a, b in zip(ours, peers[best], strict=False))
+        line = (f"  {title:18} dygo {cell(value):>8}  {best} {cell(peer_value):>8}  "
+                f"{'ahead' if beats(mine, theirs[best]) else 'behind'} by {margin:.1f}%; "
+                f"dygo ahead in {won} of {min(len(ours), len(peers[best]))} passes")
+        if attribute in LOWER_IS_BETTER:
+            low, high = bootstrap_difference(mine.latency_ms, theirs[best].latency_ms, LOWER_IS_BETTER[attribute])
+            line += f"; dygo - {best}: 95% interval {low:+.2f} to {high:+.2f} ms"
+            line += " (level: the interval holds 0)" if low <= 0 <= high else ""
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def better_on(attribute: str, a: Result, b: Result) -> bool:
+    """Whether `a` beats `b` on one column: lower latency, or a higher rate."""
+    if attribute in LOWER_IS_BETTER:
+        return getattr(a, attribute) < getattr(b, attribute)
+    return getattr(a, attribute) > getattr(b, attribute)
+
+
+def bootstrap_difference(ours: list[float], theirs: list[float], p: int, resamples: int = 1000) -> tuple[float, float]:
+    """A 95% interval for the p-th percentile of `ours` minus that of `theirs`, resampling each sample set."""
+    if not ours or not theirs:
+        return float("nan"), float("nan")
+    rng = random.Random(0)  # the same samples give the same interval
+
+    def resampled(values: list[float]) -> float:
+        return percentile(sorted(rng.choices(values, k=len(values))), p)
+
+    differences = sorted(resampled(ours) - resampled(theirs) for _ in range(resamples))
+    return differences[int(0.025 * resamples)], differences[int(0.975 * resamples) - 1]
 
 
 def profile_report(profile: dict[str, object]) -> str:
