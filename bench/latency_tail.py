@@ -1,10 +1,18 @@
-"""Where dygo's wake-up latency tail comes from: N jobs enqueued 20 ms apart to an idle real worker.
+"""Where dygo's wake-up latency goes: N jobs enqueued 20 ms apart to an idle real worker.
 
     .venv/bin/python bench/latency_tail.py [--jobs 600]
 
-Prints p50/p95/p99 of start - enqueue (both from the rows, as bench/run.py reads them) and the
-slowest jobs with the second of the run they were enqueued at, to tell a periodic stall (heartbeat,
-timings flush, recovery) from scheduling jitter. Uses the embedded server and a database of its own.
+Prints p50/p95/p99 of start - enqueue (both from the rows, as bench/run.py reads them), split in two
+at the moment the enqueue call returned to this script (the same machine's clock):
+
+* enqueue: the insert's transaction start to its reply here (the statement, the commit's WAL flush and
+  the reply; the NOTIFY leaves at the commit, just before the reply);
+* wake-up: that reply to the claim's transaction start (the NOTIFY's way through the listening backend
+  to the worker, the worker's hand-off to its producer, and the claim's way to its backend).
+
+Then the slowest jobs, with the second of the run they were enqueued at, to tell a periodic stall
+(heartbeat, timings flush, recovery) from scheduling jitter. Uses the embedded server and a database
+of its own.
 """
 
 from __future__ import annotations
@@ -60,27 +68,31 @@ def main() -> int:
             time.sleep(0.5)
             before = conn.execute("SELECT coalesce(max(id), 0) FROM dygo_jobs").fetchone()[0]
             start = time.perf_counter()
+            returned: dict[int, float] = {}  # job id -> when its enqueue call returned, epoch seconds
             for i in range(args.jobs):
                 pause = start + i * args.interval - time.perf_counter()
                 if pause > 0:
                     time.sleep(pause)
-                enqueue(conn, "example.noop", {"n": i})
+                job = enqueue(conn, "example.noop", {"n": i})
+                returned[job.id] = time.time()
             time.sleep(0.5)
             rows = conn.execute(
                 "SELECT extract(epoch FROM started_at - enqueued_at)::float8 * 1000,"
-                "       extract(epoch FROM enqueued_at - min(enqueued_at) OVER ())::float8"
+                "       extract(epoch FROM enqueued_at - min(enqueued_at) OVER ())::float8,"
+                "       id, extract(epoch FROM enqueued_at)::float8, extract(epoch FROM started_at)::float8"
                 " FROM dygo_jobs WHERE id > %s AND started_at IS NOT NULL ORDER BY 1", (before,)).fetchall()
     finally:
         worker.terminate()
         worker.wait()
-    latencies = [row[0] for row in rows]
+    def spread(values: list[float]) -> str:
+        ordered = sorted(values)
+        p50, p95, p99 = (ordered[min(len(ordered) - 1, int(p * len(ordered)))] for p in (0.5, 0.95, 0.99))
+        return f"p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms"
 
-    def percentile(p: float) -> float:
-        return latencies[min(len(latencies) - 1, int(p * len(latencies)))]
-
-    print(f"{len(latencies)} jobs: p50 {percentile(0.5):.2f} ms, p95 {percentile(0.95):.2f} ms, "
-          f"p99 {percentile(0.99):.2f} ms")
-    print("slowest:", ", ".join(f"{ms:.2f} ms at {at:.2f}s" for ms, at in rows[-12:]))
+    print(f"{len(rows)} jobs: {spread([row[0] for row in rows])}")
+    print(f"  enqueue (transaction start to reply): {spread([(returned[i] - e) * 1000 for _, _, i, e, _ in rows])}")
+    print(f"  wake-up (reply to claim start):       {spread([(s - returned[i]) * 1000 for _, _, i, _, s in rows])}")
+    print("slowest:", ", ".join(f"{ms:.2f} ms at {at:.2f}s" for ms, at, *_ in rows[-12:]))
     return 0
 
 
