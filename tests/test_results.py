@@ -137,6 +137,21 @@ def test_progress_is_visible_mid_job_and_written_at_most_once_a_second(conn, api
     assert all(b - a >= 0.95 for a, b in zip(stamps, stamps[1:], strict=False)), stamps
 
 
+@pytest.mark.parametrize(("kind", "fail"), [("test.progress_final", False), ("test.progress_final", True),
+                                          ("test.progress_final_sync", False), ("test.progress_final_sync", True)])
+def test_a_finished_job_shows_the_last_progress_its_handler_reported(conn, api, worker, kind, fail):
+    # The last report comes 0.3 s after a written one: the once-a-second writer would not write it
+    # before the job settles, so only the settle can store it.
+    job = enqueue(conn, kind, {"fail": fail})
+    silent = enqueue(conn, "test.record", {})
+    body = api.admin.get(f"/api/v1/jobs/{job.id}", params={"wait": "10s"}).json()
+    assert body["state"] == ("dead" if fail else "succeeded"), body
+    progress = body["progress"]
+    assert (progress["fraction"], progress["message"], progress["attempt"]) == (1.0, "failing" if fail else "done", 1)
+    assert epoch(progress["at"]) == pytest.approx(epoch(body["finished_at"]), abs=0.001)
+    assert api.admin.get(f"/api/v1/jobs/{silent.id}", params={"wait": "10s"}).json()["progress"] is None
+
+
 def test_progress_refuses_a_fraction_outside_0_to_1_with_a_clear_error():
     ctx = make_context()
     ctx.progress(0.5, "halfway")  # no worker: validated, then nowhere to go
