@@ -95,6 +95,51 @@ def test_cancelling_or_deleting_a_job_wakes_its_waiters_at_once(conn, api):
     assert answer["at"] - acted < 0.5
 
 
+def test_a_purge_or_bulk_delete_answers_the_waiters_of_the_deleted_jobs_with_404_at_once(conn, api):
+    purged = enqueue(conn, "test.record", {}, delay="1h")  # scheduled: a purge deletes it
+    thread, answer = _wait_in_background(api, purged.id, wait="30s")
+    acted = time.monotonic()
+    report = api.admin.post("/api/v1/queues/default/purge").json()
+    assert report["scheduled"] == 1, report
+    thread.join(10)
+    assert answer["status"] == 404 and answer["body"]["error"]["code"] == "job_not_found"
+    assert answer["at"] - acted < 1.5
+
+    from store.admin import JobFilter, bulk_act
+
+    deleted, kept = enqueue(conn, "test.record", {}, queue="other"), enqueue(conn, "test.record", {})
+    thread, answer = _wait_in_background(api, deleted.id, wait="30s")
+    kept_thread, kept_answer = _wait_in_background(api, kept.id, wait="2s")
+    acted = time.monotonic()
+    assert bulk_act(conn, "delete", where=JobFilter(queue="other")).changed == 1  # the dashboard's bulk delete
+    thread.join(10)
+    assert answer["status"] == 404 and answer["at"] - acted < 1.5
+    kept_thread.join(10)  # woken too, it re-read its job, found it pending and went on waiting
+    assert kept_answer["status"] == 200 and kept_answer["body"]["state"] == "pending"
+    assert kept_answer["at"] - acted >= 1.0
+
+
+def test_python_wait_for_result_raises_not_found_at_once_when_a_purge_deletes_the_job(conn, db_url):
+    from store.admin import purge_queue
+
+    job = enqueue(conn, "test.record", {})
+    raised: dict = {}
+
+    def wait() -> None:
+        try:
+            wait_for_result(job.id, "30s", db=db_url)
+        except NotFound as exc:
+            raised.update(error=exc, at=time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)  # it is listening now
+    acted = time.monotonic()
+    assert purge_queue(conn, "default")["pending"] == 1
+    thread.join(10)
+    assert isinstance(raised.get("error"), NotFound) and raised["at"] - acted < 1.5
+
+
 def test_python_result_returns_the_finished_job_and_raises_wait_timeout_otherwise(conn, db_url, spawn):
     job = enqueue(conn, "test.record", {"seconds": 0.2})
     with pytest.raises(WaitTimeout) as timeout:
