@@ -2,7 +2,8 @@
 
 One LISTEN connection per serve process fans the `dygo_finished` notifications out to the
 waiting requests (a future per request, keyed by job id), so a thousand waiting clients cost one
-connection and no polling. A request subscribes before it reads the job, so a job that finishes
+connection and no polling. A bulk delete's empty payload wakes every waiter of the process to re-read
+its job once (store.results.notify_recheck). A request subscribes before it reads the job, so a job that finishes
 in between is seen by the read. When the LISTEN connection drops, every waiter re-reads its job
 and the connection is re-established with backoff; on reconnect every waiter re-reads again, which
 covers anything that finished while nobody listened.
@@ -90,6 +91,9 @@ class ResultWaiters:
                     self.outage.back()
                     self._wake_all()  # re-read: a job may have finished while nobody listened
                     async for notify in conn.notifies():
+                        if results.recheck_all(notify.payload):
+                            self._wake_all()  # a bulk delete: each waiter re-reads once (404 if gone)
+                            continue
                         for job_id in results.finished_ids(notify.payload):
                             self._wake(job_id)
             except (psycopg.Error, OSError) as exc:

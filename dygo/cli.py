@@ -336,7 +336,10 @@ def _list_jobs(conn: psycopg.Connection, args: argparse.Namespace) -> int:
         return 0
     table = [("ID", "KIND", "QUEUE", "STATE", "ATTEMPT", "RUN AT", "FINISHED", "LAST ERROR")]
     for job in jobs:
-        error = (job["last_error"] or "").splitlines()[0][:60] if job["last_error"] else ""
+        # A job that failed and then succeeded keeps its last error in the history (`dygo jobs show`);
+        # in the list it would read as if the job had failed.
+        shown = job["last_error"] if job["state"] != "succeeded" else None
+        error = shown.splitlines()[0][:60] if shown else ""
         table.append((str(job["id"]), job["kind"], job["queue"], job["state"],
                       f"{job['attempt']}/{job['max_attempts']}", _utc(job["run_at"]), _utc(job["finished_at"]), error))
     _print_table(table)

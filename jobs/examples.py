@@ -27,6 +27,7 @@ async def sleep(ctx: JobContext, args: Sleep) -> dict:
     while (left := end - time.monotonic()) > 0:
         ctx.progress(1 - left / args.seconds, f"{math.ceil(left)}s to go")
         await asyncio.sleep(min(left, 1.0))
+    ctx.progress(1.0, "done")  # a run's last report is stored when it settles
     return {"slept": args.seconds}
 
 

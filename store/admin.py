@@ -229,13 +229,17 @@ def retry_dead(conn: psycopg.Connection, queue: str) -> int:
 
 def purge_queue(conn: psycopg.Connection, queue: str) -> dict[str, int]:
     """Delete the queue's pending, scheduled and dead jobs; report them and the jobs left alone."""
-    pending, scheduled, dead, active, paused = conn.execute(queries.PURGE_QUEUE, {"queue": queue}).fetchone()
+    with conn.transaction():
+        pending, scheduled, dead, active, paused = conn.execute(queries.PURGE_QUEUE, {"queue": queue}).fetchone()
+        if pending + scheduled + dead:
+            results.notify_recheck(conn)  # their waiters answer 404 now, not at their timeout
     return {"pending": pending, "scheduled": scheduled, "dead": dead,
             "active_left": active, "paused_left": paused}
 
 
 def vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
     """Delete the queue's jobs dead for longer than `older_than` seconds; returns how many."""
+    # No waiter to wake (unlike purge_queue): a request waiting for a job returns as soon as it reads it dead.
     return conn.execute(queries.VACUUM_DEAD, {"queue": queue, "older_than": older_than}).rowcount
 
 
@@ -292,8 +296,11 @@ def check_ready(conn: psycopg.Connection) -> int:
 
 def nuke(conn: psycopg.Connection) -> dict[str, int]:
     """Delete every job, idempotency key, stat and queue pause. Development only (the caller checks)."""
-    jobs, keys, stats, queues = conn.execute(queries.NUKE).fetchone()
-    stats += conn.execute(queries.NUKE_TIMINGS).fetchone()[0]
+    with conn.transaction():
+        jobs, keys, stats, queues = conn.execute(queries.NUKE).fetchone()
+        stats += conn.execute(queries.NUKE_TIMINGS).fetchone()[0]
+        if jobs:
+            results.notify_recheck(conn)
     return {"jobs": jobs, "idempotency_keys": keys, "stats_rows": stats, "queue_pauses": queues}
 
 
@@ -354,7 +361,10 @@ def bulk_act(conn: psycopg.Connection, action: str, *, where: JobFilter | None =
     filters, params = _bulk_filters(where, ids)
     statement = sql.SQL(BULK_ACTIONS[action]).format(filters=filters)
     try:
-        matched, changed = conn.execute(statement, {**params, "cap": BULK_LIMIT}).fetchone()
+        with conn.transaction():
+            matched, changed = conn.execute(statement, {**params, "cap": BULK_LIMIT}).fetchone()
+            if action == "delete" and changed:
+                results.notify_recheck(conn)  # cancel and archive are seen by the trigger
     except psycopg.errors.UniqueViolation:
         # A live job took one of the keys between the check and the update: nothing changed.
         raise Conflict("idempotency_conflict", "a live job took the idempotency key of one of these jobs "

@@ -33,10 +33,14 @@ class ClaimedJob:
     waited: float = 0.0  # seconds from due to claim (store/timings.py: latency)
 
 
+Progress = tuple[float, str | None]  # (fraction, message) of a `ctx.progress` report
+
+
 @dataclass(slots=True)
 class Succeeded:
     job: ClaimedJob
     result: str | None  # JSON text
+    progress: Progress | None = None  # the run's latest report, stored by the settle (None: column unchanged)
 
 
 @dataclass(slots=True)
@@ -49,6 +53,7 @@ class Unsuccessful:
     refund_attempt: bool = False  # snooze and hand-back do not spend an attempt
     error: str | None = None
     traceback: str | None = None
+    progress: Progress | None = None  # the run's latest report, stored by the settle (None: column unchanged)
 
 
 Outcome = Succeeded | Unsuccessful
@@ -95,6 +100,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[
                 "ids": [o.job.id for o in successes],
                 "tokens": [o.job.lease_token for o in successes],
                 "results": [o.result for o in successes],
+                **_progress_params(successes),
             }
             cursor = await conn.execute(queries.SETTLE_SUCCEEDED, params)
             settled.update(row[0] for row in await cursor.fetchall())
@@ -107,10 +113,20 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[
                 "refunds": [o.refund_attempt for o in others],
                 "errors": [o.error for o in others],
                 "tracebacks": [o.traceback for o in others],
+                **_progress_params(others),
             }
             cursor = await conn.execute(queries.SETTLE_UNSUCCESSFUL, params)
             settled.update(row[0] for row in await cursor.fetchall())
     return settled
+
+
+def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str, list[Any] | None]:
+    """The settle's progress columns: NULL arrays (nothing to store, nothing sent per job) unless a job
+    of the batch has a report; then one fraction and message per job, None where it has none."""
+    if all(o.progress is None for o in outcomes):
+        return {"fractions": None, "messages": None}
+    return {"fractions": [o.progress[0] if o.progress else None for o in outcomes],
+            "messages": [o.progress[1] if o.progress else None for o in outcomes]}
 
 
 async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int) -> list[tuple[int, str]]:
@@ -134,7 +150,7 @@ async def worker_gone(conn: psycopg.AsyncConnection, worker_id: str) -> None:
 
 
 async def report_progress(conn: psycopg.AsyncConnection,
-                          reports: list[tuple[ClaimedJob, tuple[float, str | None]]]) -> set[int]:
+                          reports: list[tuple[ClaimedJob, Progress]]) -> set[int]:
     """Write the latest progress of running jobs, fenced by lease token; returns the ids written."""
     params = {
         "ids": [job.id for job, _ in reports],

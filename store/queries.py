@@ -115,12 +115,19 @@ RETURNING j.id"""
 # Every settle is fenced by the lease token: a worker that lost its lease changes nothing.
 # Each settle statement also appends its counts, one row per queue and kind, to the stats
 # deltas: an insert with no key, so settling workers never wait on each other for it.
-SETTLE_SUCCEEDED = """
+# A settle also stores the run's latest `ctx.progress` report, which the once-a-second writer
+# (worker/progress.py) may not have written yet: a NULL fraction leaves the column as it is. A batch
+# in which no job reported passes NULL arrays, which unnest pads with NULLs: no per-job cost.
+_SETTLE_PROGRESS = """progress = CASE WHEN s.fraction IS NULL THEN j.progress ELSE jsonb_build_object(
+        'fraction', s.fraction, 'message', s.message, 'attempt', j.attempt, 'at', now()) END"""
+SETTLE_SUCCEEDED = f"""
 WITH settled AS (
     UPDATE dygo_jobs AS j
     SET state = 'succeeded', finished_at = now(), result = s.result,
-        lease_owner = NULL, lease_token = NULL, lease_deadline = NULL
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS s(id, token, result)
+        lease_owner = NULL, lease_token = NULL, lease_deadline = NULL,
+        {_SETTLE_PROGRESS}
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[],
+                %(fractions)s::float8[], %(messages)s::text[]) AS s(id, token, result, fraction, message)
     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
     RETURNING j.id, j.queue, j.kind
 ), counted AS (
@@ -132,7 +139,7 @@ SELECT id FROM settled"""
 # Retry (pending after a delay), dead, snooze and hand-back (pending, attempt refunded) in one
 # statement per batch; an error, when given, is appended to the attempt history. A hand-back keeps
 # its run_at, so the job keeps its place at the head of the line instead of queueing behind the backlog.
-SETTLE_UNSUCCESSFUL = """
+SETTLE_UNSUCCESSFUL = f"""
 WITH settled AS (
 UPDATE dygo_jobs AS j
 SET state = s.state,
@@ -146,10 +153,12 @@ SET state = s.state,
     errors = CASE WHEN s.error IS NULL THEN j.errors ELSE j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'at', now(), 'started_at', j.started_at, 'worker', j.lease_owner,
         'error', s.error, 'traceback', s.traceback)) END,
-    lease_owner = NULL, lease_token = NULL, lease_deadline = NULL
+    lease_owner = NULL, lease_token = NULL, lease_deadline = NULL,
+    {_SETTLE_PROGRESS}
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(states)s::text[], %(delays)s::float8[],
-            %(refunds)s::boolean[], %(errors)s::text[], %(tracebacks)s::text[])
-     AS s(id, token, state, delay, refund, error, traceback)
+            %(refunds)s::boolean[], %(errors)s::text[], %(tracebacks)s::text[],
+            %(fractions)s::float8[], %(messages)s::text[])
+     AS s(id, token, state, delay, refund, error, traceback, fraction, message)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
 RETURNING j.id, j.queue, j.kind, j.state, s.error IS NOT NULL AS failed
 ), counted AS (
@@ -805,6 +814,10 @@ GROUP BY lease_owner, queue"""
 LISTEN_FOR_FINISHED = "LISTEN dygo_finished"
 # The same notification for a statement the trigger does not see (a deleted job: its waiters find it gone).
 NOTIFY_FINISHED = "SELECT pg_notify('dygo_finished', %s)"
+# After an admin statement that deletes jobs in bulk (purge, vacuum-dead, bulk delete, nuke): one empty
+# payload, "re-read your job", for every waiter, instead of the ids of up to millions of deleted jobs.
+# Empty, so a process that does not know it (an older serve in a rolling deploy) finds no ids in it.
+NOTIFY_RECHECK = "SELECT pg_notify('dygo_finished', '')"
 
 # The latest progress of each job, one statement per batch, fenced by the lease token like a settle:
 # a job settled or lost meanwhile keeps what it had.

@@ -1,8 +1,10 @@
 """Waiting for a job's result: LISTEN for the ids of jobs that reach a final state, no polling.
 
 The dygo_notify_finished trigger (migration 0006) sends those ids on the `dygo_finished` channel
-when the settling transaction commits. A waiter subscribes first and reads the job second, so a job
-that finishes between the two is seen by the read, and one that finishes after it by a notification.
+when the settling transaction commits; deleting one job sends its id, and an admin statement that
+deletes jobs in bulk sends an empty payload, which asks every waiter to re-read its job once.
+A waiter subscribes first and reads the job second, so a job that finishes between the two is seen
+by the read, and one that finishes after it by a notification.
 
     job = await result(job_id, timeout="30s")    # the job as GET /api/v1/jobs/{id} shows it
     job["state"], job["result"]                  # 'succeeded', 'dead' or 'cancelled'
@@ -33,6 +35,16 @@ def finished_ids(payload: str) -> set[int]:
     return {int(part) for part in payload.split(",") if part}
 
 
+def recheck_all(payload: str) -> bool:
+    """Whether a `dygo_finished` notification asks every waiter to re-read its job (a bulk delete)."""
+    return payload == ""
+
+
+def wakes(payload: str, job_id: int) -> bool:
+    """Whether a `dygo_finished` notification concerns the job `job_id`'s waiter."""
+    return recheck_all(payload) or job_id in finished_ids(payload)
+
+
 async def listen(conn: psycopg.AsyncConnection) -> None:
     """Subscribe `conn` (autocommit) to the ids of jobs that reach a final state."""
     await conn.execute(queries.LISTEN_FOR_FINISHED)
@@ -48,6 +60,12 @@ def notify_deleted(conn: psycopg.Connection, job_ids: list[int]) -> None:
     """Wake the waiters of deleted jobs (the trigger only sees updates); they then find the job gone."""
     for start in range(0, len(job_ids), 390):
         conn.execute(queries.NOTIFY_FINISHED, (",".join(str(i) for i in job_ids[start:start + 390]),))
+
+
+def notify_recheck(conn: psycopg.Connection) -> None:
+    """Wake every waiter to re-read its job once: after a statement that deleted jobs in bulk, whose ids
+    are not worth sending (a purge may delete millions). Delivered when `conn`'s transaction commits."""
+    conn.execute(queries.NOTIFY_RECHECK)
 
 
 def _seconds(timeout: str | float) -> float:
@@ -84,7 +102,7 @@ async def result(job_id: int, timeout: str | float = 30.0, *, db: str | None = N
             if remaining <= 0:
                 raise WaitTimeout(job_id, seconds, job)
             async for notify in conn.notifies(timeout=remaining):
-                if job_id in finished_ids(notify.payload):
+                if wakes(notify.payload, job_id):
                     break
             job = await aget_job(conn, job_id)
         return job
@@ -102,7 +120,7 @@ def wait_for_result(job_id: int, timeout: str | float = 30.0, *, db: str | None 
             if remaining <= 0:
                 raise WaitTimeout(job_id, seconds, job)
             for notify in conn.notifies(timeout=remaining):
-                if job_id in finished_ids(notify.payload):
+                if wakes(notify.payload, job_id):
                     break
             job = get_job(conn, job_id)
         return job

@@ -24,7 +24,7 @@ import psycopg
 from croniter import CroniterError
 from psycopg.rows import dict_row
 
-from store import cron, queries
+from store import cron, queries, tracing
 from store.config import Settings, _read_yaml
 from store.enqueue import PRIORITY_RANGE, Enqueued, aenqueue, enqueue
 from store.errors import ConfigError, Conflict, EnqueueError, NotFound
@@ -280,6 +280,18 @@ async def fire_due(conn: psycopg.AsyncConnection, *, now: datetime | None = None
 
 
 async def _fire(conn: psycopg.AsyncConnection, due: _Due) -> Fired:
+    # Traced, the fire is a span and the job's meta carries its trace (through the enqueue span inside
+    # it); untraced, this costs nothing and the meta is unchanged.
+    with tracing.schedule_fire_span(due.name, due.occurrence, due.kind) as span:
+        fired = await _fire_occurrence(conn, due)
+        if span is not None:
+            outcome = ("error" if fired.error else "skipped" if fired.skipped
+                       else "deduplicated" if fired.deduplicated else "fired")
+            tracing.record_fire(span, outcome, fired.job_id, fired.error)
+        return fired
+
+
+async def _fire_occurrence(conn: psycopg.AsyncConnection, due: _Due) -> Fired:
     occurrence, now = due.occurrence.astimezone(UTC), due.now.astimezone(UTC)
     try:
         next_run_at: datetime | None = cron.next_fire(due.spec, due.timezone, max(now, occurrence))

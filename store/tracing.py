@@ -7,13 +7,16 @@ is configured (dygo never configures one: that is the application's call, e.g. w
 * enqueue (Python API and HTTP) runs in a `dygo.enqueue` span, and the job's meta carries that
   span's W3C trace context (`traceparent`, plus `tracestate`/`baggage` when set);
 * the worker runs each handler in a `dygo.execute <kind>` span whose parent is that context, so
-  the trace goes from the enqueuer through the queue into the handler, across processes.
+  the trace goes from the enqueuer through the queue into the handler, across processes;
+* a worker fires each due cron occurrence in a `dygo.schedule.fire` span (the root of a trace: a
+  fire has no caller) around that enqueue, so the fired job's handler runs in the fire's trace.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -87,6 +90,28 @@ def execution_span(job: ClaimedJob) -> Iterator[Any]:
     with trace.get_tracer(TRACER).start_as_current_span(f"dygo.execute {job.kind}", context=parent,
                                                         kind=SpanKind.CONSUMER, attributes=attributes) as span:
         yield span
+
+
+@contextmanager
+def schedule_fire_span(name: str, occurrence: datetime, kind: str) -> Iterator[Any]:
+    """The `dygo.schedule.fire` span around firing one occurrence (None when tracing is off). The job it
+    enqueues carries the context of its `dygo.enqueue` span, a child of this one."""
+    if not active():
+        yield None
+        return
+    attributes = {"dygo.schedule.name": name, "dygo.schedule.occurrence": occurrence.astimezone(UTC).isoformat(),
+                  "dygo.job.kind": kind}
+    with trace.get_tracer(TRACER).start_as_current_span("dygo.schedule.fire", attributes=attributes) as span:
+        yield span
+
+
+def record_fire(span: Any, outcome: str, job_id: int | None, error: str | None) -> None:
+    """What a fire did (fired, deduplicated, skipped, error) and the job it enqueued, on its span."""
+    if span is None:
+        return
+    set_attributes(span, job_id=job_id, schedule_outcome=outcome)
+    if error is not None:
+        span.set_status(Status(StatusCode.ERROR, error))
 
 
 def record_outcome(span: Any, outcome: str, error: str | None) -> None:

@@ -197,6 +197,32 @@ def progress_sync(ctx: JobContext, args: Progress) -> str:
     return f"{reports} reports"
 
 
+class ProgressFinal(BaseModel):
+    fail: bool = False
+
+
+@job("test.progress_final", max_attempts=1)
+async def progress_final(ctx: JobContext, args: ProgressFinal) -> str:
+    """A report written at once, then the last one well within the second after it, then the end."""
+    ctx.progress(0.2, "started")
+    await asyncio.sleep(0.3)
+    ctx.progress(1.0, "failing" if args.fail else "done")
+    if args.fail:
+        raise ValueError("failed after its last report")
+    return "finished"
+
+
+@job("test.progress_final_sync", max_attempts=1)
+def progress_final_sync(ctx: JobContext, args: ProgressFinal) -> str:
+    """The same from a sync handler, which reports from a thread of its own."""
+    ctx.progress(0.2, "started")
+    time.sleep(0.3)
+    ctx.progress(1.0, "failing" if args.fail else "done")
+    if args.fail:
+        raise ValueError("failed after its last report")
+    return "finished"
+
+
 class Size(BaseModel):
     chars: int
 

@@ -30,6 +30,27 @@ def test_jobs_list_shows_a_filtered_table(conn, db_url):
     assert dygo(db_url, "jobs", "list", "--state", "dead").stdout.strip() == "no jobs match"
 
 
+def test_jobs_list_leaves_last_error_empty_for_a_job_that_failed_then_succeeded(conn, db_url):
+    recovered = enqueue(conn, "test.fail", {"times": 1})  # attempt 1 fails, attempt 2 succeeds
+    dead = enqueue(conn, "test.abort", {})
+    assert dygo(db_url, "worker", "--once").returncode == 0  # the first attempt of each
+    conn.execute("UPDATE dygo_jobs SET run_at = now() WHERE id = %s", (recovered.id,))  # skip the backoff
+    assert dygo(db_url, "worker", "--once").returncode == 0
+    state, last_error = conn.execute("SELECT state, last_error FROM dygo_jobs WHERE id = %s",
+                                     (recovered.id,)).fetchone()
+    assert state == "succeeded" and last_error == "ValueError: failure number 1"  # the history stays
+
+    listed = dygo(db_url, "jobs", "list")
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    assert rows[str(recovered.id)].split()[3] == "succeeded"
+    assert "failure number" not in rows[str(recovered.id)]
+    assert re.search(r"\d\d:\d\d:\d\d$", rows[str(recovered.id)].rstrip())  # FINISHED is the last column shown
+    assert "Abort: bad input, never retry" in rows[str(dead.id)]  # an unsuccessful job still shows its error
+    shown = dygo(db_url, "jobs", "show", str(recovered.id))
+    assert "attempt 1 failed at " in shown.stdout and "ValueError: failure number 1" in shown.stdout
+
+
 def test_jobs_show_prints_the_job_and_exits_1_for_an_unknown_id(conn, db_url):
     job = enqueue(conn, "test.record", {"seconds": 0.5}, meta={"tenant": "acme"})
     shown = dygo(db_url, "jobs", "show", str(job.id))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import uuid
 
 import psycopg
 
@@ -79,6 +81,29 @@ def test_settle_is_fenced_by_the_lease_token(conn, db_url):
     run(go())
     assert conn.execute("SELECT state, result, lease_owner FROM dygo_jobs WHERE id = %s",
                         (job_id,)).fetchone() == ("succeeded", "fresh", None)
+
+
+def test_a_settle_stores_each_runs_last_progress_fenced_by_its_lease_token(conn, db_url):
+    done, silent, failed, fenced = (enqueue(conn, "test.noop", {}).id for _ in range(4))
+    jobs = {j.id: j for j in claim_now(db_url)}
+    conn.execute("""UPDATE dygo_jobs SET progress = '{"fraction": 0.5, "message": "written"}' WHERE id = %s""",
+                 (silent,))
+    stolen = dataclasses.replace(jobs[fenced], lease_token=uuid.uuid4())  # a run that lost its lease
+
+    async def go():
+        async with await aconnect(db_url) as c:
+            return await settle(c, [Succeeded(jobs[done], None, progress=(1.0, "done")),
+                                    Succeeded(jobs[silent], None),
+                                    Succeeded(stolen, None, progress=(0.9, "stale")),
+                                    Unsuccessful(jobs[failed], "dead", error="boom", progress=(0.25, None))])
+
+    assert run(go()) == {done, silent, failed}
+    progress = dict(conn.execute("SELECT id, progress FROM dygo_jobs").fetchall())
+    assert {k: v for k, v in progress[done].items() if k != "at"} == {"fraction": 1.0, "message": "done",
+                                                                       "attempt": 1}
+    assert progress[silent] == {"fraction": 0.5, "message": "written"}  # no report: left as it was
+    assert progress[failed]["fraction"] == 0.25 and progress[failed]["message"] is None
+    assert progress[fenced] is None
 
 
 def test_failure_records_the_attempt_history_and_backoff(conn, db_url):

@@ -95,6 +95,51 @@ def test_cancelling_or_deleting_a_job_wakes_its_waiters_at_once(conn, api):
     assert answer["at"] - acted < 0.5
 
 
+def test_a_purge_or_bulk_delete_answers_the_waiters_of_the_deleted_jobs_with_404_at_once(conn, api):
+    purged = enqueue(conn, "test.record", {}, delay="1h")  # scheduled: a purge deletes it
+    thread, answer = _wait_in_background(api, purged.id, wait="30s")
+    acted = time.monotonic()
+    report = api.admin.post("/api/v1/queues/default/purge").json()
+    assert report["scheduled"] == 1, report
+    thread.join(10)
+    assert answer["status"] == 404 and answer["body"]["error"]["code"] == "job_not_found"
+    assert answer["at"] - acted < 1.5
+
+    from store.admin import JobFilter, bulk_act
+
+    deleted, kept = enqueue(conn, "test.record", {}, queue="other"), enqueue(conn, "test.record", {})
+    thread, answer = _wait_in_background(api, deleted.id, wait="30s")
+    kept_thread, kept_answer = _wait_in_background(api, kept.id, wait="2s")
+    acted = time.monotonic()
+    assert bulk_act(conn, "delete", where=JobFilter(queue="other")).changed == 1  # the dashboard's bulk delete
+    thread.join(10)
+    assert answer["status"] == 404 and answer["at"] - acted < 1.5
+    kept_thread.join(10)  # woken too, it re-read its job, found it pending and went on waiting
+    assert kept_answer["status"] == 200 and kept_answer["body"]["state"] == "pending"
+    assert kept_answer["at"] - acted >= 1.0
+
+
+def test_python_wait_for_result_raises_not_found_at_once_when_a_purge_deletes_the_job(conn, db_url):
+    from store.admin import purge_queue
+
+    job = enqueue(conn, "test.record", {})
+    raised: dict = {}
+
+    def wait() -> None:
+        try:
+            wait_for_result(job.id, "30s", db=db_url)
+        except NotFound as exc:
+            raised.update(error=exc, at=time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)  # it is listening now
+    acted = time.monotonic()
+    assert purge_queue(conn, "default")["pending"] == 1
+    thread.join(10)
+    assert isinstance(raised.get("error"), NotFound) and raised["at"] - acted < 1.5
+
+
 def test_python_result_returns_the_finished_job_and_raises_wait_timeout_otherwise(conn, db_url, spawn):
     job = enqueue(conn, "test.record", {"seconds": 0.2})
     with pytest.raises(WaitTimeout) as timeout:
@@ -135,6 +180,21 @@ def test_progress_is_visible_mid_job_and_written_at_most_once_a_second(conn, api
     assert 2 <= len(writes) <= 3, sorted(writes)
     stamps = sorted(epoch(at) for at in writes)
     assert all(b - a >= 0.95 for a, b in zip(stamps, stamps[1:], strict=False)), stamps
+
+
+@pytest.mark.parametrize(("kind", "fail"), [("test.progress_final", False), ("test.progress_final", True),
+                                          ("test.progress_final_sync", False), ("test.progress_final_sync", True)])
+def test_a_finished_job_shows_the_last_progress_its_handler_reported(conn, api, worker, kind, fail):
+    # The last report comes 0.3 s after a written one: the once-a-second writer would not write it
+    # before the job settles, so only the settle can store it.
+    job = enqueue(conn, kind, {"fail": fail})
+    silent = enqueue(conn, "test.record", {})
+    body = api.admin.get(f"/api/v1/jobs/{job.id}", params={"wait": "10s"}).json()
+    assert body["state"] == ("dead" if fail else "succeeded"), body
+    progress = body["progress"]
+    assert (progress["fraction"], progress["message"], progress["attempt"]) == (1.0, "failing" if fail else "done", 1)
+    assert epoch(progress["at"]) == pytest.approx(epoch(body["finished_at"]), abs=0.001)
+    assert api.admin.get(f"/api/v1/jobs/{silent.id}", params={"wait": "10s"}).json()["progress"] is None
 
 
 def test_progress_refuses_a_fraction_outside_0_to_1_with_a_clear_error():

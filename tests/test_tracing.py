@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from store import aenqueue, enqueue, enqueue_many
-from tests.conftest import REPO, dygo_env
+from store.config import load_settings
+from store.registry import registry
+from store.schedules import load_schedules, sync
+from tests.conftest import REPO, TEST_CONFIG, dygo_env
 from tests.span_file import read_spans
 
 trace = pytest.importorskip("opentelemetry.trace")
@@ -131,3 +136,53 @@ def test_async_enqueue_is_traced_like_the_sync_one(conn, db_url, spans):
         "dygo.enqueue", {"dygo.job.kind": "test.noop", "dygo.job.queue": "other", "dygo.job.id": job_id})
     trace_id, span_id = ids(span)
     assert meta(conn, job_id)["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
+
+
+def due_schedule(conn, db_url: str, tmp_path: Path) -> Path:
+    """A config dir declaring schedule `tick` (test.noop every minute), synced and due now."""
+    config = tmp_path / "config"
+    config.mkdir()
+    for name in ("queues.yml", "dygo.yml"):
+        shutil.copy(TEST_CONFIG / name, config)
+    (config / "schedules.yml").write_text("schedules:\n  - {name: tick, cron: '* * * * *', kind: test.noop}\n")
+
+    async def synced() -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
+            await sync(aconn, load_schedules(load_settings(config), registry, declared={}).values())
+
+    asyncio.run(synced())
+    conn.execute("UPDATE dygo_schedules SET next_run_at = now() - interval '1 second'")
+    return config
+
+
+def fired_job(conn) -> tuple[int, dict[str, str]]:
+    [(job_id, job_meta)] = conn.execute("SELECT id, meta FROM dygo_jobs WHERE meta->>'schedule' = 'tick'").fetchall()
+    return job_id, job_meta
+
+
+def test_a_cron_fired_job_runs_in_the_trace_of_its_schedule_fire_span(conn, db_url, spawn, tmp_path):
+    config = due_schedule(conn, db_url, tmp_path)
+    spans_file = tmp_path / "spans.jsonl"
+    worker = spawn("worker", "--once", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(config),
+                                                    DYGO_TEST_SPANS_FILE=str(spans_file)))
+    assert worker.wait() == 0, worker.stderr()
+    job_id, job_meta = fired_job(conn)
+    by_name = {span["name"]: span for span in read_spans(spans_file)}
+    fire, enqueued, executed = by_name["dygo.schedule.fire"], by_name["dygo.enqueue"], by_name["dygo.execute test.noop"]
+    assert fire["parent_id"] is None  # a fire has no caller: it starts the trace
+    assert fire["attributes"] == {"dygo.schedule.name": "tick", "dygo.schedule.occurrence": job_meta["occurrence"],
+                                  "dygo.job.kind": "test.noop", "dygo.job.id": job_id,
+                                  "dygo.schedule.outcome": "fired"}
+    # fire -> enqueue (its context in the job's meta) -> the handler, one trace
+    assert (enqueued["trace_id"], enqueued["parent_id"]) == (fire["trace_id"], fire["span_id"])
+    assert job_meta["traceparent"].startswith(f"00-{fire['trace_id']}-{enqueued['span_id']}-")
+    assert (executed["trace_id"], executed["parent_id"]) == (fire["trace_id"], enqueued["span_id"])
+    assert executed["attributes"]["dygo.job.id"] == job_id
+
+
+def test_an_untraced_worker_fires_schedules_without_trace_context_in_the_meta(conn, db_url, spawn, tmp_path):
+    config = due_schedule(conn, db_url, tmp_path)
+    worker = spawn("worker", "--once", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(config)))
+    assert worker.wait() == 0, worker.stderr()
+    _, job_meta = fired_job(conn)
+    assert sorted(job_meta) == ["occurrence", "schedule"]

@@ -9,7 +9,8 @@
 * schedule  - fire due cron schedules, sleeping until the next fire time (or a NOTIFY that one changed)
 * timings   - every TIMINGS_INTERVAL, append the latency/duration histogram counts observed since
               the last flush (store/timings.py) for GET /metrics on `dygo serve`
-* progress  - write the latest `ctx.progress` reports, at most once a second (worker/progress.py)
+* progress  - write the latest `ctx.progress` reports, at most once a second (worker/progress.py);
+              a run's last report is stored by its settle
 """
 
 from __future__ import annotations
@@ -240,7 +241,8 @@ class Worker:
         if unfinished:
             log.warning("handing back %d unfinished job(s): %s", len(unfinished),
                         ", ".join(str(j.id) for j in unfinished))
-            self.outbox += [Unsuccessful(j, "pending", refund_attempt=True) for j in unfinished]
+            self.outbox += [Unsuccessful(j, "pending", refund_attempt=True, progress=self.progress.take(j.lease_token))
+                            for j in unfinished]
 
     # --- produce: claim and start jobs ------------------------------------------------------------
 
@@ -298,6 +300,7 @@ class Worker:
         try:
             with tracing.execution_span(job) if self.traced else UNTRACED as span:
                 outcome, elapsed = await self.executor.run(job)
+                outcome.progress = self.progress.take(job.lease_token)  # stored by the settle
                 name = outcome_name(outcome)
                 tracing.record_outcome(span, name, getattr(outcome, "error", None))
             self.stats.executed(job.queue, job.kind, name, elapsed)
