@@ -814,7 +814,7 @@ GROUP BY lease_owner, queue"""
 LISTEN_FOR_FINISHED = "LISTEN dygo_finished"
 # The same notification for a statement the trigger does not see (a deleted job: its waiters find it gone).
 NOTIFY_FINISHED = "SELECT pg_notify('dygo_finished', %s)"
-# After an admin statement that deletes jobs in bulk (purge, vacuum-dead, bulk delete, nuke): one empty
+# After an admin statement that deletes unfinished jobs in bulk (purge, bulk delete, nuke): one empty
 # payload, "re-read your job", for every waiter, instead of the ids of up to millions of deleted jobs.
 # Empty, so a process that does not know it (an older serve in a rolling deploy) finds no ids in it.
 NOTIFY_RECHECK = "SELECT pg_notify('dygo_finished', '')"
