@@ -210,6 +210,24 @@ def test_jobs_filter_paginate_and_act_on_one(serve, conn, page):
     assert state_of(conn, other) == "pending"
 
 
+def test_jobs_list_shows_no_last_error_for_a_job_that_failed_then_succeeded(serve, conn, page):
+    api = serve()
+    recovered, retrying = enqueue(api, "test.noop"), enqueue(api, "test.noop")
+    # As a worker leaves them: the error of the failed attempt stays in the row (and its history).
+    conn.execute("UPDATE dygo_jobs SET state = 'succeeded', attempt = 2, finished_at = now(), "
+                 "last_error = 'ValueError: failure number 1', errors = jsonb_build_array(jsonb_build_object("
+                 "'attempt', 1, 'at', now(), 'error', 'ValueError: failure number 1', 'traceback', 'Traceback')) "
+                 "WHERE id = %s", (recovered,))
+    conn.execute("UPDATE dygo_jobs SET attempt = 1, last_error = 'ValueError: still failing' WHERE id = %s",
+                 (retrying,))
+    log_in(page, api)
+    page.goto(f"{api.url}/dashboard/jobs")
+    expect(page.locator(f"tr[data-job='{retrying}'] .error-line")).to_have_text("ValueError: still failing")
+    expect(page.locator(f"tr[data-job='{recovered}'] .error-line")).to_have_text("")
+    page.click(f"tr[data-job='{recovered}'] a")
+    expect(page.locator("body")).to_contain_text("ValueError: failure number 1")  # the history stays on its page
+
+
 def test_queues_pause_resume_and_purge_after_a_confirmation(serve, conn, page):
     api = serve()
     for _ in range(3):
