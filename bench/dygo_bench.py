@@ -62,27 +62,32 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dygo-bench-config-") as config_dir:
         write_config(Path(config_dir), args.concurrency, args.claim_batch_size)
         load_jobs(load_settings(config_dir))
-        with psycopg.connect(plan.url, autocommit=True) as conn:
-            migrate(conn)
+        # One client connection for the whole run, as the peers' scripts keep theirs (and as an application's
+        # pool would): a fresh session's first insert also compiles the plpgsql trigger functions, a
+        # once-per-connection cost (~1.5 ms) that would otherwise be the first latency sample of every pass.
+        conn = psycopg.connect(plan.url, autocommit=True)
+        migrate(conn)
         result = Result(
             system="dygo", version=dygo_version(),
             settings=f"dygo worker --queue {QUEUE} --concurrency {args.concurrency}, "
                      f"claim_batch_size {args.claim_batch_size}, log level {args.log_level}; "
                      f"enqueue_many batches of {plan.batch_size}",
         )
-        result.enqueue_one, result.enqueue_one_rounds = measure_enqueue_one(plan)
-        result.enqueue_batched, result.enqueue_batched_rounds = measure_enqueue_batched(plan)
+        result.enqueue_one, result.enqueue_one_rounds = measure_enqueue_one(plan, conn)
+        result.enqueue_batched, result.enqueue_batched_rounds = measure_enqueue_batched(plan, conn)
         env = {"DATABASE_URL": plan.url, "DYGO_CONFIG_DIR": config_dir, "DYGO_LOG_LEVEL": args.log_level}
         command = [str(Path(sys.executable).with_name("dygo")), "worker", "--queue", QUEUE,
                    "--concurrency", str(args.concurrency)]
         with WorkerProcess(command, env) as worker:
-            warm_up(plan, worker)
-            result.record_latency(measure_latency(plan, worker))
-            vacuum_analyze(plan)
-            result.rounds = [measure_processing(plan, worker, plan.process_jobs) for _ in range(plan.process_rounds)]
+            warm_up(plan, conn, worker)
+            result.record_latency(measure_latency(plan, conn, worker))
+            vacuum_analyze(conn)
+            result.rounds = [measure_processing(plan, conn, worker, plan.process_jobs)
+                             for _ in range(plan.process_rounds)]
             result.processed = median_round(result.rounds)
             if args.profile_with:
-                result.profile = profile_processing(plan, worker, args.profile_with, args.profile_jobs)
+                result.profile = profile_processing(plan, conn, worker, args.profile_with, args.profile_jobs)
+        conn.close()
     emit(result)
     return 0
 
@@ -102,10 +107,9 @@ def truncate(conn: psycopg.Connection) -> None:
     conn.execute("TRUNCATE dygo_jobs")
 
 
-def vacuum_analyze(plan: Plan) -> None:
+def vacuum_analyze(conn: psycopg.Connection) -> None:
     """What autovacuum would have done by now in a running system (every system gets it)."""
-    with psycopg.connect(plan.url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE dygo_jobs")
+    conn.execute("VACUUM ANALYZE dygo_jobs")
 
 
 def last_id(conn: psycopg.Connection) -> int:
@@ -116,30 +120,28 @@ def last_id(conn: psycopg.Connection) -> int:
 # --- 1 and 2: enqueue -----------------------------------------------------------------------------------
 
 
-def measure_enqueue_one(plan: Plan) -> tuple[float, list[float]]:
+def measure_enqueue_one(plan: Plan, conn: psycopg.Connection) -> tuple[float, list[float]]:
     seconds = []
-    with psycopg.connect(plan.url, autocommit=True) as conn:
-        truncate(conn)
-        for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
-            started = time.perf_counter()
-            for i in range(plan.one_jobs):
-                enqueue(conn, KIND, {"n": i})
-            seconds.append(time.perf_counter() - started)
-        truncate(conn)
+    truncate(conn)
+    for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
+        started = time.perf_counter()
+        for i in range(plan.one_jobs):
+            enqueue(conn, KIND, {"n": i})
+        seconds.append(time.perf_counter() - started)
+    truncate(conn)
     return enqueue_rates("dygo", "one at a time", plan.one_jobs, seconds)
 
 
-def measure_enqueue_batched(plan: Plan) -> tuple[float, list[float]]:
+def measure_enqueue_batched(plan: Plan, conn: psycopg.Connection) -> tuple[float, list[float]]:
     seconds = []
-    with psycopg.connect(plan.url, autocommit=True) as conn:
-        truncate(conn)
-        for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
-            started = time.perf_counter()
-            for first in range(0, plan.batched_jobs, plan.batch_size):
-                count = min(plan.batch_size, plan.batched_jobs - first)
-                enqueue_many(conn, [JobRequest(KIND, {"n": first + i}) for i in range(count)])
-            seconds.append(time.perf_counter() - started)
-        truncate(conn)
+    truncate(conn)
+    for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
+        started = time.perf_counter()
+        for first in range(0, plan.batched_jobs, plan.batch_size):
+            count = min(plan.batch_size, plan.batched_jobs - first)
+            enqueue_many(conn, [JobRequest(KIND, {"n": first + i}) for i in range(count)])
+        seconds.append(time.perf_counter() - started)
+    truncate(conn)
     return enqueue_rates("dygo", f"in batches of {plan.batch_size}", plan.batched_jobs, seconds)
 
 
@@ -151,38 +153,34 @@ def count_succeeded(conn: psycopg.Connection, after_id: int) -> int:
     return row[0] if row else 0
 
 
-def warm_up(plan: Plan, worker: WorkerProcess) -> None:
+def warm_up(plan: Plan, conn: psycopg.Connection, worker: WorkerProcess) -> None:
     """One job through the worker: it is then started, listening and idle."""
-    with psycopg.connect(plan.url, autocommit=True) as conn:
-        before = last_id(conn)
-        enqueue(conn, KIND, {})
-        wait_for_rows(lambda: count_succeeded(conn, before), 1, worker, plan.timeout, "warm-up job")
+    before = last_id(conn)
+    enqueue(conn, KIND, {})
+    wait_for_rows(lambda: count_succeeded(conn, before), 1, worker, plan.timeout, "warm-up job")
     time.sleep(0.5)
 
 
-def measure_latency(plan: Plan, worker: WorkerProcess) -> list[float]:
-    with psycopg.connect(plan.url, autocommit=True) as conn:
-        before = last_id(conn)
-        for i in paced(plan.latency_jobs, plan.latency_interval):
-            enqueue(conn, KIND, {"n": i})
-        wait_for_rows(lambda: count_succeeded(conn, before), plan.latency_jobs, worker, plan.timeout,
-                      "latency jobs")
-        rows = conn.execute(
-            "SELECT extract(epoch FROM started_at - enqueued_at) * 1000 FROM dygo_jobs WHERE id > %s",
-            (before,)).fetchall()
+def measure_latency(plan: Plan, conn: psycopg.Connection, worker: WorkerProcess) -> list[float]:
+    before = last_id(conn)
+    for i in paced(plan.latency_jobs, plan.latency_interval):
+        enqueue(conn, KIND, {"n": i})
+    wait_for_rows(lambda: count_succeeded(conn, before), plan.latency_jobs, worker, plan.timeout, "latency jobs")
+    rows = conn.execute(
+        "SELECT extract(epoch FROM started_at - enqueued_at) * 1000 FROM dygo_jobs WHERE id > %s ORDER BY id",
+        (before,)).fetchall()
     return [float(r[0]) for r in rows]
 
 
-def measure_processing(plan: Plan, worker: WorkerProcess, jobs: int) -> ProcessingRound:
-    with psycopg.connect(plan.url, autocommit=True) as conn:
-        before = last_id(conn)
-        enqueue_many(conn, [JobRequest(KIND, {"n": i}) for i in range(jobs)])
-        meter = CpuMeter(worker.pid, parent_pid(conn.info.backend_pid)).start()
-        wait_for_rows(lambda: count_succeeded(conn, before), jobs, worker, plan.timeout, "processed jobs")
-        meter.stop()
-        row = conn.execute(
-            "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM dygo_jobs WHERE id > %s",
-            (before,)).fetchone()
+def measure_processing(plan: Plan, conn: psycopg.Connection, worker: WorkerProcess, jobs: int) -> ProcessingRound:
+    before = last_id(conn)
+    enqueue_many(conn, [JobRequest(KIND, {"n": i}) for i in range(jobs)])
+    meter = CpuMeter(worker.pid, parent_pid(conn.info.backend_pid)).start()
+    wait_for_rows(lambda: count_succeeded(conn, before), jobs, worker, plan.timeout, "processed jobs")
+    meter.stop()
+    row = conn.execute(
+        "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM dygo_jobs WHERE id > %s",
+        (before,)).fetchone()
     seconds = float(row[0]) if row and row[0] is not None else float("nan")
     result = ProcessingRound(jobs=jobs, seconds=round(seconds, 4), rate=rate(jobs, seconds),
                              worker_cpu_seconds=round(meter.worker, 2), postgres_cpu_seconds=round(meter.postgres, 2),
@@ -192,10 +190,11 @@ def measure_processing(plan: Plan, worker: WorkerProcess, jobs: int) -> Processi
     return result
 
 
-def profile_processing(plan: Plan, worker: WorkerProcess, py_spy_binary: str, jobs: int) -> dict[str, object]:
+def profile_processing(plan: Plan, conn: psycopg.Connection, worker: WorkerProcess, py_spy_binary: str,
+                       jobs: int) -> dict[str, object]:
     raw = OUTPUT_DIR / "dygo-worker-profile.txt"
     with py_spy(py_spy_binary, worker.pid, raw):
-        profiled = measure_processing(plan, worker, jobs)
+        profiled = measure_processing(plan, conn, worker, jobs)
     log(f"dygo: profiled round (py-spy attached) ran at {profiled.rate:,.0f}/s")
     return summarise_profile(raw) if raw.exists() else {"error": "py-spy wrote no profile"}
 
