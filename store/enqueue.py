@@ -71,8 +71,11 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     else:
         args = definition.validate_args(request.args)
         queue = queue or definition.queue_name
-    if UNSTORABLE.search(request.kind) or (isinstance(queue, str) and UNSTORABLE.search(queue)):
+    # A registered kind matches KIND_PATTERN and a configured queue is kebab-case: only other names can hold
+    # a character PostgreSQL cannot store (checked per job, so a batch of known names skips the search).
+    if definition is None and UNSTORABLE.search(request.kind):
         _refuse_unstorable("kind", request.kind)
+    if isinstance(queue, str) and (jobs.queues is None or queue not in jobs.queues) and UNSTORABLE.search(queue):
         _refuse_unstorable("queue", queue)
     args_json = _dump("args", args)
     if jobs.queues is not None and queue not in jobs.queues:
@@ -104,16 +107,15 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
 
     if request.meta is not None and not isinstance(request.meta, Mapping):
         raise EnqueueError("invalid_option", "meta must map strings to strings")
-    meta = dict(request.meta or {})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-        raise EnqueueError("invalid_option", "meta must map strings to strings")
-    meta.update(tracing.carrier() if trace is None else trace)  # the parent of the handler's span
-    meta_json = _dump("meta", meta)
+    context = tracing.carrier() if trace is None else trace  # the parent of the handler's span
+    meta_json = _meta_json(request.meta, context) if request.meta or context else "{}"
 
     key = request.idempotency_key
-    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH):
-        raise EnqueueError("invalid_option", f"idempotency_key must be a string of 1 to {MAX_KEY_LENGTH} characters")
-    _refuse_unstorable("idempotency_key", key)
+    if key is not None:
+        if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH:
+            raise EnqueueError("invalid_option", f"idempotency_key must be a string of 1 to {MAX_KEY_LENGTH} "
+                               "characters")
+        _refuse_unstorable("idempotency_key", key)
     ttl = None
     if request.idempotency_ttl is not None:
         if key is None:
@@ -127,6 +129,14 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
         "priority": priority, "run_at": request.run_at, "delay": delay, "max_attempts": max_attempts,
         "key": key, "ttl": ttl,
     }
+
+
+def _meta_json(meta: Mapping[str, str] | None, context: Mapping[str, str]) -> str:
+    entries = dict(meta or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in entries.items()):
+        raise EnqueueError("invalid_option", "meta must map strings to strings")
+    entries.update(context)
+    return _dump("meta", entries)
 
 
 def _dump(name: str, value: Any) -> str:
