@@ -25,11 +25,6 @@ class Snapshot:
     busy: dict[tuple[str, str], int] = field(default_factory=dict)  # (worker id, queue) -> jobs running now
 
 
-def queue_lag(conn: psycopg.Connection) -> dict[str, float]:
-    """Seconds since the oldest ready job of each queue fell due; queues with none ready are absent."""
-    return {queue: max(0.0, seconds) for queue, seconds in conn.execute(queries.METRICS_QUEUE_LAG)}
-
-
 def stat_totals(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """Totals per queue and kind over every day the stats still keep (rollups plus unfolded deltas)."""
     return [{"queue": row[0], "kind": row[1], **dict(zip(admin.STAT_FIELDS, row[2:], strict=True))}
@@ -44,7 +39,7 @@ def busy_slots(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
 def snapshot(conn: psycopg.Connection, configured: Mapping[str, int], seen_within: float) -> Snapshot:
     """Everything one scrape reports, on one connection."""
     queues = admin.list_queues(conn, configured)
-    lag = queue_lag(conn)
+    lag = admin.queue_lag(conn)  # never negative: only jobs with run_at <= now() count
     return Snapshot(queues=queues, lag=dict.fromkeys((q["name"] for q in queues), 0.0) | lag,
                     totals=stat_totals(conn), workers=admin.live_workers(conn, seen_within),
                     timings=timings.totals(conn), busy=busy_slots(conn))

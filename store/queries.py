@@ -112,14 +112,18 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS s(id, token)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
 RETURNING j.id"""
 
+# A job's `progress` value (jobs j) from the fraction and message columns of the unnest row `{row}`:
+# what REPORT_PROGRESS writes while the job runs and a settle writes at its end.
+_PROGRESS = ("jsonb_build_object('fraction', {row}.fraction, 'message', {row}.message, "
+             "'attempt', j.attempt, 'at', now())")
+
 # Every settle is fenced by the lease token: a worker that lost its lease changes nothing.
 # Each settle statement also appends its counts, one row per queue and kind, to the stats
 # deltas: an insert with no key, so settling workers never wait on each other for it.
 # A settle also stores the run's latest `ctx.progress` report, which the once-a-second writer
 # (worker/progress.py) may not have written yet: a NULL fraction leaves the column as it is. A batch
 # in which no job reported passes NULL arrays, which unnest pads with NULLs: no per-job cost.
-_SETTLE_PROGRESS = """progress = CASE WHEN s.fraction IS NULL THEN j.progress ELSE jsonb_build_object(
-        'fraction', s.fraction, 'message', s.message, 'attempt', j.attempt, 'at', now()) END"""
+_SETTLE_PROGRESS = f"progress = CASE WHEN s.fraction IS NULL THEN j.progress ELSE {_PROGRESS.format(row='s')} END"
 SETTLE_SUCCEEDED = f"""
 WITH settled AS (
     UPDATE dygo_jobs AS j
@@ -269,10 +273,13 @@ JOB_STATE = """
 SELECT CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END
 FROM dygo_jobs WHERE id = %s"""
 
-# Dead or cancelled -> pending now, with a fresh attempt budget; the error history is kept.
+# What a retry sets: pending now, with a fresh attempt budget; the error history is kept.
+_REVIVED = """state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
+    started_at = NULL, finished_at = NULL, result = NULL"""
+
+# Dead or cancelled -> pending now (_REVIVED).
 RETRY_JOB = f"""
-UPDATE dygo_jobs SET state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
-    started_at = NULL, finished_at = NULL, result = NULL
+UPDATE dygo_jobs SET {_REVIVED}
 WHERE id = %(id)s AND state IN ('dead', 'cancelled')
 RETURNING {JOB_COLUMNS}"""
 
@@ -339,25 +346,29 @@ WITH resumed AS (
 )
 SELECT pg_notify('dygo_jobs', name) FROM resumed"""
 
-# Every dead job of the queue -> pending now, in one statement. A dead job whose idempotency key
-# is held by a live job stays dead (reviving it would break the key's uniqueness), as do all
-# but the newest dead job sharing a key.
-def _revive_dead(dead: str) -> str:
-    """Revive the dead jobs `dead` selects (id, idempotency_key) -> pending now, fresh attempts."""
-    return f"""
-WITH dead AS ({dead}), keyed AS (
-    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM dead
+# Which of many jobs to retry may revive: a job whose idempotency key is held by a live job stays
+# where it is (reviving it would break the key's uniqueness), as do all but the newest job sharing
+# a key. The CTEs `keyed` and `chosen` (ids) over `source`, a CTE of (id, idempotency_key) rows.
+def _revivable(source: str) -> str:
+    return f"""keyed AS (
+    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM {source}
     WHERE idempotency_key IS NOT NULL
     ORDER BY idempotency_key, id DESC
 ), chosen AS (
-    SELECT id FROM dead WHERE idempotency_key IS NULL
+    SELECT id FROM {source} WHERE idempotency_key IS NULL
     UNION ALL
     SELECT k.id FROM keyed k WHERE NOT EXISTS (
         SELECT 1 FROM dygo_jobs l
         WHERE l.idempotency_key = k.idempotency_key AND l.state IN ('pending', 'active', 'paused'))
-)
-UPDATE dygo_jobs AS j SET state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
-    started_at = NULL, finished_at = NULL, result = NULL
+)"""
+
+
+# Every dead job of the queue -> pending now, in one statement, by _revivable's rule for keys.
+def _revive_dead(dead: str) -> str:
+    """Revive the dead jobs `dead` selects (id, idempotency_key) -> pending now, fresh attempts."""
+    return f"""
+WITH dead AS ({dead}), {_revivable("dead")}
+UPDATE dygo_jobs AS j SET {_REVIVED}
 FROM chosen
 WHERE j.id = chosen.id AND j.state = 'dead'
 RETURNING j.id"""
@@ -590,25 +601,27 @@ WITH doomed AS (
 )
 SELECT count(*) FROM trimmed"""
 
-# Daily stats of UTC days that ended before the retention window.
-TRIM_DAILY_STATS = """
+# Rollup rows, keyed by ({period}, queue, kind), whose period started before {cutoff}, oldest first.
+_TRIM_ROLLUP = """
 WITH doomed AS (
-    SELECT day, queue, kind FROM dygo_daily_stats
-    WHERE day < ((now() - make_interval(secs => %(keep)s)) AT TIME ZONE 'UTC')::date
-    ORDER BY day LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+    SELECT {period}, queue, kind FROM {table}
+    WHERE {period} < {cutoff}
+    ORDER BY {period} LIMIT %(batch)s FOR UPDATE SKIP LOCKED
 ), trimmed AS (
-    DELETE FROM dygo_daily_stats s USING doomed d
-    WHERE s.day = d.day AND s.queue = d.queue AND s.kind = d.kind RETURNING 1
+    DELETE FROM {table} s USING doomed d
+    WHERE s.{period} = d.{period} AND s.queue = d.queue AND s.kind = d.kind RETURNING 1
 )
 SELECT count(*) FROM trimmed"""
 
-# --- Metrics (GET /metrics) -----------------------------------------------------------------------
+# Daily stats of UTC days that ended before the retention window.
+TRIM_DAILY_STATS = _TRIM_ROLLUP.format(table="dygo_daily_stats", period="day",
+                                       cutoff="((now() - make_interval(secs => %(keep)s)) AT TIME ZONE 'UTC')::date")
 
-# Per queue, seconds since the oldest ready job became due (its run_at), from dygo_jobs_ready.
-# Queues with no ready job are absent (the collector reports 0 for them).
-METRICS_QUEUE_LAG = """
-SELECT queue, extract(epoch FROM now() - min(run_at))::float8
-FROM dygo_jobs WHERE state = 'pending' AND run_at <= now() GROUP BY queue"""
+# Minute rollups older than %(keep)s seconds: the chart only shows the last hour.
+TRIM_MINUTE_STATS = _TRIM_ROLLUP.format(
+    table="dygo_minute_stats", period="minute", cutoff="now() - make_interval(secs => %(keep)s)")
+
+# --- Metrics (GET /metrics) -----------------------------------------------------------------------
 
 # Per queue and kind, every day still kept in dygo_daily_stats plus the deltas not folded yet:
 # rollup rows, never job rows. Counters "since stats retention began" (trimming old days lowers them).
@@ -644,23 +657,12 @@ SELECT count(*), count(*) FILTER (WHERE {allowed} AND n <= %(limit)s) FROM (
     SELECT state, row_number() OVER (ORDER BY id) AS n FROM (
         SELECT id, state FROM dygo_jobs WHERE {filters} ORDER BY id LIMIT %(cap)s) AS first) AS matched"""
 
-# Dead or cancelled -> pending now, like RETRY_JOB, with _revive_dead's rule for idempotency keys:
-# a key held by a live job keeps its job where it is, and only the newest job of a shared key revives.
+# Dead or cancelled -> pending now, like RETRY_JOB, by _revivable's rule for idempotency keys.
 BULK_RETRY = f"""
 WITH {_BULK_MATCHED}, eligible AS (
     SELECT id, idempotency_key FROM matched WHERE {BULK_ALLOWED["retry"]}
-), keyed AS (
-    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM eligible
-    WHERE idempotency_key IS NOT NULL ORDER BY idempotency_key, id DESC
-), chosen AS (
-    SELECT id FROM eligible WHERE idempotency_key IS NULL
-    UNION ALL
-    SELECT k.id FROM keyed k WHERE NOT EXISTS (
-        SELECT 1 FROM dygo_jobs l
-        WHERE l.idempotency_key = k.idempotency_key AND l.state IN ('pending', 'active', 'paused'))
-), changed AS (
-    UPDATE dygo_jobs AS j SET state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
-        started_at = NULL, finished_at = NULL, result = NULL
+), {_revivable("eligible")}, changed AS (
+    UPDATE dygo_jobs AS j SET {_REVIVED}
     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.{BULK_ALLOWED["retry"]}
     RETURNING j.id
 )
@@ -694,9 +696,10 @@ WITH {_BULK_MATCHED}, changed AS (
 )
 {_BULK_REPORT}"""
 
-# --- Dashboard: the overview's lag and failing kinds ------------------------------------------------
+# --- Dashboard and GET /metrics: lag; the overview's failing kinds ------------------------------------
 
-# Per queue, the age of the oldest job that is due and not yet claimed, from dygo_jobs_ready.
+# Per queue, the age of the oldest job that is due and not yet claimed (seconds since its run_at), from
+# dygo_jobs_ready. Queues with no ready job are absent (/metrics reports 0 for them).
 QUEUE_LAG = """
 SELECT queue, extract(epoch FROM now() - min(run_at))::float8
 FROM dygo_jobs WHERE state = 'pending' AND run_at <= now() GROUP BY queue"""
@@ -734,18 +737,6 @@ SELECT minutes.minute, coalesce(sum(c.enqueued), 0)::bigint, coalesce(sum(c.succ
        coalesce(sum(c.failed), 0)::bigint, coalesce(sum(c.dead), 0)::bigint, coalesce(sum(c.reaped), 0)::bigint
 FROM minutes LEFT JOIN counts c USING (minute)
 GROUP BY minutes.minute ORDER BY minutes.minute"""
-
-# Minute rollups older than %(keep)s seconds: the chart only shows the last hour.
-TRIM_MINUTE_STATS = """
-WITH doomed AS (
-    SELECT minute, queue, kind FROM dygo_minute_stats
-    WHERE minute < now() - make_interval(secs => %(keep)s)
-    ORDER BY minute LIMIT %(batch)s FOR UPDATE SKIP LOCKED
-), trimmed AS (
-    DELETE FROM dygo_minute_stats s USING doomed d
-    WHERE s.minute = d.minute AND s.queue = d.queue AND s.kind = d.kind RETURNING 1
-)
-SELECT count(*) FROM trimmed"""
 
 # What VACUUM_DEAD would delete, for the dashboard's confirmation (dygo_jobs_parked).
 COUNT_VACUUM_DEAD = """
@@ -821,9 +812,9 @@ NOTIFY_RECHECK = "SELECT pg_notify('dygo_finished', '')"
 
 # The latest progress of each job, one statement per batch, fenced by the lease token like a settle:
 # a job settled or lost meanwhile keeps what it had.
-REPORT_PROGRESS = """
+REPORT_PROGRESS = f"""
 UPDATE dygo_jobs AS j
-SET progress = jsonb_build_object('fraction', p.fraction, 'message', p.message, 'attempt', j.attempt, 'at', now())
+SET progress = {_PROGRESS.format(row="p")}
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(fractions)s::float8[], %(messages)s::text[])
      AS p(id, token, fraction, message)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = p.id AND j.lease_token = p.token AND j.state = 'active'
