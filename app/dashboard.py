@@ -165,20 +165,6 @@ def error_page(request: Request, status: int, title: str, message: str) -> Respo
         status_code=status)
 
 
-def _ago(value: datetime | None) -> str:
-    if value is None:
-        return "—"
-    seconds = (datetime.now(UTC) - value).total_seconds()
-    future, seconds = seconds < 0, abs(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            text = f"{int(seconds // size)}{unit}"
-            break
-    else:
-        text = f"{int(seconds)}s"
-    return f"in {text}" if future else f"{text} ago"
-
-
 def _span(seconds: float | None) -> str:
     """A duration, short: 45s, 3m, 2h, 4d."""
     if seconds is None:
@@ -187,6 +173,14 @@ def _span(seconds: float | None) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit}"
     return f"{max(int(seconds), 0)}s"
+
+
+def _ago(value: datetime | None) -> str:
+    """How long ago (or, for a time still to come, in how long), short: '3m ago', 'in 2h'."""
+    if value is None:
+        return "—"
+    seconds = (datetime.now(UTC) - value).total_seconds()
+    return f"in {_span(-seconds)}" if seconds < 0 else f"{_span(seconds)} ago"
 
 
 templates.env.filters["ago"] = _ago
@@ -259,7 +253,7 @@ def logout(request: Request, fields: Fields, who: Annotated[Visitor, Depends(vis
 
 
 def _configured(request: Request) -> dict[str, int]:
-    return {name: queue.concurrency for name, queue in request.app.state.settings.queues.items()}
+    return request.app.state.settings.concurrency
 
 
 def _overview(request: Request, conn: Conn) -> dict[str, Any]:
@@ -425,23 +419,27 @@ def _filter_fields(source: dict[str, str]) -> dict[str, str]:
     return fields
 
 
+def _shown_filters(filters: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The filters that are set, and the jobs page they filter (where a bulk action returns to)."""
+    shown = {name: value for name, value in filters.items() if value}
+    return shown, PREFIX + "/jobs" + ("?" + urlencode(shown) if shown else "")
+
+
 @router.get("/bulk/{action}/confirm")
 def bulk_confirmation(request: Request, action: str, who: Page, conn: Conn) -> Response:
     label, done, rule = _bulk_action(action)
     filters = _filter_fields(dict(request.query_params))
     matched, changing, more = admin.count_matching(conn, action, _job_filter(**filters))
-    shown = {name: value for name, value in filters.items() if value}
+    shown, back = _shown_filters(filters)
     return render(request, who, "bulk.html", action=action, label=label, done=done.lower(), rule=rule, filters=filters,
-                  shown=shown, matched=matched, changing=changing, more=more, limit=admin.BULK_LIMIT,
-                  back=PREFIX + "/jobs" + ("?" + urlencode(shown) if shown else ""))
+                  shown=shown, matched=matched, changing=changing, more=more, limit=admin.BULK_LIMIT, back=back)
 
 
 @router.post("/bulk/{action}/matching")
 def bulk_matching(action: str, fields: Fields, who: Action, conn: Conn) -> Response:
     _bulk_action(action)
     filters = _filter_fields(fields)
-    shown = {name: value for name, value in filters.items() if value}
-    back = PREFIX + "/jobs" + ("?" + urlencode(shown) if shown else "")
+    _, back = _shown_filters(filters)
     try:
         report = admin.bulk_act(conn, action, where=_job_filter(**filters))
     except Conflict as exc:
@@ -473,10 +471,10 @@ def retry_dead_group(fields: Fields, who: Action, conn: Conn) -> Response:
 
 
 def _queue(request: Request, conn: Conn, name: str) -> dict[str, Any]:
-    for queue in admin.list_queues(conn, _configured(request)):
-        if queue["name"] == name:
-            return queue
-    raise Refused(404, "No such queue", f"There is no queue named {name!r}.")
+    queue = admin.find_queue(conn, _configured(request), name)
+    if queue is None:
+        raise Refused(404, "No such queue", f"There is no queue named {name!r}.")
+    return queue
 
 
 @router.get("/queues")

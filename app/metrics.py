@@ -45,9 +45,8 @@ class DygoCollector(Collector):
         self.state = state  # app.state: the pool exists only once the lifespan has started
 
     def collect(self) -> Iterator[Metric]:
-        configured = {name: queue.concurrency for name, queue in self.state.settings.queues.items()}
         with self.state.pool.connection() as conn:
-            snap = snapshot(conn, configured, WORKER_SEEN_WITHIN)
+            snap = snapshot(conn, self.state.settings.concurrency, WORKER_SEEN_WITHIN)
         jobs = GaugeMetricFamily("dygo_jobs", "Jobs now in each state (succeeded jobs are counted by "
                                  "dygo_jobs_succeeded_total)", labels=["queue", "state"])
         paused = GaugeMetricFamily("dygo_queue_paused", "1 when the queue is paused", labels=["queue"])

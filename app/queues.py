@@ -20,16 +20,16 @@ Days = Annotated[int, Query(ge=1, le=90, description="UTC days in the window, to
 
 
 def _configured(request: Request) -> dict[str, int]:
-    return {name: queue.concurrency for name, queue in request.app.state.settings.queues.items()}
+    return request.app.state.settings.concurrency
 
 
 def _queue(request: Request, conn: psycopg.Connection, name: str) -> dict[str, Any]:
     """The queue's view; 404 unless it is configured or still has jobs (a queue since removed)."""
-    for queue in admin.list_queues(conn, _configured(request)):
-        if queue["name"] == name:
-            return queue
-    raise ApiError(404, "queue_not_found", f"no queue named {name!r}; configured queues: "
-                   f"{', '.join(_configured(request))}")
+    queue = admin.find_queue(conn, _configured(request), name)
+    if queue is None:
+        raise ApiError(404, "queue_not_found", f"no queue named {name!r}; configured queues: "
+                       f"{', '.join(_configured(request))}")
+    return queue
 
 
 def _stats(conn: psycopg.Connection, queue: str | None, days: int, counts: dict[str, int]) -> dict[str, Any]:

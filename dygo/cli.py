@@ -270,10 +270,9 @@ def status_command(settings: Settings) -> int:
     from store.metrics import snapshot
     from store.migrate import check_schema
 
-    configured = {name: queue.concurrency for name, queue in settings.queues.items()}
     with psycopg.connect(database_url(settings), autocommit=True) as conn:
         check_schema(conn)
-        snap = snapshot(conn, configured, WORKER_SEEN_WITHIN)
+        snap = snapshot(conn, settings.concurrency, WORKER_SEEN_WITHIN)
         failing = failing_kinds(conn)
     # The queue's own pause is STATUS (as in `dygo schedules`): PAUSED is already the paused jobs' count.
     table = [("QUEUE", *(state.upper() for state in COUNTED_STATES), "LAG", "STATUS")]

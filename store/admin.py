@@ -213,6 +213,11 @@ def list_queues(conn: psycopg.Connection, configured: Mapping[str, int]) -> list
     } for name in names]
 
 
+def find_queue(conn: psycopg.Connection, configured: Mapping[str, int], name: str) -> dict[str, Any] | None:
+    """One queue as list_queues shows it; None unless it is configured or still has jobs (a queue since removed)."""
+    return next((queue for queue in list_queues(conn, configured) if queue["name"] == name), None)
+
+
 def pause_queue(conn: psycopg.Connection, queue: str) -> datetime:
     """Workers stop claiming from the queue (jobs already running finish). Returns when it was paused."""
     return conn.execute(queries.PAUSE_QUEUE, (queue,)).fetchone()[0]

@@ -63,6 +63,11 @@ class Settings:
     def queue_names(self) -> list[str]:
         return list(self.queues)
 
+    @property
+    def concurrency(self) -> dict[str, int]:
+        """Each configured queue's concurrency, in queues.yml order (what store.admin.list_queues takes)."""
+        return {name: queue.concurrency for name, queue in self.queues.items()}
+
 
 # Keys of config/dygo.yml: name -> (parser, rule shown when it fails)
 def _positive_int(value: Any) -> int:
