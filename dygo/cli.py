@@ -157,8 +157,6 @@ def _log_format(args: argparse.Namespace) -> str:
 
 
 def migrate_command(settings: Settings) -> int:
-    import psycopg
-
     from store.db import database_url
     from store.migrate import migrate
 
@@ -173,8 +171,6 @@ def migrate_command(settings: Settings) -> int:
 
 
 def _check_schema(url: str) -> None:
-    import psycopg
-
     from store.migrate import check_schema
 
     with psycopg.connect(url) as conn:
@@ -237,8 +233,6 @@ def worker_command(settings: Settings, args: argparse.Namespace) -> int:
 
 def schedules_command(settings: Settings) -> int:
     """The schedules as the workers last synced them, as a plain table; times in each schedule's zone."""
-    import psycopg
-
     from store.db import database_url
     from store.migrate import check_schema
     from store.schedules import list_schedules
@@ -254,16 +248,12 @@ def schedules_command(settings: Settings) -> int:
         last_job = f"{row['last_job']['id']} {row['last_job']['state'] or 'gone'}" if row["last_job"] else "-"
         table.append((row["name"], row["spec"], row["timezone"], _local_time(row["next_run_at"], row["timezone"]),
                       _local_time(row["last_run_at"], row["timezone"]), row["status"], last_job, row["description"]))
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]) - 1)]
-    for line in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[-1])
+    _print_table(table)
     return 0
 
 
 def status_command(settings: Settings) -> int:
     """Queues x states, lag and pause, the live workers, then the failing kinds (today and yesterday)."""
-    import psycopg
-
     from app.system import WORKER_SEEN_WITHIN
     from store.admin import COUNTED_STATES, failing_kinds
     from store.db import database_url
@@ -303,8 +293,6 @@ def status_command(settings: Settings) -> int:
 def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
     """`dygo jobs ...`: the same store functions as the API. Exit 1 when a job is missing or its
     state does not allow the action (the reason on stderr), after acting on every other id."""
-    import psycopg
-
     from store.db import database_url
     from store.migrate import check_schema
 
