@@ -51,16 +51,18 @@ class OutageLog:
                          self.what, where, _reason(exc))
         return first
 
-    def back(self) -> None:
-        """Record a success; logs the outage's length when one was under way. Cheap when none was."""
+    def back(self) -> bool:
+        """Record a success; logs the outage's length when one was under way, and returns True then (once
+        per outage). Cheap when none was."""
         if self.down_since is None:
-            return
+            return False
         with self.lock:
             if self.down_since is None:
-                return
+                return False
             lasted = time.monotonic() - self.down_since
             self.down_since = None
         self.log.warning("%s connection back after %.1fs", self.what, lasted)
+        return True
 
 
 def _reason(exc: BaseException) -> str:

@@ -260,7 +260,7 @@ class Worker:
                 wanted = min(slots.free, self.settings.claim_batch_size)
                 claimed = await self._claim(conn, slots, wanted)
                 failures = 0
-                self.outage.back()
+                await self._back()
                 # Recovery comes right after a claim rather than before it, to keep its round trip
                 # off the path from a wake-up to a started job; what it recovers wakes us again.
                 if time.monotonic() - self.last_recovery >= RECOVER_INTERVAL:
@@ -335,7 +335,7 @@ class Worker:
                 async with self.pool.connection() as conn:
                     settled = await leases.settle(conn, batch)
                 del self.outbox[:len(batch)]
-                self.outage.back()
+                await self._back()
             except (psycopg.Error, OSError) as exc:
                 await self._lost(f"settling {len(batch)} job(s)", exc)
                 await asyncio.sleep(delay)
@@ -363,7 +363,7 @@ class Worker:
         try:
             async with self.pool.connection() as conn:
                 await timings.record(conn, deltas)
-            self.outage.back()
+            await self._back()
         except (psycopg.Error, OSError) as exc:
             # Metrics, not jobs: never worth failing a worker for, nor its shutdown. Logged like any other
             # lost connection, once per outage, not once per flush.
@@ -391,7 +391,7 @@ class Worker:
             try:
                 async with self.pool.connection() as conn:
                     held = await leases.renew(conn, jobs, self.settings.lease_ttl)
-                self.outage.back()
+                await self._back()
             except (psycopg.Error, OSError) as exc:
                 await self._lost(f"renewing {len(jobs)} lease(s)", exc)
                 continue
@@ -413,7 +413,7 @@ class Worker:
                 if time.monotonic() >= self.next_retention:
                     self.next_retention = time.monotonic() + self.settings.retention_interval
                     await self._trim_history()
-                self.outage.back()
+                await self._back()
             except (psycopg.Error, OSError) as exc:
                 await self._lost("maintenance", exc)
 
@@ -468,7 +468,7 @@ class Worker:
                 async with self.pool.connection() as conn:
                     due_in = await schedules.seconds_to_next_fire(conn)
                 failures = 0
-                self.outage.back()
+                await self._back()
                 wait = self.options.poll_interval
                 if due_in is not None:
                     # Due yet not fired: another worker holds it this instant; look again shortly.
@@ -496,7 +496,7 @@ class Worker:
                     await leases.listen(conn)
                     await schedules.listen(conn)
                     delay = 0.5
-                    self.outage.back()
+                    await self._back()
                     for slots in self.slots.values():  # catch up on anything sent while not listening
                         slots.wake.set()
                     self.schedules_changed.set()
@@ -518,8 +518,17 @@ class Worker:
         if self.outage.lost(where, exc):
             # The pool's idle connections died with the server; dropped now, each would fail once
             # more after the database is back, and be logged as a second outage.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.pool.check(), 5.0)
+            await self._check_pool()
+
+    async def _back(self) -> None:
+        if self.outage.back():
+            # Again at the end: a connection whose backend was still shutting down passed the first
+            # check, and died after it.
+            await self._check_pool()
+
+    async def _check_pool(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.pool.check(), 5.0)
 
 
 async def wait_for_event(event: asyncio.Event, timeout: float) -> None:
