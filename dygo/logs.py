@@ -88,6 +88,8 @@ def configure_logging(log_format: str = "text") -> None:
     stdout.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter("%(message)s"))
     lifecycle.handlers = [stdout]
     lifecycle.propagate = False
+    # Not a log: the lifecycle output is always printed, whatever DYGO_LOG_LEVEL says about stderr.
+    lifecycle.setLevel(logging.INFO)
 
 
 def flush_then_die(signum: int, frame: object) -> None:

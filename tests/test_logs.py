@@ -72,3 +72,19 @@ def test_serve_stopped_by_sigterm_still_writes_its_buffered_last_lines(conn, ser
     stderr = api.process.stderr()
     assert '"GET /api/v1/queues HTTP/1.1" 200' in stderr
     assert "Application shutdown complete." in stderr and "Finished server process" in stderr
+
+
+def test_lifecycle_lines_are_printed_whatever_the_log_level(conn, db_url, spawn):
+    # stdout lifecycle output is not a log: DYGO_LOG_LEVEL=WARNING quiets stderr, never these lines.
+    quiet = dygo_env(db_url, DYGO_LOG_LEVEL="WARNING")
+    worker = spawn("worker", env=quiet)
+    worker.wait_for_line("started")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    assert any("stopped" in line for line in worker.lines)
+    once = spawn("worker", "--once", env=quiet)
+    assert once.wait() == 0
+    assert any("ran 0 job(s) once" in line for line in once.lines)
+    serve = spawn("serve", "--port", "0", env=quiet)
+    serve.wait_for_line("dygo serve: http://")
+    serve.wait_for_line("dygo serve: auth")
