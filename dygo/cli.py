@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(_log_format(args))
         if args.command == "db":
             return db_command(args.action)
+        if args.command == "migrate":  # migrating runs no job: it needs no config/queues.yml
+            return migrate_command(load_settings(env=args.env, queues=False))
         settings = load_settings(env=args.env)
-        if args.command == "migrate":
-            return migrate_command(settings)
         if args.command == "serve":
             return serve_command(settings, args)
         if args.command == "schedules":

@@ -192,9 +192,11 @@ def resolve_env(flag: str | None = None) -> str:
     return env
 
 
-def load_settings(config_dir: Path | str | None = None, *, env: str | None = None) -> Settings:
+def load_settings(config_dir: Path | str | None = None, *, env: str | None = None, queues: bool = True) -> Settings:
+    """The settings from `config_dir`. `queues=False`: for commands that run no job (`dygo migrate`),
+    config/queues.yml is not read and need not exist (the settings then have no queues)."""
     config_dir = Path(config_dir) if config_dir is not None else default_config_dir()
-    queues = load_queues(config_dir / "queues.yml")
+    configured = load_queues(config_dir / "queues.yml") if queues else {}
     values: dict[str, Any] = {}
     settings_file = config_dir / "dygo.yml"
     if settings_file.exists():
@@ -212,7 +214,7 @@ def load_settings(config_dir: Path | str | None = None, *, env: str | None = Non
                 raise ConfigError(str(settings_file), str(key), str(exc)) from None
     data_dir = Path(os.environ.get("DYGO_DATA_DIR", ".dygo"))
     values["api_tokens"] = values.get("api_tokens", ()) + tokens_from_env()
-    return Settings(config_dir=config_dir, queues=queues, env=resolve_env(env), data_dir=data_dir, **values)
+    return Settings(config_dir=config_dir, queues=configured, env=resolve_env(env), data_dir=data_dir, **values)
 
 
 def load_queues(path: Path) -> dict[str, Queue]:

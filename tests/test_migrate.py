@@ -45,3 +45,10 @@ def test_outdated_or_newer_schema_is_refused_with_what_to_do():
     with pytest.raises(SchemaError, match="newer than this code"):
         check_version(latest_version() + 1)
     check_version(latest_version())
+
+
+def test_migrate_needs_no_queues_yml(empty_db, spawn, tmp_path):
+    # The release phase of a deploy migrates; it runs no job and reads no queue.
+    process = spawn("migrate", env=dygo_env(empty_db, DYGO_CONFIG_DIR=str(tmp_path)))
+    assert process.wait() == 0, process.stderr()
+    assert f"applied {latest_version():04d}_" in "".join(process.lines)
