@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 
-from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, flush_then_die, resolve_log_format
+from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, flush_then_exit, resolve_log_format
 from store.admin import STATES
 from store.config import ENVIRONMENTS, Settings, load_settings, resolve_env
 from store.durations import parse_duration
@@ -198,7 +198,7 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
-    signal.signal(signal.SIGTERM, flush_then_die)  # uvicorn re-raises it after its graceful stop
+    signal.signal(signal.SIGTERM, flush_then_exit)  # uvicorn re-raises it after its graceful stop: exit 0
     uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info", log_config=None)
     return 0
 
