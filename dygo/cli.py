@@ -170,11 +170,32 @@ def migrate_command(settings: Settings) -> int:
     return 0
 
 
-def _check_schema(url: str) -> None:
-    from store.migrate import check_schema
+DEFAULT_SCHEMA_WAIT = 60.0
 
-    with psycopg.connect(url) as conn:
-        check_schema(conn)
+
+def _schema_wait() -> float:
+    """DYGO_SCHEMA_WAIT: how long serve and worker wait at start for a missing or older schema (default 60s)."""
+    raw = os.environ.get("DYGO_SCHEMA_WAIT", "").strip()
+    if not raw:
+        return DEFAULT_SCHEMA_WAIT
+    try:
+        return parse_duration(raw, field="DYGO_SCHEMA_WAIT")
+    except ValueError as exc:
+        raise ConfigError("DYGO_SCHEMA_WAIT", raw, f"{exc} (e.g. 60s, 5m, or 0 not to wait)") from None
+
+
+def _wait_for_schema(url: str, command: str) -> None:
+    """Like the database, the schema may not be there yet when a process manager starts everything at once
+    (the release phase's `dygo migrate` still running): wait for it up to DYGO_SCHEMA_WAIT, saying so once."""
+    from store.migrate import wait_for_schema
+
+    timeout = _schema_wait()
+
+    def waiting(reason: SchemaError) -> None:
+        logging.getLogger(f"dygo.{command}").warning("%s; waiting up to %gs for it (DYGO_SCHEMA_WAIT)", reason,
+                                                      timeout)
+
+    wait_for_schema(url, timeout, waiting)
 
 
 def serve_command(settings: Settings, args: argparse.Namespace) -> int:
@@ -191,14 +212,14 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     # Before any database work: an unprotected API outside development on localhost is refused.
     check_protection(settings, host)
     url = database_url(settings)
-    _check_schema(url)
+    signal.signal(signal.SIGTERM, flush_then_exit)  # uvicorn re-raises it after its graceful stop: exit 0
+    _wait_for_schema(url, "serve")
     lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
     lifecycle.info("dygo serve: http://%s:%s (API docs at /docs)", host, port,
                    extra={"fields": {"event": "listening", "host": host, "port": port}})
     lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
-    signal.signal(signal.SIGTERM, flush_then_exit)  # uvicorn re-raises it after its graceful stop: exit 0
     uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info", log_config=None)
     return 0
 
@@ -228,6 +249,13 @@ def worker_command(settings: Settings, args: argparse.Namespace) -> int:
                             metrics_port=args.metrics_port, metrics_host=args.metrics_host)
     jobs.freeze()
     url = database_url(settings)
+    previous = signal.signal(signal.SIGTERM, flush_then_exit)  # a stop while waiting for the schema: exit 0
+    try:
+        _wait_for_schema(url, "worker")
+    except psycopg.OperationalError:
+        pass  # the database is away: the worker waits for it (and checks the schema once it is back)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return asyncio.run(Worker(settings, jobs, options, url).run())
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -70,3 +73,32 @@ def schema_version(conn: psycopg.Connection) -> int | None:
 
 def check_schema(conn: psycopg.Connection) -> None:
     check_version(schema_version(conn))
+
+
+SCHEMA_POLL_INTERVAL = 0.5  # seconds between looks while waiting for the schema
+
+
+def wait_for_schema(url: str, timeout: float, waiting: Callable[[SchemaError], None], **connect: Any) -> None:
+    """Return once the database at `url` has this code's schema. While it has none, or an older one (a
+    release phase may be migrating it right now), look again every SCHEMA_POLL_INTERVAL for up to `timeout`
+    seconds, calling `waiting` once with the reason; then raise that SchemaError, saying how long it waited.
+    A schema newer than this code is refused at once: waiting cannot fix it. Connection errors propagate."""
+    deadline = time.monotonic() + timeout
+    told = False
+    while True:
+        with psycopg.connect(url, **connect) as conn:
+            version = schema_version(conn)
+        try:
+            check_version(version)
+            return
+        except SchemaError as exc:
+            if (version or 0) > latest_version():
+                raise
+            if time.monotonic() >= deadline:
+                if not told:
+                    raise
+                raise SchemaError(f"{exc} (waited {timeout:g}s for it; DYGO_SCHEMA_WAIT sets how long)") from None
+            if not told:
+                waiting(exc)
+                told = True
+        time.sleep(SCHEMA_POLL_INTERVAL)

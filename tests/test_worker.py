@@ -226,18 +226,50 @@ def test_four_workers_drain_20000_jobs_exactly_once(conn, spawn):
     assert pids == 4
 
 
-def test_worker_and_serve_refuse_to_start_without_the_schema(server_url, spawn, tmp_path):
+@pytest.fixture
+def schemaless_url(server_url):
+    """A database with no dygo schema yet: a fresh deploy before its release phase ran."""
     from psycopg.conninfo import make_conninfo
 
-    from tests.conftest import dygo_env
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute("DROP DATABASE IF EXISTS dygo_empty WITH (FORCE)")
         admin.execute("CREATE DATABASE dygo_empty")
-    env = dygo_env(make_conninfo(server_url, dbname="dygo_empty"))
+    yield make_conninfo(server_url, dbname="dygo_empty")
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS dygo_empty WITH (FORCE)")
+
+
+def test_worker_and_serve_give_up_waiting_for_the_schema_after_the_bound(schemaless_url, spawn):
+    from tests.conftest import dygo_env
+    env = dygo_env(schemaless_url, DYGO_SCHEMA_WAIT="1s")
     for command in ("worker", "serve"):
         process = spawn(command, env=env)
         assert process.wait() == 1
-        assert "run `dygo migrate`" in process.stderr()
+        assert "waiting up to 1s" in process.stderr()
+        assert "run `dygo migrate`" in process.stderr().splitlines()[-1]
+
+
+def test_worker_and_serve_started_before_migrate_wait_for_the_schema(schemaless_url, spawn):
+    # A process manager starts everything at once (honcho start with the Procfile, compose, systemd):
+    # web and worker must not lose the race against the release phase.
+    from tests.conftest import dygo_env, free_port
+
+    env = dygo_env(schemaless_url)
+    worker = spawn("worker", env=env)
+    port = free_port()
+    serve = spawn("serve", "--port", str(port), env=env)
+    for process in (worker, serve):
+        wait_until(lambda process=process: "has no dygo schema yet" in process.stderr(),
+                   message="the waiting line")
+    time.sleep(1.0)
+    assert worker.process.poll() is None and serve.process.poll() is None  # still waiting, not failed
+    assert spawn("migrate", env=env).wait() == 0
+    worker.wait_for_line("started")
+    serve.wait_for_line("dygo serve: http://")
+    for process in (worker, serve):
+        assert process.stderr().count("has no dygo schema yet") == 1  # one line, not one per poll
+        process.signal(signal.SIGTERM)
+        assert process.wait() == 0
 
 
 def test_lease_is_renewed_while_a_long_job_runs(conn, spawn):
