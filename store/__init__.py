@@ -1,6 +1,6 @@
 """dygo's shared core: configuration, job definitions, migrations and every SQL statement."""
 
-from store.enqueue import Enqueued, JobRequest, aenqueue, enqueue, enqueue_many
+from store.enqueue import Enqueued, JobRequest, aenqueue, aenqueue_many, enqueue, enqueue_many
 from store.errors import Abort, ConfigError, EnqueueError, Reportable, Retry, RetryAfter, SchemaError, Snooze
 from store.registry import JobContext, job, make_context, registry
 from store.results import result, wait_for_result
@@ -8,6 +8,6 @@ from store.schedules import schedule
 
 __all__ = [
     "Abort", "ConfigError", "EnqueueError", "Enqueued", "JobContext", "JobRequest", "Reportable", "Retry",
-    "RetryAfter", "SchemaError", "Snooze", "aenqueue", "enqueue", "enqueue_many", "job", "make_context",
-    "registry", "result", "schedule", "wait_for_result",
+    "RetryAfter", "SchemaError", "Snooze", "aenqueue", "aenqueue_many", "enqueue", "enqueue_many", "job",
+    "make_context", "registry", "result", "schedule", "wait_for_result",
 ]

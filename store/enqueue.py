@@ -247,35 +247,63 @@ def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[s
         return _enqueue_batch(conn, jobs)
 
 
-def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+def _prepare_batch(jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[dict[str, Any]]:
     trace = tracing.carrier()  # once for the batch: every job carries the same context
-    rows = [_prepare_in_batch(index, request, trace) for index, request in enumerate(_requests(jobs))]
+    return [_prepare_in_batch(index, request, trace) for index, request in enumerate(_requests(jobs))]
+
+
+@dataclass
+class _BatchPlan:
+    """How a prepared batch is written: window-keyed rows one by one, then ids reserved for the rest,
+    plain rows by COPY and live-keyed rows by one insert that skips keys a live job holds."""
+
+    rows: list[dict[str, Any]]
+    windowed: list[int] = field(init=False)
+    plain: list[int] = field(init=False)
+    keyed: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.windowed = [i for i, row in enumerate(self.rows) if row["ttl"] is not None]
+        self.plain = [i for i, row in enumerate(self.rows) if row["ttl"] is None and row["key"] is None]
+        self.keyed = [i for i, row in enumerate(self.rows) if row["ttl"] is None and row["key"] is not None]
+
+    @property
+    def reserved(self) -> int:
+        return len(self.plain) + len(self.keyed)
+
+    def keyed_params(self, ids: list[int], db_now: datetime) -> dict[str, list[Any]]:
+        return _keyed_params(ids[len(self.plain):], [self.rows[i] for i in self.keyed], db_now)
+
+    def keyed_results(self, ids: list[int], params: dict[str, list[Any]], inserted: set[int],
+                      holders: dict[str, int], results: dict[int, Enqueued]) -> None:
+        for job_id, run_at, i in zip(ids[len(self.plain):], params["run_ats"], self.keyed, strict=True):
+            if job_id in inserted:
+                results[i] = Enqueued(job_id, False, run_at)
+            else:
+                results[i] = Enqueued(holders[self.rows[i]["key"]], True, None)
+
+
+def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+    plan = _BatchPlan(_prepare_batch(jobs))
+    rows = plan.rows
     results: dict[int, Enqueued] = {}
     if not rows:
         return []
     with conn.transaction():
-        for i, row in enumerate(rows):
-            if row["ttl"] is not None:
-                results[i] = _insert_one(conn, row)
-        plain = [i for i, row in enumerate(rows) if row["ttl"] is None and row["key"] is None]
-        keyed = [i for i, row in enumerate(rows) if row["ttl"] is None and row["key"] is not None]
-        db_now, ids = conn.execute(queries.RESERVE_JOB_IDS, (len(plain) + len(keyed),)).fetchone()
-        if plain:
+        for i in plan.windowed:
+            results[i] = _insert_one(conn, rows[i])
+        db_now, ids = conn.execute(queries.RESERVE_JOB_IDS, (plan.reserved,)).fetchone()
+        if plan.plain:
             with conn.cursor().copy(queries.COPY_JOBS) as copy:
-                for job_id, i in zip(ids, plain, strict=False):
+                for job_id, i in zip(ids, plan.plain, strict=False):
                     values = _copy_row(job_id, rows[i], db_now)
                     copy.write_row(values)
                     results[i] = Enqueued(job_id, False, values[6])
-        if keyed:
-            keyed_ids = ids[len(plain):]
-            params = _keyed_params(keyed_ids, [rows[i] for i in keyed], db_now)
+        if plan.keyed:
+            params = plan.keyed_params(ids, db_now)
             inserted = {r[0] for r in conn.execute(queries.INSERT_JOBS_UNLESS_LIVE_KEY, params)}
-            holders = dict(conn.execute(queries.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in keyed],)).fetchall())
-            for job_id, run_at, i in zip(keyed_ids, params["run_ats"], keyed, strict=True):
-                if job_id in inserted:
-                    results[i] = Enqueued(job_id, False, run_at)
-                else:
-                    results[i] = Enqueued(holders[rows[i]["key"]], True, None)
+            holders = dict(conn.execute(queries.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],)).fetchall())
+            plan.keyed_results(ids, params, inserted, holders, results)
     return [results[i] for i in range(len(rows))]
 
 
@@ -302,3 +330,37 @@ async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> En
         if existing is not None:
             return Enqueued(existing[0], True, existing[1])
     raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
+
+
+async def aenqueue_many(conn: psycopg.AsyncConnection,
+                        jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+    """`enqueue_many` for an AsyncConnection: all-or-nothing, rows without keys by COPY, results in order."""
+    with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
+        return await _aenqueue_batch(conn, jobs)
+
+
+async def _aenqueue_batch(conn: psycopg.AsyncConnection,
+                          jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+    plan = _BatchPlan(_prepare_batch(jobs))
+    rows = plan.rows
+    results: dict[int, Enqueued] = {}
+    if not rows:
+        return []
+    async with conn.transaction():
+        for i in plan.windowed:
+            results[i] = await _ainsert_one(conn, rows[i])
+        db_now, ids = await (await conn.execute(queries.RESERVE_JOB_IDS, (plan.reserved,))).fetchone()
+        if plan.plain:
+            async with conn.cursor().copy(queries.COPY_JOBS) as copy:
+                for job_id, i in zip(ids, plan.plain, strict=False):
+                    values = _copy_row(job_id, rows[i], db_now)
+                    await copy.write_row(values)
+                    results[i] = Enqueued(job_id, False, values[6])
+        if plan.keyed:
+            params = plan.keyed_params(ids, db_now)
+            cursor = await conn.execute(queries.INSERT_JOBS_UNLESS_LIVE_KEY, params)
+            inserted = {r[0] for r in await cursor.fetchall()}
+            cursor = await conn.execute(queries.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],))
+            holders = dict(await cursor.fetchall())
+            plan.keyed_results(ids, params, inserted, holders, results)
+    return [results[i] for i in range(len(rows))]

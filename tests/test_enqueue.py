@@ -136,3 +136,57 @@ def test_bad_enqueue_names_the_field_and_writes_nothing(conn, kind, args, option
     assert caught.value.code == code
     assert message in str(caught.value)
     assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
+
+
+# --- aenqueue_many: the async batch, with enqueue_many's rules ----------------------------------------
+
+
+def run_async_batch(db_url: str, jobs: list, *, fail_after: bool = False) -> list:
+    import asyncio
+
+    from store.enqueue import aenqueue_many
+
+    async def go() -> list:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
+            if not fail_after:
+                return await aenqueue_many(aconn, jobs)
+            async with aconn.transaction():  # the caller's transaction: the batch goes with it
+                await aenqueue_many(aconn, jobs)
+                raise RuntimeError("the caller's work failed")
+    return asyncio.run(go())
+
+
+def test_async_batch_is_copied_in_order_with_per_row_options(conn, db_url):
+    requests = [JobRequest("test.noop", {}, priority=i % 3) for i in range(2500)]
+    requests.append(JobRequest("test.record", {"seconds": 1}, delay="1h", queue="other"))
+    results = run_async_batch(db_url, requests)
+    assert len(results) == 2501 and not any(r.deduplicated for r in results)
+    assert [r.id for r in results] == sorted(r.id for r in results)
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 2501
+    last = row(conn, results[-1].id)
+    assert (last["queue"], last["args"], last["lead"]) == ("other", {"seconds": 1}, timedelta(hours=1))
+    assert last["run_at"] == results[-1].run_at and row(conn, results[4].id)["priority"] == 1
+
+
+def test_async_batch_with_keys_reports_deduplicated_rows(conn, db_url):
+    held = enqueue(conn, "test.noop", {}, idempotency_key="a")
+    results = run_async_batch(db_url, [
+        {"kind": "test.noop", "idempotency_key": "a"},
+        {"kind": "test.noop", "idempotency_key": "b"},
+        {"kind": "test.noop", "idempotency_key": "b"},
+        {"kind": "test.noop"},
+        {"kind": "test.noop", "idempotency_key": "w", "idempotency_ttl": "1m"},
+    ])
+    assert [r.deduplicated for r in results] == [True, False, True, False, False]
+    assert results[0].id == held.id and results[2].id == results[1].id
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 4
+
+
+def test_async_batch_is_all_or_nothing(conn, db_url):
+    with pytest.raises(EnqueueError) as caught:
+        run_async_batch(db_url, [{"kind": "test.noop"}, {"kind": "no.such.kind"}])
+    assert caught.value.code == "unknown_kind" and str(caught.value).startswith("jobs[1]: ")
+    with pytest.raises(RuntimeError):
+        run_async_batch(db_url, [{"kind": "test.noop"}] * 3, fail_after=True)
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
+    assert run_async_batch(db_url, []) == []
