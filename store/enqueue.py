@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from store import queries, tracing
+from store.config import KEBAB_CASE
 from store.durations import parse_duration
 from store.errors import EnqueueError
 from store.registry import Registry, registry
@@ -71,15 +72,12 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     else:
         args = definition.validate_args(request.args)
         queue = queue or definition.queue_name
-    # A registered kind matches KIND_PATTERN and a configured queue is kebab-case: only other names can hold
-    # a character PostgreSQL cannot store (checked per job, so a batch of known names skips the search).
+    # A registered kind matches KIND_PATTERN: only other kinds can hold a character PostgreSQL cannot store
+    # (checked per job, so a batch of known kinds skips the search).
     if definition is None and UNSTORABLE.search(request.kind):
         _refuse_unstorable("kind", request.kind)
-    if isinstance(queue, str) and (jobs.queues is None or queue not in jobs.queues) and UNSTORABLE.search(queue):
-        _refuse_unstorable("queue", queue)
+    _check_queue(queue, jobs)
     args_json = _dump("args", args)
-    if jobs.queues is not None and queue not in jobs.queues:
-        raise EnqueueError("unknown_queue", f"queue {queue!r} is not configured; queues: {', '.join(jobs.queues)}")
 
     priority = request.priority if request.priority is not None else (definition.priority if definition else 0)
     if isinstance(priority, bool) or not isinstance(priority, int) or not (
@@ -129,6 +127,22 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
         "priority": priority, "run_at": request.run_at, "delay": delay, "max_attempts": max_attempts,
         "key": key, "ttl": ttl,
     }
+
+
+def _check_queue(queue: Any, jobs: Registry) -> None:
+    """EnqueueError unless `queue` is a configured queue: no worker could ever run a job of another. Holds
+    for a producer that never loaded the configuration too (the registry then reads config/queues.yml)."""
+    configured = jobs.queues
+    if configured is not None and queue in configured:
+        return  # the hot path: one lookup in a short list
+    if not isinstance(queue, str) or not KEBAB_CASE.match(queue):
+        raise EnqueueError("unknown_queue", f"queue {queue!r} is not configured, nor can it be: queue names are "
+                           "kebab-case (lowercase letters, digits and dashes, like 'email' or 'slow-imports')",
+                           {"field": "queue"})
+    configured = jobs.configured_queues()
+    if queue not in configured:
+        raise EnqueueError("unknown_queue", f"queue {queue!r} is not configured; queues: {', '.join(configured)}",
+                           {"field": "queue"})
 
 
 def _meta_json(meta: Mapping[str, str] | None, context: Mapping[str, str]) -> str:

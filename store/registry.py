@@ -120,7 +120,7 @@ class Registry:
     def __init__(self) -> None:
         self._definitions: dict[str, JobDefinition] = {}
         self._frozen = False
-        # Known once config is loaded (`load_jobs`): enqueue then refuses unknown queues.
+        # Set by `load_jobs`, else read from queues.yml at the first enqueue (configured_queues).
         self.queues: list[str] | None = None
         self.default_max_attempts = 20
         # Validated cron schedules by name, filled by `load_jobs` (store.schedules.Schedule values).
@@ -152,6 +152,22 @@ class Registry:
 
     def freeze(self) -> None:
         self._frozen = True
+
+    def configured_queues(self) -> list[str]:
+        """The configured queue names: those `load_jobs` set, else read once from queues.yml in
+        $DYGO_CONFIG_DIR (default `config`), so that a producer which never loaded the configuration still
+        enqueues only to queues a worker can run. EnqueueError when there is no such file to read."""
+        if self.queues is None:
+            from store.config import default_config_dir, load_queues
+
+            try:
+                self.queues = list(load_queues(default_config_dir() / "queues.yml"))
+            except ConfigError as exc:
+                raise EnqueueError(
+                    "queues_unknown", f"cannot check the job's queue against the configured queues ({exc}): load "
+                    "the configuration first (store.registry.load_jobs(store.config.load_settings())), or set "
+                    "DYGO_CONFIG_DIR to the folder holding queues.yml", {"field": "queue"}) from None
+        return self.queues
 
     def check_queues(self, settings: Settings) -> None:
         for definition in self:

@@ -138,6 +138,83 @@ def test_bad_enqueue_names_the_field_and_writes_nothing(conn, kind, args, option
     assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
 
 
+# A producer process that imports no job module and never calls load_jobs: the rule that a job must name a
+# configured queue holds for it too, on every Python enqueue path.
+PRODUCER = r"""
+import asyncio, json, sys
+import psycopg
+from store import EnqueueError, aenqueue, enqueue, enqueue_many
+from store.enqueue import aenqueue_many
+
+url, out = sys.argv[1], {}
+
+def attempt(name, call):
+    try:
+        call()
+        out[name] = "stored"
+    except EnqueueError as exc:
+        out[name] = [exc.code, str(exc), exc.details]
+
+with psycopg.connect(url, autocommit=True) as conn:
+    attempt("unknown", lambda: enqueue(conn, "totally.unknown", {}, queue="nowhere"))
+    attempt("not_kebab", lambda: enqueue(conn, "example.noop", {}, queue="Not_Kebab"))
+    attempt("batch", lambda: enqueue_many(conn, [{"kind": "x.y", "queue": "default"},
+                                                 {"kind": "x.y", "queue": "nowhere"}]))
+    attempt("configured", lambda: enqueue(conn, "x.y", {}, queue="other"))
+
+async def main():
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        try:
+            await aenqueue(conn, "x.y", {}, queue="nowhere")
+            out["async"] = "stored"
+        except EnqueueError as exc:
+            out["async"] = [exc.code, str(exc), exc.details]
+        try:
+            await aenqueue_many(conn, [{"kind": "x.y", "queue": "elsewhere"}])
+            out["async_batch"] = "stored"
+        except EnqueueError as exc:
+            out["async_batch"] = [exc.code, str(exc), exc.details]
+
+asyncio.run(main())
+print(json.dumps(out))
+"""
+
+
+def run_producer(db_url: str, cwd, **env: str) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("DYGO_")}
+    environment.update(PYTHONPATH=str(REPO), **env)
+    done = subprocess.run([sys.executable, "-c", PRODUCER, db_url], cwd=cwd, env=environment, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_enqueue_refuses_unknown_and_non_kebab_queues_without_loaded_config(conn, db_url, tmp_path):
+    from tests.conftest import TEST_CONFIG
+    out = run_producer(db_url, tmp_path, DYGO_CONFIG_DIR=str(TEST_CONFIG))
+    assert out["unknown"][0] == "unknown_queue" and "'nowhere' is not configured" in out["unknown"][1]
+    assert out["unknown"][2] == {"field": "queue"}
+    assert out["not_kebab"][0] == "unknown_queue" and "kebab-case" in out["not_kebab"][1]
+    assert out["batch"][0] == "unknown_queue" and out["batch"][1].startswith("jobs[1]: ")
+    assert out["async"][0] == "unknown_queue" and out["async_batch"][0] == "unknown_queue"
+    assert out["configured"] == "stored"
+    assert conn.execute("SELECT queue FROM dygo_jobs").fetchall() == [("other",)]
+
+
+def test_enqueue_without_any_queue_config_refuses_rather_than_guessing(conn, db_url, tmp_path):
+    out = run_producer(db_url, tmp_path)  # no config/ here, no DYGO_CONFIG_DIR
+    assert out["configured"][0] == "queues_unknown"
+    assert "queues.yml" in out["configured"][1] and "DYGO_CONFIG_DIR" in out["configured"][1]
+    assert "kebab-case" in out["not_kebab"][1]  # a bad name is refused as such, config or not
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
+
+
 # --- aenqueue_many: the async batch, with enqueue_many's rules ----------------------------------------
 
 
