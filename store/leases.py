@@ -94,9 +94,13 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[
     successes = [o for o in outcomes if isinstance(o, Succeeded)]
     others = [o for o in outcomes if isinstance(o, Unsuccessful)]
     settled: set[int] = set()
+    # The first statement locks every row of the batch, in id order (queries._LOCKED): the second's rows
+    # are then held already, and this transaction never holds one row while waiting for a lower one.
+    batch = [o.job.id for o in outcomes]
     async with conn.transaction():
         if successes:
             params = {
+                "lock": batch,
                 "ids": [o.job.id for o in successes],
                 "tokens": [o.job.lease_token for o in successes],
                 "results": [o.result for o in successes],
@@ -106,6 +110,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[
             settled.update(row[0] for row in await cursor.fetchall())
         if others:
             params = {
+                "lock": [o.job.id for o in others],  # the whole batch when there were no successes
                 "ids": [o.job.id for o in others],
                 "tokens": [o.job.lease_token for o in others],
                 "states": [o.state for o in others],

@@ -106,10 +106,20 @@ SELECT extract(epoch FROM min(run_at) - now())::float8 FROM dygo_jobs
 WHERE state = 'pending' AND queue = ANY(%s)
   AND queue <> ALL(ARRAY(SELECT name FROM dygo_queues WHERE paused))"""
 
-RENEW_LEASES = """
+# Every worker statement that locks several job rows (renew, settle, progress) locks them first, in id
+# order, in this CTE: in the order of their arrays, a settle holding S and wanting U and a renewal holding
+# U and wanting S deadlocked. A settle's first statement locks its whole batch (the ids in %(lock)s), since
+# a transaction's locks are only ordered if the rows of its second statement are taken by its first.
+# ANY(ARRAY(SELECT id FROM locked)) runs the CTE to its end, every lock taken, before the update starts.
+_LOCKED = """locked AS MATERIALIZED (
+    SELECT id FROM dygo_jobs WHERE id = ANY({ids}::bigint[]) ORDER BY id FOR NO KEY UPDATE
+)"""
+
+RENEW_LEASES = f"""
+WITH {_LOCKED.format(ids="%(ids)s")}
 UPDATE dygo_jobs AS j SET lease_deadline = now() + make_interval(secs => %(ttl)s)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS s(id, token)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
+WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.id = s.id AND j.lease_token = s.token
 RETURNING j.id"""
 
 # A job's `progress` value (jobs j) from the fraction and message columns of the unnest row `{row}`:
@@ -125,14 +135,14 @@ _PROGRESS = ("jsonb_build_object('fraction', {row}.fraction, 'message', {row}.me
 # in which no job reported passes NULL arrays, which unnest pads with NULLs: no per-job cost.
 _SETTLE_PROGRESS = f"progress = CASE WHEN s.fraction IS NULL THEN j.progress ELSE {_PROGRESS.format(row='s')} END"
 SETTLE_SUCCEEDED = f"""
-WITH settled AS (
+WITH {_LOCKED.format(ids="%(lock)s")}, settled AS (
     UPDATE dygo_jobs AS j
     SET state = 'succeeded', finished_at = now(), result = s.result,
         lease_owner = NULL, lease_token = NULL, lease_deadline = NULL,
         {_SETTLE_PROGRESS}
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[],
                 %(fractions)s::float8[], %(messages)s::text[]) AS s(id, token, result, fraction, message)
-    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
+    WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.id = s.id AND j.lease_token = s.token
     RETURNING j.id, j.queue, j.kind
 ), counted AS (
     INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded)
@@ -144,7 +154,7 @@ SELECT id FROM settled"""
 # statement per batch; an error, when given, is appended to the attempt history. A hand-back keeps
 # its run_at, so the job keeps its place at the head of the line instead of queueing behind the backlog.
 SETTLE_UNSUCCESSFUL = f"""
-WITH settled AS (
+WITH {_LOCKED.format(ids="%(lock)s")}, settled AS (
 UPDATE dygo_jobs AS j
 SET state = s.state,
     run_at = CASE WHEN s.state = 'pending' AND s.refund AND s.error IS NULL AND s.delay = 0 THEN j.run_at
@@ -163,7 +173,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(states)s::text[], %(delays)
             %(refunds)s::boolean[], %(errors)s::text[], %(tracebacks)s::text[],
             %(fractions)s::float8[], %(messages)s::text[])
      AS s(id, token, state, delay, refund, error, traceback, fraction, message)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = s.id AND j.lease_token = s.token
+WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.id = s.id AND j.lease_token = s.token
 RETURNING j.id, j.queue, j.kind, j.state, s.error IS NOT NULL AS failed
 ), counted AS (
     INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead)
@@ -813,11 +823,12 @@ NOTIFY_RECHECK = "SELECT pg_notify('dygo_finished', '')"
 # The latest progress of each job, one statement per batch, fenced by the lease token like a settle:
 # a job settled or lost meanwhile keeps what it had.
 REPORT_PROGRESS = f"""
+WITH {_LOCKED.format(ids="%(ids)s")}
 UPDATE dygo_jobs AS j
 SET progress = {_PROGRESS.format(row="p")}
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(fractions)s::float8[], %(messages)s::text[])
      AS p(id, token, fraction, message)
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = p.id AND j.lease_token = p.token AND j.state = 'active'
+WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND j.id = p.id AND j.lease_token = p.token AND j.state = 'active'
 RETURNING j.id"""
 
 # --- The embedded server's settings (store/embedded.py) --------------------------------------------

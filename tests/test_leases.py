@@ -173,3 +173,42 @@ def test_snooze_and_hand_back_refund_the_attempt(conn, db_url):
     run(go())
     rows = conn.execute("SELECT attempt, run_at > now(), errors FROM dygo_jobs ORDER BY id").fetchall()
     assert rows == [(0, True, []), (0, False, [])]
+
+
+# Widens the window in which a settle holds the row lock of a job it marked succeeded, so that the issue's
+# interleaving happens on every run: the settle's transaction sleeps right after locking that row.
+SLOW_SUCCESS = """
+CREATE FUNCTION test_slow_success() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$;
+CREATE TRIGGER test_slow_success AFTER UPDATE ON dygo_jobs FOR EACH ROW
+    WHEN (OLD.state = 'active' AND NEW.state = 'succeeded') EXECUTE FUNCTION test_slow_success()"""
+
+
+def test_settle_and_lease_renewal_lock_rows_in_one_order_and_never_deadlock(conn, db_url):
+    # A settles S (succeeded) and U (failed) in one transaction; B renews [U, S] meanwhile, U having the
+    # lower id. Locking in different orders, A held S and wanted U while B held U and wanted S:
+    # DeadlockDetected, seen live as a stall and a false "database connection lost (renewing ...)".
+    u_job, s_job = enqueue_many(conn, [{"kind": "test.noop"}] * 2)
+    claimed = {job.id: job for job in claim_now(db_url)}
+    u, s = claimed[u_job.id], claimed[s_job.id]
+    conn.execute(SLOW_SUCCESS)
+
+    def sleeping() -> bool:
+        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                            "AND datname = current_database()").fetchone()[0] > 0
+
+    async def go():
+        async with await aconnect(db_url) as a, await aconnect(db_url) as b:
+            settling = asyncio.create_task(settle(a, [Succeeded(s, None),
+                                                      Unsuccessful(u, "pending", delay=60, error="boom")]))
+            for _ in range(500):  # until A holds S's lock (asleep in the trigger)
+                if sleeping():
+                    break
+                await asyncio.sleep(0.01)
+            renewing = asyncio.create_task(renew(b, [u, s], 30))
+            return await asyncio.gather(settling, renewing)
+
+    settled, held = run(go())
+    assert settled == {u.id, s.id}
+    assert held == set()  # renewed after the settle committed: both leases are gone
+    assert state(conn, s.id)[0] == "succeeded" and state(conn, u.id)[0] == "pending"
