@@ -24,7 +24,8 @@ class EnqueueOptions(BaseModel):
     delay: StrictStr | StrictInt | StrictFloat | None = Field(
         None, description="Run after this long on the database clock: '30s', '5m', '2h', '1d' or seconds. "
         "Not with run_at")
-    max_attempts: StrictInt | None = Field(None, description="1 to 1000 (default: the kind's, else the configured one)")
+    max_attempts: StrictInt | None = Field(None, description="1 to 1000 (default: the kind's, else the configured one, "
+                                           "resolved by the worker at the first lease)")
     meta: dict[str, str] = Field(default_factory=dict, description="String map handed to the handler as ctx.meta")
     idempotency_key: str | None = Field(None, description="While a live job (pending, scheduled, active, paused) "
                                         "holds this key, the enqueue returns that job instead (200, deduplicated)")
@@ -69,7 +70,8 @@ class JobSummary(BaseModel):
     priority: int
     run_at: datetime
     attempt: int = Field(description="Attempts started so far (the running one included)")
-    max_attempts: int
+    max_attempts: int | None = Field(description="null until the first lease, when a job enqueued without one "
+                                     "gets its kind's max_attempts, else default_max_attempts")
     enqueued_at: datetime
     started_at: datetime | None = Field(description="When the latest attempt was claimed")
     finished_at: datetime | None

@@ -356,7 +356,8 @@ def _list_jobs(conn: psycopg.Connection, args: argparse.Namespace) -> int:
         shown = job["last_error"] if job["state"] != "succeeded" else None
         error = shown.splitlines()[0][:60] if shown else ""
         table.append((str(job["id"]), job["kind"], job["queue"], job["state"],
-                      f"{job['attempt']}/{job['max_attempts']}", _utc(job["run_at"]), _utc(job["finished_at"]), error))
+                      f"{job['attempt']}/{job['max_attempts'] or '-'}", _utc(job["run_at"]), _utc(job["finished_at"]),
+                      error))
     _print_table(table)
     return 0
 
@@ -371,7 +372,7 @@ def _show_job(conn: psycopg.Connection, job_id: int) -> int:
         print(f"dygo: no job with id {job_id}", file=sys.stderr)
         return 1
     fields = [("id", job["id"]), ("kind", job["kind"]), ("queue", job["queue"]), ("state", job["state"]),
-              ("priority", job["priority"]), ("attempt", f"{job['attempt']}/{job['max_attempts']}"),
+              ("priority", job["priority"]), ("attempt", f"{job['attempt']}/{job['max_attempts'] or '-'}"),
               ("run at", _utc(job["run_at"])), ("enqueued at", _utc(job["enqueued_at"])),
               ("started at", _utc(job["started_at"])), ("finished at", _utc(job["finished_at"])),
               ("lease owner", job["lease_owner"] or "-"), ("reaped", job["reap_count"]),

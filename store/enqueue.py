@@ -85,10 +85,12 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     ):
         raise EnqueueError("invalid_option", f"priority must be an integer from {PRIORITY_RANGE[0]} to "
                            f"{PRIORITY_RANGE[1]}, got {priority!r}")
+    # Unset stays NULL: the claiming worker gives the kind's registered max_attempts (or the configured
+    # default) at the first lease, so a producer that does not import the kind cannot stamp the wrong one.
     max_attempts = request.max_attempts
-    if max_attempts is None:
-        max_attempts = (definition.max_attempts if definition else None) or jobs.default_max_attempts
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000:
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000
+    ):
         raise EnqueueError("invalid_option", f"max_attempts must be an integer from 1 to 1000, got {max_attempts!r}")
 
     if request.run_at is not None and request.delay is not None:

@@ -16,6 +16,7 @@ import psycopg
 
 from store import queries
 from store.migrate import check_version
+from store.registry import Registry, registry
 
 
 @dataclass(slots=True)
@@ -70,8 +71,14 @@ async def listen(conn: psycopg.AsyncConnection) -> None:
     await conn.execute(queries.LISTEN_FOR_JOBS)
 
 
-async def claim(conn: psycopg.AsyncConnection, queue: str, limit: int, owner: str, ttl: float) -> list[ClaimedJob]:
-    cursor = await conn.execute(queries.CLAIM_JOBS, {"queue": queue, "limit": limit, "owner": owner, "ttl": ttl})
+async def claim(conn: psycopg.AsyncConnection, queue: str, limit: int, owner: str, ttl: float,
+                jobs: Registry | None = None) -> list[ClaimedJob]:
+    """Lease up to `limit` ready jobs of `queue`. A job enqueued without max_attempts gets it here, durably:
+    its kind's in `jobs` (default: the process's registry, the one `load_jobs` filled), else the default."""
+    kind_attempts, default = (jobs or registry).max_attempts_at_claim()
+    params = {"queue": queue, "limit": limit, "owner": owner, "ttl": ttl, "kind_attempts": kind_attempts,
+              "max_attempts": default}
+    cursor = await conn.execute(queries.CLAIM_JOBS, params)
     return [ClaimedJob(*row) for row in await cursor.fetchall()]
 
 

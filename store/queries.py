@@ -88,6 +88,8 @@ WITH picked AS (
 ), claimed AS (
     UPDATE dygo_jobs AS j
     SET state = 'active', attempt = j.attempt + 1, started_at = now(),
+        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
+        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
         lease_owner = %(owner)s, lease_token = gen_random_uuid(),
         lease_deadline = now() + make_interval(secs => %(ttl)s)
     -- ANY(ARRAY(...)) keeps this a primary-key lookup whatever the table statistics say.

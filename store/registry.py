@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -123,6 +124,7 @@ class Registry:
         # Set by `load_jobs`, else read from queues.yml at the first enqueue (configured_queues).
         self.queues: list[str] | None = None
         self.default_max_attempts = 20
+        self._attempts: tuple[str, int] | None = None  # max_attempts_at_claim, built once per change
         # Validated cron schedules by name, filled by `load_jobs` (store.schedules.Schedule values).
         self.schedules: dict[str, Any] = {}
 
@@ -137,6 +139,7 @@ class Registry:
                 f"kind is already registered by {other.__module__}.{other.__qualname__}; kinds must be unique",
             )
         self._definitions[definition.kind] = definition
+        self._attempts = None
 
     def get(self, kind: str) -> JobDefinition | None:
         return self._definitions.get(kind)
@@ -152,6 +155,14 @@ class Registry:
 
     def freeze(self) -> None:
         self._frozen = True
+
+    def max_attempts_at_claim(self) -> tuple[str, int]:
+        """What a claim gives a job enqueued without max_attempts: (JSON object kind -> the registration's
+        max_attempts, for the kinds that set one; the configured default)."""
+        if self._attempts is None or self._attempts[1] != self.default_max_attempts:
+            by_kind = {d.kind: d.max_attempts for d in self._definitions.values() if d.max_attempts is not None}
+            self._attempts = (json.dumps(by_kind), self.default_max_attempts)
+        return self._attempts
 
     def configured_queues(self) -> list[str]:
         """The configured queue names: those `load_jobs` set, else read once from queues.yml in

@@ -21,7 +21,7 @@ def test_enqueue_stores_the_job_with_definition_defaults(conn):
     assert not result.deduplicated
     assert (job["kind"], job["queue"], job["priority"], job["state"], job["attempt"]) == (
         "test.context", "other", 5, "pending", 0)
-    assert job["max_attempts"] == 20
+    assert job["max_attempts"] is None  # unset: resolved at the first lease (test_leases)
 
 
 def test_enqueue_options_are_stored(conn):

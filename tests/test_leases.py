@@ -212,3 +212,16 @@ def test_settle_and_lease_renewal_lock_rows_in_one_order_and_never_deadlock(conn
     assert settled == {u.id, s.id}
     assert held == set()  # renewed after the settle committed: both leases are gone
     assert state(conn, s.id)[0] == "succeeded" and state(conn, u.id)[0] == "pending"
+
+
+def test_max_attempts_unset_at_enqueue_is_resolved_from_the_registration_at_the_first_lease(conn, db_url):
+    # The seed: a registration's retries apply at the first lease unless the job set its own. Stamped at
+    # enqueue, a producer that does not import the kind stored the default (20) for a kind declared with 3.
+    registered = enqueue(conn, "test.fail", {})  # @job(max_attempts=3)
+    own = enqueue(conn, "test.fail", {}, max_attempts=7)
+    plain = enqueue(conn, "test.noop", {})  # no max_attempts in its registration: the configured default
+    stored = dict(conn.execute("SELECT id, max_attempts FROM dygo_jobs").fetchall())
+    assert stored == {registered.id: None, own.id: 7, plain.id: None}
+    claimed = {job.id: job.max_attempts for job in claim_now(db_url)}
+    assert claimed == {registered.id: 3, own.id: 7, plain.id: 20}
+    assert dict(conn.execute("SELECT id, max_attempts FROM dygo_jobs").fetchall()) == claimed  # durably

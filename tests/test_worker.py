@@ -282,3 +282,21 @@ def test_lease_is_renewed_while_a_long_job_runs(conn, spawn):
     row = wait_for_state(conn, job.id, "succeeded", timeout=15)
     assert (row["reap_count"], row["attempt"], row["errors"]) == (0, 1, [])
     assert conn.execute("SELECT count(*) FROM test_runs").fetchone()[0] == 1
+
+
+def test_kind_max_attempts_applies_to_a_job_whose_producer_never_imported_the_kind(conn, db_url, spawn, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, TEST_CONFIG
+    producer = ("import sys, psycopg\nfrom store import enqueue\n"
+                "with psycopg.connect(sys.argv[1], autocommit=True) as conn:\n"
+                "    print(enqueue(conn, 'test.fail', {}, queue='default').id)\n")
+    done = subprocess.run([sys.executable, "-c", producer, db_url], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "DYGO_CONFIG_DIR": str(TEST_CONFIG)},
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout)
+    assert spawn("worker", "--once").wait() == 0
+    row = job_row(conn, job_id)
+    assert (row["attempt"], row["max_attempts"]) == (1, 3)  # test.fail is declared with max_attempts=3
