@@ -36,6 +36,19 @@ def test_dead_jobs_group_by_kind_and_normalised_error(conn):
     assert biggest["first_seen"] <= biggest["last_seen"]
 
 
+def test_fingerprint_normalises_whole_numbers_and_ids_never_digits_inside_words(conn):
+    def fingerprint(error: str) -> str:
+        return conn.execute("SELECT dygo_error_fingerprint(%s)", (error,)).fetchone()[0]
+
+    for kept in ("Abort: e2e says no", "Http2Error: stream reset", "S3 upload refused", "IPv4 only",
+                 "OAuth2 token expired", "utf8 decode failed"):
+        assert fingerprint(kept) == kept
+    assert fingerprint("order 123 failed after 30s (id=42, 7 left; -1)") == \
+        "order <n> failed after <n>s (id=<n>, <n> left; -<n>)"
+    assert fingerprint(f"user {UUID_A} at 0x7f3a12") == "user <id> at <hex>"
+    assert fingerprint("Abort: e2e says no, 3 times") == fingerprint("Abort: e2e says no, 4 times")
+
+
 def test_retry_a_group_revives_only_that_group_and_respects_idempotency_keys(conn):
     first = dead(conn, "mail.send", "TimeoutError: after 30 seconds")
     second = dead(conn, "mail.send", "TimeoutError: after 31 seconds", key="k1")
