@@ -143,8 +143,12 @@ def _wait_seconds(wait: str | None) -> float:
 
 @router.delete("/jobs/{job_id}", status_code=204, summary="Delete a job (not while it is active)",
                responses=documented(404, 409, 422))
-def delete_job(job_id: JobId, conn: Conn) -> Response:
-    admin.delete_job(conn, job_id)
+def delete_job(
+    job_id: JobId, conn: Conn,
+    state: Annotated[JobState | None, Query(description="Delete only while the job is in this state (else 409), "
+                                            "so a job retried since you looked at it stays")] = None,
+) -> Response:
+    admin.delete_job(conn, job_id, state)
     return Response(status_code=204)
 
 

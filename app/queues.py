@@ -86,6 +86,11 @@ def retry_dead(name: QueueName, request: Request, conn: Conn) -> dict[str, Any]:
     return {"queue": name, "retried": admin.retry_dead(conn, name)}
 
 
+@router.post("/retry-dead", response_model=RetryDeadReport, summary="Retry every dead job of every queue now")
+def retry_all_dead(conn: Conn) -> dict[str, Any]:
+    return {"queue": None, "retried": admin.retry_dead(conn, None)}
+
+
 @router.post("/queues/{name}/purge", response_model=PurgeReport,
              summary="Delete pending, scheduled and dead jobs (active and paused stay)", responses=documented(404))
 def purge_queue(name: QueueName, request: Request, conn: Conn) -> dict[str, Any]:

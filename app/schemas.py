@@ -98,6 +98,7 @@ class Job(JobSummary):
     result: Any = Field(description="What the handler returned, once succeeded")
     progress: Progress | None = Field(None, description="The latest progress the handler reported, if any")
     errors: list[AttemptError] = Field(description="Every failed attempt, oldest first")
+    failed_at: datetime | None = Field(None, description="When its latest failed attempt ended (null: none failed)")
     reap_count: int = Field(description="Times its lease expired and it was recovered")
     lease_owner: str | None
     lease_deadline: datetime | None
@@ -128,6 +129,8 @@ class Queue(BaseModel):
     paused: bool = Field(description="Workers do not claim from a paused queue")
     paused_at: datetime | None
     counts: QueueCounts
+    succeeded_today: int = Field(description="Jobs of the queue that succeeded today (UTC), from the stats rollups: "
+                                 "succeeded rows are history, not counted among the states")
 
 
 class QueueList(BaseModel):
@@ -160,7 +163,7 @@ class QueueStats(BaseModel):
 
 
 class RetryDeadReport(BaseModel):
-    queue: str
+    queue: str | None = Field(description="null: every queue (POST /api/v1/retry-dead)")
     retried: int
 
 

@@ -180,9 +180,10 @@ def act_on_job(conn: psycopg.Connection, action: str, job_id: int) -> dict[str, 
     return job
 
 
-def delete_job(conn: psycopg.Connection, job_id: int) -> None:
-    if conn.execute(queries.DELETE_JOB, {"id": job_id}).fetchone() is None:
-        _refuse(conn, job_id, "delete", DELETABLE)
+def delete_job(conn: psycopg.Connection, job_id: int, state: str | None = None) -> None:
+    """Delete a job that is not active; with `state`, only while it is in that state (else Conflict)."""
+    if conn.execute(queries.DELETE_JOB, {"id": job_id, "state": state}).fetchone() is None:
+        _refuse(conn, job_id, "delete", DELETABLE if state is None else (state,))
     # Anyone waiting for its result stops waiting now rather than at their timeout.
     results.notify_deleted(conn, [job_id])
 
@@ -206,10 +207,12 @@ def list_queues(conn: psycopg.Connection, configured: Mapping[str, int]) -> list
     for queue, state, number in conn.execute(queries.QUEUE_COUNTS):
         counts.setdefault(queue, dict.fromkeys(COUNTED_STATES, 0))[state] = number
     paused = dict(conn.execute(queries.PAUSED_QUEUES).fetchall())
+    succeeded = dict(conn.execute(queries.QUEUE_SUCCEEDED_TODAY).fetchall())
     names = list(configured) + sorted((set(counts) | set(paused)) - set(configured))
     return [{
         "name": name, "concurrency": configured.get(name), "paused": name in paused,
         "paused_at": paused.get(name), "counts": counts.get(name, dict.fromkeys(COUNTED_STATES, 0)),
+        "succeeded_today": succeeded.get(name, 0),
     } for name in names]
 
 
@@ -227,8 +230,10 @@ def resume_queue(conn: psycopg.Connection, queue: str) -> None:
     conn.execute(queries.RESUME_QUEUE, (queue,))
 
 
-def retry_dead(conn: psycopg.Connection, queue: str) -> int:
-    """Every dead job of the queue back to pending now; returns how many."""
+def retry_dead(conn: psycopg.Connection, queue: str | None) -> int:
+    """Every dead job of the queue (None: of every queue) back to pending now; returns how many."""
+    if queue is None:
+        return len(conn.execute(queries.RETRY_ALL_DEAD_JOBS).fetchall())
     return len(conn.execute(queries.RETRY_DEAD_JOBS, {"queue": queue}).fetchall())
 
 

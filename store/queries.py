@@ -235,7 +235,8 @@ WHERE last_seen_at >= now() - make_interval(secs => %s) ORDER BY started_at"""
 JOB_COLUMNS = """id, kind, queue, args, meta,
     CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END AS state,
     priority, run_at, attempt, max_attempts, lease_owner, lease_deadline, enqueued_at, started_at,
-    finished_at, result, last_error, errors, reap_count, idempotency_key, progress"""
+    finished_at, (errors -> -1 ->> 'at')::timestamptz AS failed_at, result, last_error, errors, reap_count,
+    idempotency_key, progress"""
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM dygo_jobs WHERE id = %s"
 
 # --- Admin: job lists ----------------------------------------------------------------------------
@@ -329,8 +330,13 @@ WITH archived AS (
 )
 SELECT {JOB_COLUMNS} FROM archived"""
 
-# An active job's row belongs to the worker running it.
-DELETE_JOB = "DELETE FROM dygo_jobs WHERE id = %(id)s AND state <> 'active' RETURNING id"
+# An active job's row belongs to the worker running it. With a state (the seed's Delete(id, state)), only a
+# job in that state goes: one retried or resumed since the caller looked at it stays.
+DELETE_JOB = """
+DELETE FROM dygo_jobs WHERE id = %(id)s AND state <> 'active'
+    AND (%(state)s::text IS NULL OR CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END
+                                    = %(state)s::text)
+RETURNING id"""
 
 # --- Admin: queues -------------------------------------------------------------------------------
 
@@ -347,6 +353,16 @@ UNION ALL
 SELECT queue, state, count(*) FROM dygo_jobs WHERE state IN ('dead', 'paused', 'cancelled') GROUP BY 1, 2"""
 
 PAUSED_QUEUES = "SELECT name, paused_at FROM dygo_queues WHERE paused"
+
+# Jobs each queue finished successfully today (UTC): succeeded rows are history (kept for
+# completed_retention, no index counts them), so the count comes from the stats rollups, like the
+# throughput window: today's folded row plus the deltas not folded yet. A handful of small rows.
+QUEUE_SUCCEEDED_TODAY = """
+SELECT queue, sum(succeeded)::bigint FROM (
+    SELECT queue, succeeded FROM dygo_daily_stats WHERE day = (now() AT TIME ZONE 'UTC')::date
+    UNION ALL
+    SELECT queue, succeeded FROM dygo_stats_deltas WHERE day = (now() AT TIME ZONE 'UTC')::date) AS s
+GROUP BY queue"""
 PAUSE_QUEUE = """
 INSERT INTO dygo_queues AS q (name, paused, paused_at) VALUES (%s, true, now())
 ON CONFLICT (name) DO UPDATE SET paused = true, paused_at = CASE WHEN q.paused THEN q.paused_at ELSE now() END
@@ -388,6 +404,8 @@ RETURNING j.id"""
 
 RETRY_DEAD_JOBS = _revive_dead(
     "SELECT id, idempotency_key FROM dygo_jobs WHERE state = 'dead' AND queue = %(queue)s")
+# The same for every queue at once (the seed's RetryAll with no queue).
+RETRY_ALL_DEAD_JOBS = _revive_dead("SELECT id, idempotency_key FROM dygo_jobs WHERE state = 'dead'")
 
 # Pending, scheduled and dead jobs go; active ones belong to their workers and paused ones were
 # parked on purpose, so both stay (and are reported).

@@ -222,3 +222,28 @@ def test_impossible_job_ids_are_422_not_500(module_api, path):
     method = module_api.admin.post if path.endswith("retry") else module_api.admin.get
     response = method(path)
     assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_request"
+
+
+def test_delete_with_a_state_guard_deletes_only_a_job_in_that_state(api, conn):
+    # The seed's Delete(id, state): an operator deletes the dead job they looked at, never one that
+    # was retried (and is pending again) meanwhile.
+    job_id = add(api)
+    act(api, job_id, "archive")  # dead
+    refused = api.admin.delete(f"/api/v1/jobs/{job_id}", params={"state": "pending"})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_transition"
+    assert "is dead" in refused.json()["error"]["message"]
+    assert api.admin.delete(f"/api/v1/jobs/{job_id}", params={"state": "bogus"}).status_code == 422
+    assert api.admin.delete(f"/api/v1/jobs/{job_id}", params={"state": "dead"}).status_code == 204
+    scheduled = add(api, delay="1h")
+    assert api.admin.delete(f"/api/v1/jobs/{scheduled}", params={"state": "pending"}).status_code == 409
+    assert api.admin.delete(f"/api/v1/jobs/{scheduled}", params={"state": "scheduled"}).status_code == 204
+
+
+def test_a_job_shows_when_its_last_attempt_failed(api, spawn):
+    job_id = add(api, kind="test.fail", args={"times": 1})
+    assert api.reader.get(f"/api/v1/jobs/{job_id}").json()["failed_at"] is None
+    assert spawn("worker", "--once").wait() == 0
+    job = api.reader.get(f"/api/v1/jobs/{job_id}").json()
+    from datetime import datetime
+    assert job["failed_at"] is not None
+    assert datetime.fromisoformat(job["failed_at"]) == datetime.fromisoformat(job["errors"][-1]["at"])

@@ -139,3 +139,25 @@ def test_a_paused_queue_is_skipped_by_a_real_worker_until_resumed(api, conn, spa
     started = time.monotonic()
     wait_until(lambda: job_state(conn, held) == "succeeded", timeout=10, message="the held job to run")
     assert time.monotonic() - started < 5  # woken by the resume, not by the 60 s poll
+
+
+def test_retry_dead_across_every_queue_in_one_call(api, conn):
+    # The seed's RetryAll with an empty queue: every queue's dead jobs, by the per-queue rule for keys.
+    dead = [enqueue(conn, "test.noop", {}).id, enqueue(conn, "test.record_sync", {}).id]  # default, other
+    keyed = enqueue(conn, "test.noop", {}, idempotency_key="k").id
+    conn.execute("UPDATE dygo_jobs SET state = 'dead', attempt = 20, finished_at = now()")
+    enqueue(conn, "test.noop", {}, idempotency_key="k")  # a live job holds the key: `keyed` stays dead
+    assert api.reader.post("/api/v1/retry-dead").status_code == 403
+    assert api.admin.post("/api/v1/retry-dead").json() == {"queue": None, "retried": 2}
+    assert [job_state(conn, i) for i in dead] == ["pending", "pending"] and job_state(conn, keyed) == "dead"
+
+
+def test_queues_list_their_succeeded_count_of_today(api, conn):
+    done = [enqueue(conn, "test.noop", {}).id for _ in range(3)]
+    enqueue(conn, "test.record_sync", {})
+    conn.execute("UPDATE dygo_jobs SET state = 'succeeded', finished_at = now() WHERE id = ANY(%s)", (done,))
+    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded) "
+                 "VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', 'test.noop', 3)")  # what the settle writes
+    queues = {q["name"]: q for q in api.reader.get("/api/v1/queues").json()["queues"]}
+    assert (queues["default"]["succeeded_today"], queues["other"]["succeeded_today"]) == (3, 0)
+    assert api.reader.get("/api/v1/queues/default").json()["succeeded_today"] == 3

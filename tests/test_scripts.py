@@ -50,6 +50,15 @@ def test_retry_and_retry_all_dead(api, conn):
     assert reply(run(api, "retry-all-dead", "default")) == {"queue": "default", "retried": 2}
 
 
+def test_retry_all_dead_of_every_queue(api, conn):
+    ids = [enqueue(conn, "test.noop", {}).id, enqueue(conn, "test.record_sync", {}).id]  # default, other
+    conn.execute("UPDATE dygo_jobs SET state = 'dead', finished_at = now()")
+    assert reply(run(api, "retry-all-dead", "--all")) == {"queue": None, "retried": 2}
+    states = conn.execute("SELECT state FROM dygo_jobs WHERE id = ANY(%s)", (ids,)).fetchall()
+    assert states == [("pending",), ("pending",)]
+    assert run(api, "retry-all-dead").returncode == 2  # no queue and no --all: usage, nothing retried
+
+
 def test_purge(api, conn):
     enqueue(conn, "test.noop", {})
     enqueue(conn, "test.noop", {}, delay="1h")
