@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlencode
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
@@ -585,6 +585,13 @@ def install_dashboard(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
     def home() -> Response:
         return RedirectResponse(PREFIX + "/", status_code=307)
+
+    # Browsers ask for /favicon.ico on a first visit whatever the page links: a 404 there was a console
+    # error on every new browser. The same icon as the pages' <link rel=icon>, SVG (every current browser).
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return FileResponse(TEMPLATES / "static" / "favicon.svg", media_type="image/svg+xml",
+                            headers={"Cache-Control": "public, max-age=86400"})
 
     @app.exception_handler(LoginRequired)
     async def login_required(request: Request, _: LoginRequired) -> Response:

@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import psycopg
 import pytest
 
 from app.throttle import LOGIN_ATTEMPTS
@@ -441,3 +443,85 @@ def test_too_many_failed_sign_ins_get_a_429_page_saying_when_to_try_again(serve,
     expect(page.locator("h1")).to_have_text("Too many failed sign-ins")
     page.goto(f"{api.url}/dashboard/jobs")
     expect(page).to_have_url(re.compile(r"/dashboard/login"))
+
+
+# --- Details a user noticed (issue 14, points 16 and 18): one `dygo serve` for these; each test makes its
+# own jobs and looks only at them.
+
+
+@pytest.fixture(scope="module")
+def module_conn(module_db_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(module_db_url, autocommit=True) as connection:
+        yield connection
+
+
+def test_a_dead_jobs_page_says_why_it_is_dead_and_shows_no_future_run(module_api: Api, page):
+    job_id = enqueue(module_api, "test.noop", delay="1h")
+    assert module_api.admin.post(f"/api/v1/jobs/{job_id}/archive").status_code == 200
+    log_in(page, module_api)
+    page.goto(f"{module_api.url}/dashboard/jobs/{job_id}")
+    expect(page.locator("h1 .state")).to_have_text("dead")
+    expect(page.locator(".dead-reason")).to_contain_text("archived by an operator before it ran")
+    expect(page.locator("dl.facts")).not_to_contain_text("(in ")  # it will never run
+    expect(page.locator("body")).not_to_contain_text("No failed attempts.")
+
+
+def test_favicon_is_served_so_a_first_visit_logs_no_error(module_api: Api, page):
+    icon = httpx.get(f"{module_api.url}/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/")
+    failed: list[str] = []
+    page.on("response", lambda response: failed.append(response.url) if response.status >= 400 else None)
+    log_in(page, module_api)
+    href = page.locator("link[rel=icon]").get_attribute("href")
+    assert page.request.get(f"{module_api.url}{href}").status == 200
+    assert failed == []
+
+
+def test_at_phone_width_a_table_that_scrolls_sideways_shows_a_cue(module_api: Api, page):
+    log_in(page, module_api)
+    page.set_viewport_size({"width": 390, "height": 800})
+    page.goto(f"{module_api.url}/dashboard/")
+    counts = page.locator(".scroll:has(table.counts)")
+    expect(counts).to_have_attribute("data-more", "right")  # columns are hidden to the right
+    counts.evaluate("element => { element.scrollLeft = element.scrollWidth; }")
+    expect(counts).to_have_attribute("data-more", "left")  # at the end: what is hidden is to the left
+    page.set_viewport_size({"width": 1100, "height": 800})
+    expect(counts).not_to_have_attribute("data-more", "left")
+    expect(counts).not_to_have_attribute("data-more", "right")
+
+
+def test_jobs_page_bulk_buttons_stay_on_the_line_of_their_label(module_api: Api, page):
+    enqueue(module_api, "test.noop", delay="1h")
+    log_in(page, module_api)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{module_api.url}/dashboard/jobs")
+    for label, buttons in (("Selected:", "[data-bulk]"), ("Everything matching the filter:", "[data-bulk-matching]")):
+        label_box = page.locator("#bulk .muted", has_text=label).bounding_box()
+        middle = label_box["y"] + label_box["height"] / 2
+        for button in page.locator(f"#bulk {buttons}").all():  # all four on the label's line, after it
+            box = button.bounding_box()
+            assert abs(box["y"] + box["height"] / 2 - middle) < 6, (label, button.inner_text(), label_box, box)
+            assert box["x"] > label_box["x"]
+
+
+def test_failing_kinds_link_dead_jobs_only_for_a_kind_that_has_some(module_api: Api, module_conn, page):
+    module_conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead) VALUES "
+               "((now() AT TIME ZONE 'UTC')::date, 'default', 'audit.flaky', 4, 0), "
+               "((now() AT TIME ZONE 'UTC')::date, 'default', 'audit.broken', 1, 2)")
+    log_in(page, module_api)
+    page.goto(f"{module_api.url}/dashboard/")
+    expect(page.locator("table.failing tr[data-kind='audit.broken'] a", has_text="dead jobs")).to_have_count(1)
+    expect(page.locator("table.failing tr[data-kind='audit.flaky'] a")).to_have_count(0)
+
+
+def test_queues_page_has_the_cancelled_column_the_overview_has(module_api: Api, module_conn, page):
+    job_id = enqueue(module_api, "test.noop", delay="1h")
+    assert module_api.admin.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+    cancelled = module_conn.execute("SELECT count(*) FROM dygo_jobs WHERE queue = 'default' AND state = 'cancelled'"
+                           ).fetchone()[0]
+    log_in(page, module_api)
+    page.goto(f"{module_api.url}/dashboard/queues")
+    headers = [text.strip().lower() for text in page.locator("thead th").all_inner_texts()]
+    assert "cancelled" in headers
+    column = headers.index("cancelled") + 1
+    expect(page.locator(f"tr[data-queue=default] td:nth-child({column})")).to_have_text(str(cancelled))
