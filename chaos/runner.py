@@ -43,10 +43,14 @@ from psycopg.conninfo import make_conninfo
 
 from chaos.jobs import MISBEHAVING  # also registers the chaos kinds here, which enqueue validates against
 from store import JobRequest, embedded, enqueue, enqueue_many
+from store.config import load_settings
 from store.migrate import migrate
+from store.registry import load_jobs
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "chaos" / "config"
+# The runner enqueues as a producer of the chaos workers: their queues (`probe` is not in config/queues.yml).
+load_jobs(load_settings(CONFIG))
 LEASE_TTL = 3.0  # chaos/config/dygo.yml
 POLL_INTERVAL = 2.0
 SHUTDOWN_TIMEOUT = 1.0
