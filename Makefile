@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint bench bench-dashboard chaos stop-db browsers
+.PHONY: run test setup lint bench bench-dashboard bench-fleet chaos stop-db browsers
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -54,6 +54,11 @@ bench: setup
 # Seeds 1,000,000 jobs in bench_dashboard (embedded server) and times every dashboard page.
 bench-dashboard: setup
 	$(BIN)/python bench/dashboard_pages.py
+
+# 1, 4, 16 and 64 worker processes drain 50,000 no-op jobs, then 5,000 jobs of 10 ms, from one private
+# embedded server (.dygo/bench-fleet): jobs/s, peak connections, lock waits, duplicates (bench/README.md).
+bench-fleet: setup
+	$(BIN)/python bench/fleet.py
 
 # The fault-injection suite in full (10,000 jobs per scenario, several minutes); a short version of
 # each scenario runs inside `make test` (tests/test_chaos.py). See README, "Reliability".
