@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint bench bench-dashboard bench-fleet chaos stop-db browsers
+.PHONY: run test setup lint bench bench-dashboard bench-fleet bench-snapshot chaos stop-db browsers
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -59,6 +59,11 @@ bench-dashboard: setup
 # embedded server (.dygo/bench-fleet): jobs/s, peak connections, lock waits, duplicates (bench/README.md).
 bench-fleet: setup
 	$(BIN)/python bench/fleet.py
+
+# One worker at 200 jobs/s while another connection holds an xid for 10 minutes: pickup latency and
+# sequential scans of dygo_jobs, clean against held (bench/README.md).
+bench-snapshot: setup
+	$(BIN)/python bench/held_snapshot.py
 
 # The fault-injection suite in full (10,000 jobs per scenario, several minutes); a short version of
 # each scenario runs inside `make test` (tests/test_chaos.py). See README, "Reliability".

@@ -130,7 +130,7 @@ def fresh_database(server: str, direct: str | None) -> str:
 
 def write_config(config: Path, concurrency: int) -> None:
     (config / "queues.yml").write_text(f"queues:\n  - name: default\n    concurrency: {concurrency}\n")
-    (config / "dygo.yml").write_text("jobs: [fleet_jobs]\n")
+    (config / "dygo.yml").write_text("jobs: [bench_jobs]\n")
 
 
 def migrate(env: dict[str, str]) -> None:
@@ -158,8 +158,8 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
 
             wait_until(registered, args.timeout, f"{count} workers registered", interval=0.5)
         phases = [
-            run_phase(url, workers, "no-op", "fleet.noop", {}, args.noop_jobs, args.timeout),
-            run_phase(url, workers, f"{args.sleep_ms} ms", "fleet.sleep", {"ms": args.sleep_ms}, args.sleep_jobs,
+            run_phase(url, workers, "no-op", "bench.noop", {}, args.noop_jobs, args.timeout),
+            run_phase(url, workers, f"{args.sleep_ms} ms", "bench.sleep", {"ms": args.sleep_ms}, args.sleep_jobs,
                       args.timeout),
         ]
     finally:
@@ -172,7 +172,8 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
 
 def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_args: dict, jobs: int,
               timeout: float) -> Phase:
-    import fleet_jobs  # noqa: F401  (registers the kinds, as a producer that enqueues them would)
+    import bench_jobs  # noqa: F401  (registers the kinds, as a producer that enqueues them would)
+
     from store import enqueue_many  # the bench's own interpreter is dygo's .venv
 
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:

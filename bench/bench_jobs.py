@@ -1,15 +1,15 @@
-"""The two job kinds of bench/fleet.py (loaded by its workers through `jobs: [fleet_jobs]`)."""
+"""Job kinds for the benchmarks that start their own workers (`jobs: [bench_jobs]`, bench/ on PYTHONPATH)."""
 
 import asyncio
 
 from store import JobContext, job
 
 
-@job("fleet.noop")
+@job("bench.noop")
 async def noop(ctx: JobContext, args: dict) -> None:
     return None
 
 
-@job("fleet.sleep")
+@job("bench.sleep")
 async def sleep(ctx: JobContext, args: dict) -> None:
     await asyncio.sleep(args.get("ms", 10) / 1000)
