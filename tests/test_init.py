@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 from psycopg.conninfo import make_conninfo
 
 DYGO = str(Path(sys.executable).parent / "dygo")  # the console script, as a user runs it
@@ -106,3 +108,16 @@ def test_init_twice_refuses_the_second_time(tmp_path: Path) -> None:
     assert again.returncode == 1
     assert "config/queues.yml" in again.stderr and ".gitignore" in again.stderr
     assert {p: p.read_bytes() for p in (tmp_path / "app").rglob("*") if p.is_file()} == before
+
+
+def test_generated_dygo_yml_shows_every_setting_and_each_example_parses(tmp_path: Path) -> None:
+    from dygo.scaffold import DYGO_YML, QUEUES_YML
+    from store.config import SETTING_PARSERS, load_settings
+
+    uncommented = "\n".join(line[2:] if re.match(r"^# ?\s*[a-z_]+:", line) else line
+                            for line in DYGO_YML.splitlines())
+    (tmp_path / "dygo.yml").write_text(uncommented)
+    (tmp_path / "queues.yml").write_text(QUEUES_YML)
+    assert set(yaml.safe_load(uncommented)) == set(SETTING_PARSERS)
+    settings = load_settings(tmp_path)
+    assert settings.job_modules == ("jobs",) and settings.lease_ttl == 30.0 and len(settings.api_tokens) >= 2
