@@ -1,6 +1,7 @@
-"""The manual's reference against reality: every command and flag of the `dygo` parser, every config key,
-every environment variable the code reads, every OpenAPI path and every metric a real process serves is
-named in docs/reference/. A flag, key, endpoint or metric added without its line in the manual fails here."""
+"""The manual's reference against reality, both ways: every command and flag of the `dygo` parser, every
+config key, every environment variable the code reads, every OpenAPI operation and every metric a real
+process serves has its table row in docs/reference/, and every row there names something that exists.
+A flag, key, endpoint or metric added without its row (or removed with its row left behind) fails here."""
 
 from __future__ import annotations
 
@@ -23,19 +24,33 @@ from tests.conftest import REPO, TEST_CONFIG
 
 REFERENCE = REPO / "docs" / "reference"
 SOURCE_PACKAGES = ("store", "app", "worker", "dygo")
-# Read by the code but not a setting of dygo's: the embedded server's lock folder, set by dygo itself.
+# Read by the code but not a setting of dygo's: the embedded server's lock folder, which dygo sets itself.
 NOT_SETTINGS = {"XDG_RUNTIME_DIR"}
+# Documented but read by a dependency, not by dygo's code: uvicorn's trusted proxies.
+READ_BY_DEPENDENCIES = {"FORWARDED_ALLOW_IPS"}
 
 
-def reference(name: str) -> str:
-    return (REFERENCE / name).read_text(encoding="utf-8")
+def section(page: str, heading: str | None = None) -> str:
+    """A reference page, or the part of it under `## heading` (up to the next `## `)."""
+    text = (REFERENCE / page).read_text(encoding="utf-8")
+    if heading is None:
+        return text
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    sections = dict(zip(parts[1::2], parts[2::2], strict=True))
+    assert heading in sections, f"docs/reference/{page} has no '## {heading}' section"
+    return sections[heading]
 
 
-def absent(names: set[str], page: str, spell=lambda name: f"| `{name}`") -> list[str]:
-    """The names the page has no table row for (a row starts with the name in backticks), or that it does not
-    spell as `spell` says: a mention in passing does not count as documented."""
-    text = reference(page)
-    return sorted(name for name in names if spell(name) not in text)
+def rows(text: str, pattern: str = r"[^`\s]+", any_cell: bool = False) -> set[str]:
+    """What the table rows of `text` name: the backticked start of their first cell (`| \\`name ...\\` |`),
+    or with `any_cell` of any cell (the jobs flags table has the command first, then the flag)."""
+    cells_before = r"(?: [^|\n]*\|)*?" if any_cell else ""
+    return set(re.findall(rf"^\|{cells_before} `({pattern})", text, flags=re.M))
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+FLAG = "--[a-z-]+"
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -46,77 +61,114 @@ def _subcommands(parser: argparse.ArgumentParser, prefix: str) -> Iterator[tuple
                 yield from _subcommands(sub, f"{prefix} {name}")
 
 
-def cli_surface() -> tuple[set[str], set[str], set[str]]:
-    """(commands such as 'dygo jobs list', long flags such as '--poll-interval', positional choices)."""
-    commands, flags, choices = set(), set(), set()
-    for command, parser in _subcommands(build_parser(), "dygo"):
-        commands.add(command)
-        for action in parser._actions:
-            flags |= {option for option in action.option_strings if option.startswith("--") and option != "--help"}
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings
+            if option.startswith("--") and option != "--help"}
+
+
+def test_cli_reference_has_a_row_for_every_command_and_flag() -> None:
+    commands = dict(_subcommands(build_parser(), "dygo"))
+    assert {"dygo init", "dygo worker", "dygo jobs list", "dygo db"} <= set(commands)
+    table = section("cli.md", "Commands")
+    assert sorted(command for command in commands if f"| `{command}" not in table) == []
+    common = rows(section("cli.md", "Common flags"), FLAG)
+    missing = []
+    for command, parser in commands.items():
+        # A command's own flags are under `## <Command> flags` (jobs list: Jobs flags); --env and
+        # --log-format under Common flags.
+        own_heading = f"{command.split()[1].capitalize()} flags"
+        has_own = f"## {own_heading}" in section("cli.md")
+        own = rows(section("cli.md", own_heading), FLAG, any_cell=True) if has_own else set()
+        missing += [f"{command} {flag}" for flag in sorted(_flags(parser) - own - common)]
+        for action in parser._actions:  # positional choices: `dygo db url|status|start|stop`
             if not action.option_strings and action.choices and not isinstance(action, argparse._SubParsersAction):
-                choices |= set(action.choices)
-    return commands, flags, choices
+                missing += [f"{command} {choice}" for choice in action.choices if choice not in table]
+    assert missing == []
 
 
-def test_cli_reference_names_every_command_and_flag() -> None:
-    commands, flags, choices = cli_surface()
-    assert {"dygo init", "dygo worker", "dygo jobs list"} <= commands and "--poll-interval" in flags
-    text = reference("cli.md")
-    assert [command for command in sorted(commands) if f"| `{command}" not in text] == []
-    assert absent(flags, "cli.md", spell=lambda flag: f"| `{flag}") == []
-    assert [choice for choice in sorted(choices) if choice not in text] == []
+def test_cli_reference_documents_no_flag_that_does_not_exist() -> None:
+    real = set().union(*(_flags(parser) for _, parser in _subcommands(build_parser(), "dygo")))
+    assert sorted(rows(section("cli.md"), FLAG, any_cell=True) - real) == []
 
 
 def test_cli_reference_matches_the_help_output() -> None:
-    """What a user reads in `dygo --help`: each command it lists is in the reference."""
+    """What a user reads in `dygo --help`: each command it lists has its row."""
     shown = subprocess.run([sys.executable, "-m", "dygo", "--help"], cwd=REPO, capture_output=True, text=True,
                            env={**os.environ, "COLUMNS": "200"}, timeout=60)
     assert shown.returncode == 0, shown.stderr
     listed = re.findall(r"^ {4}(\w[\w-]*) ", shown.stdout, flags=re.M)
     assert "worker" in listed and "init" in listed
-    assert [name for name in listed if f"| `dygo {name}" not in reference("cli.md")] == []
+    assert [name for name in listed if f"| `dygo {name}" not in section("cli.md", "Commands")] == []
 
 
-def test_configuration_reference_names_every_key_and_environment_variable() -> None:
-    queue_keys = {field.name for field in dataclasses.fields(config.Queue)}
-    assert absent(queue_keys, "configuration.md", spell=lambda key: f"{key}:") == []
-    assert absent(set(config.SETTING_PARSERS), "configuration.md") == []
-    assert absent(set(schedules.FILE_KEYS), "configuration.md") == []
+# --- configuration --------------------------------------------------------------------------------
 
+
+def _environment_variables() -> set[str]:
     read = set()
     for package in SOURCE_PACKAGES:
         for path in (REPO / package).rglob("*.py"):
             text = path.read_text(encoding="utf-8")
             read |= set(re.findall(r"""["']((?:DYGO|DATABASE)_[A-Z0-9_]+|PORT)["']""", text))
             read |= set(re.findall(r"""os\.environ(?:\.get\(|\[)["']([A-Z0-9_]+)["']""", text))
-    read -= NOT_SETTINGS
-    assert {"DATABASE_URL", "DYGO_ADMIN_TOKEN", "DYGO_LOG_LEVEL"} <= read
-    assert absent(read, "configuration.md") == []
+    return read - NOT_SETTINGS
 
 
-def test_http_api_reference_names_every_openapi_path() -> None:
+def test_configuration_reference_has_a_row_for_every_key_and_environment_variable() -> None:
+    queues = section("configuration.md", "config/queues.yml")
+    assert [key for key in (f.name for f in dataclasses.fields(config.Queue)) if f"{key}:" not in queues] == []
+    assert sorted(set(config.SETTING_PARSERS) - rows(section("configuration.md", "config/dygo.yml"))) == []
+    assert sorted(set(schedules.FILE_KEYS) - rows(section("configuration.md", "config/schedules.yml"))) == []
+    read = _environment_variables()
+    assert {"DATABASE_URL", "DYGO_ADMIN_TOKEN", "DYGO_LOG_LEVEL", "PORT"} <= read
+    assert sorted(read - rows(section("configuration.md", "Environment variables"))) == []
+
+
+def test_configuration_reference_documents_no_key_that_does_not_exist() -> None:
+    assert sorted(rows(section("configuration.md", "config/dygo.yml")) - set(config.SETTING_PARSERS)) == []
+    assert sorted(rows(section("configuration.md", "config/schedules.yml")) - set(schedules.FILE_KEYS)) == []
+    documented = rows(section("configuration.md", "Environment variables"))
+    assert sorted(documented - _environment_variables() - READ_BY_DEPENDENCIES) == []
+
+
+# --- HTTP API -------------------------------------------------------------------------------------
+
+OPERATION = r"(?:GET|POST|PUT|PATCH|DELETE) /[^`?\s]*"
+
+
+def _normalised(operation: str) -> str:
+    return re.sub(r"{[^}]*}", "{}", operation)  # `{job_id}` in the code is `{id}` in the manual
+
+
+def test_http_api_reference_has_a_row_for_every_openapi_operation_and_no_other() -> None:
     from app.main import create_app  # the document is built without a database: the lifespan never runs
 
-    settings = load_settings(TEST_CONFIG)
-    paths = create_app(settings, registry, "postgresql://unused.invalid/dygo").openapi()["paths"]
-    operations = {f"{method.upper()} {re.sub(r'{[^}]*}', '{}', path)}" for path, methods in paths.items()
-                  for method in methods}
-    assert "POST /api/v1/jobs/{}/run-now" in operations and len(operations) > 20
-    text = re.sub(r"{[^}]*}", "{}", reference("http-api.md"))
-    assert sorted(operation for operation in operations if f"| `{operation}" not in text) == []
+    paths = create_app(load_settings(TEST_CONFIG), registry, "postgresql://unused.invalid/dygo").openapi()["paths"]
+    real = {_normalised(f"{method.upper()} {path}") for path, methods in paths.items() for method in methods}
+    assert "POST /api/v1/jobs/{}/run-now" in real and len(real) > 20
+    documented = {_normalised(operation) for operation in rows(section("http-api.md"), OPERATION)}
+    assert sorted(real - documented) == []
+    assert sorted(documented - real) == []
+
+
+# --- metrics --------------------------------------------------------------------------------------
 
 
 def _metric_names(exposition: str) -> set[str]:
-    return set(re.findall(r"^# TYPE (\S+) ", exposition, flags=re.M))
+    return {name for name in re.findall(r"^# TYPE (\S+) ", exposition, flags=re.M) if name.startswith("dygo_")}
 
 
-def test_metrics_reference_names_every_metric(api, spawn) -> None:
+def test_metrics_reference_has_a_row_for_every_metric_served_and_no_other(api, spawn) -> None:
     served = _metric_names(api.reader.get("/metrics").text)
     worker = spawn("worker", "--metrics-port", "0", "--poll-interval", "1s")
     port = worker.wait_for_line("dygo worker metrics: http://").rsplit(":", 1)[1].split("/")[0]
-    served |= _metric_names(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
-    assert {"dygo_jobs", "dygo_jobs_enqueued_total", "dygo_worker_busy_slots"} <= served
-    assert absent({name for name in served if name.startswith("dygo_")}, "metrics.md") == []
+    worker_served = _metric_names(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+    assert {"dygo_jobs", "dygo_jobs_enqueued_total"} <= served and "dygo_worker_busy_slots" in worker_served
+    # Cluster metrics (GET /metrics on serve) above "## Worker metrics", a worker's own below it.
+    cluster = rows(section("metrics.md").split("## Worker metrics")[0], "dygo_[a-z_]+")
+    own = rows(section("metrics.md", "Worker metrics"), "dygo_[a-z_]+")
+    assert (sorted(served - cluster), sorted(worker_served - own)) == ([], [])
+    assert (sorted(cluster - served), sorted(own - worker_served)) == ([], [])
 
 
 def test_manual_builds_without_a_broken_link(tmp_path: Path) -> None:
