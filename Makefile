@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint bench bench-dashboard chaos stop-db browsers
+.PHONY: run test setup lint docs bench bench-dashboard bench-fleet bench-snapshot chaos stop-db browsers
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -43,7 +43,12 @@ browsers:
 
 test: setup browsers
 	$(BIN)/ruff check .
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/pytest
+
+# The manual (docs/, mkdocs.yml) into site/; `make test` builds it too, where a broken link fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: setup
 	$(BIN)/ruff check .
@@ -55,7 +60,17 @@ bench: setup
 bench-dashboard: setup
 	$(BIN)/python bench/dashboard_pages.py
 
+# 1, 4, 16 and 64 worker processes drain 50,000 no-op jobs, then 5,000 jobs of 10 ms, from one private
+# embedded server (.dygo/bench-fleet): jobs/s, peak connections, lock waits, duplicates (bench/README.md).
+bench-fleet: setup
+	$(BIN)/python bench/fleet.py
+
+# One worker at 200 jobs/s while another connection holds an xid for 10 minutes: pickup latency and
+# sequential scans of dygo_jobs, clean against held (bench/README.md).
+bench-snapshot: setup
+	$(BIN)/python bench/held_snapshot.py
+
 # The fault-injection suite in full (10,000 jobs per scenario, several minutes); a short version of
-# each scenario runs inside `make test` (tests/test_chaos.py). See README, "Reliability".
+# each scenario runs inside `make test` (tests/test_chaos.py). See docs/operations/reliability.md.
 chaos: setup
 	$(BIN)/python -m chaos --markdown chaos/results.md --json chaos/results.json

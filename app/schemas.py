@@ -108,7 +108,8 @@ class Job(JobSummary):
 class JobPage(BaseModel):
     jobs: list[JobSummary]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null at the end. A page can "
-                                    "hold fewer jobs than the limit and still have a next page (see the README)")
+                                    "hold fewer jobs than the limit and still have a next page "
+                                    "(see the manual, docs/reference/http-api.md)")
 
 
 # --- queues and stats ------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def main() -> int:
     parser.add_argument("--fillfactor", type=int, help="try dygo_jobs with this fillfactor (an experiment)")
     parser.add_argument("--untuned", action="store_true",
                         help="PostgreSQL's autovacuum defaults (migration 0008's table settings reset, naptime 1min "
-                             "on the server for the run): the 'before' of the README's comparison")
+                             "on the server for the run): the 'before' of docs/operations/retention.md")
     args = parser.parse_args()
 
     started = time.monotonic()

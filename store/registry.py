@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -251,6 +253,12 @@ def _args_model(handler: Handler) -> type[BaseModel] | None:
 def load_jobs(settings: Settings, modules: Iterable[str] | None = None) -> Registry:
     """Import the configured job modules, check every job names a configured queue, load the schedules."""
     from store.schedules import load_schedules  # it builds on this module
+    # The project's modules load from the folder dygo runs in, first, as with `python -m`: the `dygo`
+    # console script puts only its own bin folder on the path, and a project's `jobs` package must win
+    # over any installed one. By now dygo's own packages are imported, so nothing of the project's
+    # named `app` or `worker` can replace them.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     for module in modules or settings.job_modules:
         try:
             importlib.import_module(module)

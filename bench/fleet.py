@@ -1,0 +1,273 @@
+"""Many workers, one PostgreSQL (`make bench-fleet`): where does one server stop scaling?
+
+For each fleet size (default 1, 4, 16 and 64 worker processes, concurrency 4 each), on a fresh
+database of a private embedded server (`.dygo/bench-fleet`, `max_connections` raised so that the
+fleet's own connections are measured, not the server's default limit):
+
+1. start the workers and wait until every one has registered (so the rate is not a start-up ramp);
+2. enqueue 50,000 no-op jobs in one transaction, wait for them all to succeed;
+3. enqueue 5,000 jobs of 10 ms in one transaction, wait likewise.
+
+Per phase it prints jobs/s (jobs / (last finish - first start), read from the rows), the peak
+number of worker connections in `pg_stat_activity` (and per worker), lock waits (the most worker
+backends seen waiting on a lock at once, and the share of samples with any), and executions per
+job: a claim increments `attempt`, so any job with attempt > 1 ran twice (a duplicate).
+
+Targets (issue "Fleet scale"): 64 workers >= 90% of the best fleet size's jobs/s, <= 3 connections
+per worker, zero duplicates. `--url` measures another server instead (e.g. through PgBouncer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, WorkerProcess, log, wait_until  # noqa: E402
+
+DATA_DIR = ROOT / ".dygo" / "bench-fleet"
+DATABASE = "bench_fleet"
+MAX_CONNECTIONS = 500
+SAMPLE_INTERVAL = 0.1
+WORKERS_LIKE = "dygo-worker %"
+
+
+@dataclass
+class Phase:
+    workers: int
+    name: str
+    jobs: int
+    seconds: float
+    peak_connections: int
+    peak_lock_waits: int
+    lock_wait_share: float  # of samples with at least one worker backend waiting on a lock
+    duplicates: int  # jobs claimed more than once
+    max_attempt: int
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds > 0 else 0.0
+
+
+def main() -> int:
+    args = parse_arguments()
+    server = args.url or private_server()
+    url = fresh_database(server, args.direct_url)
+    log(f"database {DATABASE}; fleets {args.workers}; concurrency {args.concurrency} each")
+    with tempfile.TemporaryDirectory(prefix="dygo-fleet-") as config:
+        write_config(Path(config), args.concurrency)
+        env = {"DATABASE_URL": url, "DYGO_CONFIG_DIR": config, "DYGO_LOG_LEVEL": "WARNING",
+               "PYTHONPATH": str(Path(__file__).resolve().parent)}
+        if args.direct_url:
+            env["DATABASE_DIRECT_URL"] = with_database(args.direct_url)
+        migrate(env)
+        phases: list[Phase] = []
+        for count in args.workers:
+            phases += run_fleet(url, env, count, args)
+    print(table(phases))
+    print(verdict(phases))
+    return 0
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16, 64], help="fleet sizes to run")
+    parser.add_argument("--concurrency", type=int, default=4, help="each worker's --concurrency")
+    parser.add_argument("--noop-jobs", type=int, default=50_000)
+    parser.add_argument("--sleep-jobs", type=int, default=5_000)
+    parser.add_argument("--sleep-ms", type=int, default=10)
+    parser.add_argument("--url", help="a server URL to use instead of the private embedded one (its database "
+                                      f"{DATABASE} is dropped and created), e.g. a PgBouncer in front of it")
+    parser.add_argument("--direct-url", help="with --url through a pooler: the server itself (DATABASE_DIRECT_URL)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per phase")
+    return parser.parse_args()
+
+
+# --- the server and the database ------------------------------------------------------------------
+
+
+def private_server() -> str:
+    """The bench's own embedded server, so a fleet of 64 does not starve the project's dev server."""
+    env = {**os.environ, "DYGO_DATA_DIR": str(DATA_DIR)}
+    env.pop("DATABASE_URL", None)
+    url = dygo("db", "start", env=env).strip()
+    with psycopg.connect(url, autocommit=True) as conn:
+        current = int(conn.execute("SHOW max_connections").fetchone()[0])
+        if current >= MAX_CONNECTIONS:
+            return url
+        conn.execute(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
+    log(f"raising max_connections of {DATA_DIR} from {current} to {MAX_CONNECTIONS} (restart)")
+    dygo("db", "stop", env=env)
+    return dygo("db", "start", env=env).strip()
+
+
+def dygo(*arguments: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([sys.executable, "-m", "dygo", *arguments], env=env, cwd=ROOT, capture_output=True,
+                          text=True, check=True)
+    return done.stdout
+
+
+def with_database(url: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    info["dbname"] = DATABASE
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+def fresh_database(server: str, direct: str | None) -> str:
+    with psycopg.connect(direct or server, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DATABASE}")
+    return with_database(server)
+
+
+def write_config(config: Path, concurrency: int) -> None:
+    (config / "queues.yml").write_text(f"queues:\n  - name: default\n    concurrency: {concurrency}\n")
+    (config / "dygo.yml").write_text("jobs: [bench_jobs]\n")
+
+
+def migrate(env: dict[str, str]) -> None:
+    subprocess.run([sys.executable, "-m", "dygo", "migrate"], env={**os.environ, **env}, cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+# --- one fleet ---------------------------------------------------------------------------------------
+
+
+def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespace) -> list[Phase]:
+    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+        conn.execute("DELETE FROM dygo_jobs")
+        conn.execute("DELETE FROM dygo_workers")
+        conn.execute("VACUUM ANALYZE dygo_jobs")
+    log(f"{count} worker(s): starting")
+    command = [sys.executable, "-m", "dygo", "worker", "--concurrency", str(args.concurrency)]
+    workers = [WorkerProcess(command, env=env) for _ in range(count)]
+    try:
+        with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+            def registered() -> bool:
+                for worker in workers:
+                    worker.check_alive()
+                return conn.execute("SELECT count(*) FROM dygo_workers").fetchone()[0] >= count
+
+            wait_until(registered, args.timeout, f"{count} workers registered", interval=0.5)
+        phases = [
+            run_phase(url, workers, "no-op", "bench.noop", {}, args.noop_jobs, args.timeout),
+            run_phase(url, workers, f"{args.sleep_ms} ms", "bench.sleep", {"ms": args.sleep_ms}, args.sleep_jobs,
+                      args.timeout),
+        ]
+    finally:
+        for worker in workers:
+            worker.process.terminate()
+        for worker in workers:
+            worker.stop()
+    return phases
+
+
+def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_args: dict, jobs: int,
+              timeout: float) -> Phase:
+    import bench_jobs  # noqa: F401  (registers the kinds, as a producer that enqueues them would)
+
+    from store import enqueue_many  # the bench's own interpreter is dygo's .venv
+
+    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+        conn.execute("DELETE FROM dygo_jobs")
+        sampler = Sampler(url)
+        with conn.transaction():
+            enqueue_many(conn, [{"kind": kind, "args": job_args} for _ in range(jobs)])
+        log(f"{len(workers)} worker(s), {name}: {jobs} jobs enqueued")
+
+        def drained() -> bool:
+            for worker in workers:
+                worker.check_alive()
+            return conn.execute("SELECT count(*) FROM dygo_jobs WHERE state = 'succeeded'").fetchone()[0] >= jobs
+
+        try:
+            wait_until(drained, timeout, f"{jobs} {name} jobs succeeded", interval=0.2)
+        finally:
+            sampler.stop()
+        seconds, duplicates, max_attempt = conn.execute(
+            "SELECT extract(epoch FROM max(finished_at) - min(started_at)), count(*) FILTER (WHERE attempt > 1),"
+            " max(attempt) FROM dygo_jobs").fetchone()
+    phase = Phase(len(workers), name, jobs, float(seconds), sampler.peak_connections, sampler.peak_lock_waits,
+                  sampler.lock_wait_share, duplicates, max_attempt)
+    log(line(phase))
+    return phase
+
+
+class Sampler:
+    """Reads pg_stat_activity every SAMPLE_INTERVAL on its own connection, in a thread."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url, autocommit=True, prepare_threshold=None)
+        self.peak_connections = self.peak_lock_waits = self.samples = self.samples_waiting = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(SAMPLE_INTERVAL):
+            connections, waiting = self.conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE wait_event_type = 'Lock') FROM pg_stat_activity"
+                " WHERE application_name LIKE %s", (WORKERS_LIKE,)).fetchone()
+            self.peak_connections = max(self.peak_connections, connections)
+            self.peak_lock_waits = max(self.peak_lock_waits, waiting)
+            self.samples += 1
+            self.samples_waiting += waiting > 0
+
+    @property
+    def lock_wait_share(self) -> float:
+        return self.samples_waiting / self.samples if self.samples else 0.0
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+        self.conn.close()
+
+
+# --- the report ------------------------------------------------------------------------------------------
+
+HEADER = ("workers", "jobs", "jobs/s", "peak conns", "conns/worker", "lock waits (peak, share)", "duplicates")
+
+
+def cells(p: Phase) -> tuple[str, ...]:
+    return (f"{p.workers}", f"{p.jobs:,} {p.name}", f"{p.rate:,.0f}", f"{p.peak_connections}",
+            f"{p.peak_connections / p.workers:.2f}", f"{p.peak_lock_waits}, {p.lock_wait_share:.0%}",
+            f"{p.duplicates}")
+
+
+def line(p: Phase) -> str:
+    return "  ".join(f"{name} {value}" for name, value in zip(HEADER, cells(p), strict=True))
+
+
+def table(phases: list[Phase]) -> str:
+    rows = [HEADER, *(cells(p) for p in phases)]
+    rendered = ["| " + " | ".join(row) + " |" for row in rows]
+    rendered.insert(1, "|" + "---|" * len(HEADER))
+    return "\n".join(rendered)
+
+
+def verdict(phases: list[Phase]) -> str:
+    said = []
+    for name in dict.fromkeys(p.name for p in phases):
+        runs = [p for p in phases if p.name == name]
+        best, largest = max(runs, key=lambda p: p.rate), max(runs, key=lambda p: p.workers)
+        share = largest.rate / best.rate if best.rate else 0.0
+        said.append(f"{name}: {largest.workers} workers at {share:.0%} of the best ({best.workers} workers, "
+                    f"{best.rate:,.0f}/s): {'ok' if share >= 0.9 else 'COLLAPSE'} (target >= 90%)")
+    worst = max(phases, key=lambda p: p.peak_connections / p.workers)
+    said.append(f"connections per worker at most {worst.peak_connections / worst.workers:.2f} "
+                f"({'ok' if worst.peak_connections <= 3 * worst.workers else 'OVER'}; target <= 3)")
+    duplicates = sum(p.duplicates for p in phases)
+    said.append(f"duplicates {duplicates} ({'ok' if duplicates == 0 else 'FAIL'}; target 0)")
+    return "\n".join(said)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,167 @@
+"""`dygo init [DIR]`: the files of a new dygo project.
+
+All or nothing: when any of the files already exists, nothing is written and the command names
+every file in the way (exit 1), so running it twice, or in a project that has its own Procfile,
+never overwrites anyone's work.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+# The seed's "Generated projects include" block, exactly.
+QUEUES_YML = """\
+queues:
+  - name: default
+    concurrency: 4
+"""
+
+DYGO_YML = """\
+# dygo settings (optional keys; unknown keys are rejected). Durations: "30s", "5m", "24h", "30d".
+# Every key is described in the dygo manual: Reference > Configuration.
+
+# Modules `dygo worker` and `dygo serve` import for job definitions (from this folder).
+jobs: [jobs]
+
+# lease_ttl: 30s              # a running job's lease; renewed every half of it
+# max_reaps: 3                # lease expiries a job survives before it is dead as poison
+# default_timeout: 5m         # handler deadline for kinds without `timeout` (0 = none)
+# default_max_attempts: 20    # attempts for kinds without `max_attempts`
+# claim_batch_size: 100       # most jobs one claim statement takes
+# max_batch_size: 1000        # most jobs in one POST /api/v1/jobs/batch
+# max_payload_bytes: 1MiB     # largest request body the API accepts
+# max_result_bytes: 64KiB     # largest handler result stored
+# completed_retention: 24h    # succeeded jobs are deleted this long after they finished (0 = keep)
+# dead_retention: 30d         # dead jobs (0 = keep)
+# cancelled_retention: 30d    # cancelled jobs (0 = keep)
+# stats_retention: 90d        # daily stats rows (0 = keep)
+# retention_interval: 60s     # how often one worker of the cluster trims
+#
+# API tokens: prefer the DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN environment variables, or keep this
+# file out of version control. `dygo serve` needs a token anywhere but development on localhost.
+# api_tokens:
+#   admin: [a-long-random-admin-token]
+#   read: [a-long-random-read-token]
+"""
+
+SCHEDULES_YML = """\
+# Cron schedules: each fires one job per occurrence, however many workers run.
+# Every worker syncs this list into the database when it starts (a removed entry is disabled).
+# Keys: name, cron, kind (required); args, timezone (IANA, default UTC), queue, priority,
+# max_attempts, missed (once | skip).
+schedules:
+#  - name: nightly-greeting
+#    cron: "30 2 * * *"          # 5-field cron, or @hourly, @daily, @weekly, @monthly, @yearly
+#    timezone: Europe/Paris
+#    kind: hello.greet
+#    args: {name: night shift}
+"""
+
+JOBS_INIT = '''\
+"""This project's job handlers.
+
+`dygo worker` and `dygo serve` import this package (`jobs: [jobs]` in config/dygo.yml): import every
+module that defines jobs here, so both processes know every kind.
+"""
+
+from jobs import hello  # noqa: F401
+'''
+
+JOBS_HELLO = '''\
+"""An example job: enqueue it with `enqueue(conn, "hello.greet", {"name": "Ada"})`."""
+
+from pydantic import BaseModel
+
+from dygo import JobContext, job
+
+
+class Greet(BaseModel):
+    name: str
+
+
+@job("hello.greet", queue="default", timeout="30s", max_attempts=5)
+async def greet(ctx: JobContext, args: Greet) -> dict:
+    """Returns a greeting: the worker stores it as the job's result. Raising an exception is a failed
+    attempt, retried with backoff; `Abort("why")` makes the job dead at once."""
+    return {"greeting": f"Hello, {args.name}!"}
+'''
+
+JOBS_TEST = '''\
+"""Handlers are plain functions: call them with a context from `make_context`, no worker, no database."""
+
+import asyncio
+
+from dygo import make_context
+from jobs.hello import Greet, greet
+
+
+def test_greet_returns_a_greeting() -> None:
+    ctx = make_context("hello.greet")
+    assert asyncio.run(greet(ctx, Greet(name="Ada"))) == {"greeting": "Hello, Ada!"}
+'''
+
+PROCFILE = """\
+release: dygo migrate
+web: exec dygo serve
+worker: exec dygo worker
+"""
+
+GITIGNORE = """\
+# the embedded PostgreSQL's data (dygo db ...) and local state
+.dygo/
+.venv/
+__pycache__/
+*.py[cod]
+.pytest_cache/
+.env
+"""
+
+FILES: dict[str, str] = {
+    "config/queues.yml": QUEUES_YML,
+    "config/dygo.yml": DYGO_YML,
+    "config/schedules.yml": SCHEDULES_YML,
+    "jobs/__init__.py": JOBS_INIT,
+    "jobs/hello.py": JOBS_HELLO,
+    "jobs/test_hello.py": JOBS_TEST,
+    "Procfile": PROCFILE,
+    ".gitignore": GITIGNORE,
+}
+
+
+def existing_files(target: Path) -> list[str]:
+    """The generated files that are already there (or cannot be created: a folder in the way)."""
+    in_the_way = []
+    for name in FILES:
+        folders = [target.joinpath(*Path(name).parts[:depth]) for depth in range(1, len(Path(name).parts))]
+        path = target / name
+        if path.exists() or path.is_symlink() or any(folder.exists() and not folder.is_dir() for folder in folders):
+            in_the_way.append(name)
+    return in_the_way
+
+
+def init_project(directory: str) -> int:
+    """Write a new project into `directory` (created when missing); exit 1, writing nothing, when any
+    file would be overwritten."""
+    target = Path(directory)
+    if target.exists() and not target.is_dir():
+        print(f"dygo init: {target} exists and is not a directory; nothing written", file=sys.stderr)
+        return 1
+    in_the_way = existing_files(target)
+    if in_the_way:
+        print(f"dygo init: refusing to overwrite existing files in {target}: {', '.join(in_the_way)}; "
+              "nothing written", file=sys.stderr)
+        return 1
+    for name, text in FILES.items():
+        path = target / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("x", encoding="utf-8") as file:  # "x": never overwrite, even in a race
+            file.write(text)
+        print(f"  created {target / name}")
+    cd = "" if target.resolve() == Path.cwd().resolve() else f"cd {shlex.quote(str(target))} && "
+    print("\nNext (PostgreSQL: DATABASE_URL, else an embedded server in .dygo/):")
+    print(f"  {cd}dygo migrate")
+    print("  DYGO_HOST=127.0.0.1 honcho start --port 8000 web worker   "
+          "# the Procfile's web (http://127.0.0.1:8000/dashboard/) and worker")
+    return 0
