@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.auth import BearerAuth, Tokens, check_protection
 from app.dashboard import error_page, install_dashboard, is_dashboard
 from app.errors import ApiError, error_response
+from app.guard import HostRule, Perimeter
 from app.jobs import router as jobs_router
 from app.limits import BodyLimit
 from app.metrics import install_metrics
@@ -44,7 +45,9 @@ log = logging.getLogger("dygo.serve")
 FOLD_INTERVAL = 30.0
 
 
-def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI:
+def create_app(settings: Settings, jobs: Registry, database_url: str, host: str = "127.0.0.1") -> FastAPI:
+    """The service; `host` is the address it is bound to, which (with allowed_hosts) decides the Host
+    headers it answers (app/guard.py)."""
     check_protection(settings, host=None)
 
     @asynccontextmanager
@@ -73,9 +76,11 @@ def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI
     app.state.jobs = jobs
     app.state.outage = OutageLog(log)
     install_error_handlers(app)
-    # The last middleware added runs first: auth, then the body limit, then the routes.
+    # The last middleware added runs first: the perimeter (Host, Origin, headers), auth, then the body
+    # limit, then the routes.
     app.add_middleware(BodyLimit, max_bytes=settings.max_payload_bytes)
     app.add_middleware(BearerAuth, tokens=Tokens(settings.api_tokens))
+    app.add_middleware(Perimeter, hosts=HostRule(host, settings.allowed_hosts))
 
     app.include_router(jobs_router)
     app.include_router(queues_router)
@@ -125,9 +130,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(503, "database_unavailable", "the database is not reachable; try again shortly")
 
     @app.exception_handler(psycopg.DataError)
-    async def value_rejected(_: Request, exc: psycopg.DataError) -> JSONResponse:
+    async def value_rejected(request: Request, exc: psycopg.DataError) -> Response:
         # A value PostgreSQL cannot store (a NUL character, a number out of range): bad input.
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if is_dashboard(request):
+            return error_page(request, 422, "Value refused",
+                              f"A value in this request cannot be stored or searched by the database: {reason}. "
+                              "Remove it (a NUL character, say) and try again.")
         return error_response(422, "invalid_value", f"a value was rejected by the database: {reason}")
 
     @app.exception_handler(Exception)
