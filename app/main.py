@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.auth import BearerAuth, Tokens, check_protection
 from app.dashboard import error_page, install_dashboard, is_dashboard
+from app.docs import install_docs
 from app.errors import ApiError, error_response
 from app.guard import HostRule, Perimeter
 from app.jobs import router as jobs_router
@@ -69,7 +70,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
             folder.stop()
             app.state.pool.close()
 
-    app = FastAPI(title="dygo", version="1", lifespan=lifespan,
+    app = FastAPI(title="dygo", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Durable background jobs on PostgreSQL: the admin API. "
                               "Errors are `{\"error\": {\"code\", \"message\", \"details\"}}`.")
     app.state.settings = settings
@@ -90,6 +91,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
 
     install_dashboard(app)
     install_openapi(app, jobs)
+    install_docs(app)
     return app
 
 
