@@ -55,3 +55,20 @@ def test_no_generated_request_gets_a_server_error(api_schema, module_api):
         no_server_error()
         checked.append(f"{operation.method.upper()} {operation.path}")
     assert "POST /api/v1/jobs" in checked and "GET /api/v1/jobs" in checked and len(checked) >= 20
+
+
+def test_schemathesis_with_every_check_finds_nothing(api_schema, module_api, tmp_path):
+    """The CLI, every check (status codes, content types, headers, response schemas, negative data
+    rejected and positive data accepted, auth, methods not allowed, ...) in every phase: the document
+    says what the server does."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "schemathesis.cli", "run", f"{module_api.url}/openapi.json", "--checks", "all",
+               "-H", f"Authorization: Bearer {ADMIN_TOKEN}", "--max-examples", str(EXAMPLES_PER_OPERATION),
+               "--request-timeout", "70", "--seed", "15", "--workers", "2", "--no-color",
+               "--report", "ndjson", "--report-dir", str(tmp_path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    output = run.stdout + run.stderr
+    (tmp_path / "output.txt").write_text(output)
+    assert run.returncode == 0, output[-20000:]
