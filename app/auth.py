@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import error_response
-from app.throttle import LOGIN_ATTEMPTS, LOGIN_WINDOW, AuthThrottle
+from app.throttle import AuthThrottle
 from store.config import TOKEN_ENV, Settings
 from store.errors import ConfigError
 
@@ -82,7 +82,7 @@ class BearerAuth:
     """Pure ASGI middleware enforcing the roles; a no-op when no token is configured.
 
     Wrong bearer tokens count against the client's address in the shared throttle (app/throttle.py):
-    after LOGIN_ATTEMPTS within LOGIN_WINDOW the address gets 429 until the oldest of them is that old,
+    after failed_token_limit within failed_token_window the address gets 429 until the oldest of them is that old,
     even with the right token. Each request with a token reads the throttle (one primary-key lookup).
     """
 
@@ -116,7 +116,7 @@ class BearerAuth:
             state.outage.lost(f"{scope['method']} {scope['path']} (token throttle)", exc)
             return error_response(503, "database_unavailable", "the database is not reachable; try again shortly")
         if until is not None:
-            return locked_out(until)
+            return locked_out(until, throttle)
         if role is None:
             return error_response(401, "unauthorized", "the bearer token is not valid", headers=challenge)
         if role != "admin" and scope["method"] not in READ_METHODS:
@@ -124,11 +124,11 @@ class BearerAuth:
         return None
 
 
-def locked_out(until: float):
+def locked_out(until: float, throttle: AuthThrottle):
     wait = max(1, math.ceil(until - time.time()))
     return error_response(429, "too_many_failures",
-                          f"{LOGIN_ATTEMPTS} wrong tokens from your address within {LOGIN_WINDOW:g}s: tokens from "
-                          f"it are refused for {wait}s (the right one too); check the token you send",
+                          f"{throttle.attempts} wrong tokens from your address within {throttle.window:g}s: tokens "
+                          f"from it are refused for {wait}s (the right one too); check the token you send",
                           {"retry_after_seconds": wait}, headers={"Retry-After": str(wait)})
 
 

@@ -29,7 +29,7 @@ from app.errors import ApiError
 from app.jobs import decode_cursor, encode_cursor
 from app.session import FLASH_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Session, Signer, secret_key
 from app.system import WORKER_SEEN_WITHIN
-from app.throttle import LOGIN_ATTEMPTS, LOGIN_WINDOW, AuthThrottle
+from app.throttle import AuthThrottle
 from store import admin, auth_state, inspect, schedules
 from store.durations import parse_duration
 from store.errors import Conflict, EnqueueError, NotFound
@@ -234,9 +234,10 @@ def _in_words(seconds: float) -> str:
 def _locked_out(request: Request, who: Visitor, until: float) -> Response:
     wait = max(1, math.ceil(until - time.time()))
     at = datetime.fromtimestamp(until, UTC).strftime("%H:%M:%S UTC")
+    throttle: AuthThrottle = request.app.state.auth_throttle
     response = render(request, who, "error.html", status=429, title="Too many failed sign-ins",
-                      message=f"There were {LOGIN_ATTEMPTS} failed sign-ins from your address within "
-                              f"{_in_words(LOGIN_WINDOW)}, so signing in from it is paused. Try again in "
+                      message=f"There were {throttle.attempts} failed sign-ins from your address within "
+                              f"{_in_words(throttle.window)}, so signing in from it is paused. Try again in "
                               f"{_in_words(wait)} (at {at}); check that you paste the whole API token.")
     response.headers["Retry-After"] = str(wait)
     return response
@@ -598,7 +599,9 @@ def install_dashboard(app: FastAPI) -> None:
     tokens = app.state.settings.api_tokens
     app.state.dashboard_tokens = Tokens(tokens)
     app.state.dashboard_signer = Signer(secret_key(tokens))
-    app.state.auth_throttle = AuthThrottle(app.state)  # shared with app.auth.BearerAuth
+    settings = app.state.settings
+    app.state.auth_throttle = AuthThrottle(app.state, settings.failed_token_limit,  # shared with app.auth.BearerAuth
+                                           settings.failed_token_window)
     app.mount(PREFIX + "/static", StaticFiles(directory=str(TEMPLATES / "static")), name="dashboard-static")
     app.include_router(router)
 

@@ -18,8 +18,10 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from psycopg_pool import ConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.auth import BearerAuth, Tokens, check_protection
 from app.dashboard import error_page, install_dashboard, is_dashboard
@@ -122,7 +124,10 @@ def install_error_handlers(app: FastAPI) -> None:
             title = "Page not found" if exc.status_code == 404 else "Request refused"
             return error_page(request, exc.status_code, title, str(exc.detail))
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # every method of the path, not only the first route's that matched it
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers)
 
     @app.exception_handler(psycopg.OperationalError)
     async def database_down(request: Request, exc: psycopg.OperationalError) -> Response:
@@ -148,6 +153,17 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_page(request, 500, "Something went wrong",
                               "An unexpected error occurred; the server log has the details.")
         return error_response(500, "internal_error", "an unexpected error occurred; see the server log")
+
+
+def allowed_methods(request: Request) -> str:
+    """The methods of every documented route whose path matches the request's (for a 405's Allow header)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, APIRoute) and route.include_in_schema and route.methods:
+            match, _ = route.matches(request.scope)
+            if match != Match.NONE:
+                methods |= route.methods
+    return ", ".join(sorted(methods))
 
 
 def validation_error(errors: list[Any]) -> JSONResponse:

@@ -56,6 +56,9 @@ class Settings:
     # Host header names `dygo serve` answers besides the address it is bound to (app/guard.py): from
     # config/dygo.yml and DYGO_ALLOWED_HOSTS. `.example.com` is that domain and its subdomains; `*` any.
     allowed_hosts: tuple[str, ...] = ()
+    # Wrong tokens from one client address within the window before it is locked out (app/throttle.py).
+    failed_token_limit: int = 5
+    failed_token_window: float = 300.0
     data_dir: Path = field(default_factory=lambda: Path(".dygo"))
     # Retention, in seconds; 0 keeps those rows forever. Trimmed by workers (store/maintenance.py).
     completed_retention: float = 24 * 3600.0  # succeeded jobs, after they finished
@@ -199,6 +202,8 @@ SETTING_PARSERS = {
     "max_result_bytes": ("max_result_bytes", _byte_size),
     "api_tokens": ("api_tokens", _api_tokens),
     "allowed_hosts": ("allowed_hosts", _host_names),
+    "failed_token_limit": ("failed_token_limit", _positive_int),
+    "failed_token_window": ("failed_token_window", _positive_duration),
     "completed_retention": ("completed_retention", _retention),
     "dead_retention": ("dead_retention", _retention),
     "cancelled_retention": ("cancelled_retention", _retention),
