@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from store import enqueue
 from tests.conftest import ADMIN_TOKEN, TEST_CONFIG
 
-# DYGO_FUZZ_EXAMPLES=500 for a deeper run.
+# DYGO_FUZZ_EXAMPLES=500 for a deeper run; DYGO_FUZZ_SEED picks the CLI run's seed (15 by default).
 EXAMPLES_PER_OPERATION = int(os.environ.get("DYGO_FUZZ_EXAMPLES", "25"))
 
 
@@ -79,7 +79,8 @@ def test_schemathesis_with_every_check_finds_nothing(serve, db_url, tmp_path):
             enqueue(conn, "test.record", {"seconds": n}, delay="1h" if n % 2 else None)
     command = [sys.executable, "-m", "schemathesis.cli", "run", f"{api.url}/openapi.json", "--checks", "all",
                "-H", f"Authorization: Bearer {ADMIN_TOKEN}", "--max-examples", str(EXAMPLES_PER_OPERATION),
-               "--request-timeout", "70", "--seed", "15", "--workers", "1", "--no-color",
+               "--request-timeout", "70", "--seed", os.environ.get("DYGO_FUZZ_SEED", "15"), "--workers", "1",
+               "--no-color",
                "--generation-allow-x00", "false", "--generation-codec", "utf-8"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     output = run.stdout + run.stderr
