@@ -12,11 +12,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import math
+import re
+import time
 from collections.abc import Iterable
 
+import psycopg
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import error_response
+from app.throttle import AuthThrottle
 from store.config import TOKEN_ENV, Settings
 from store.errors import ConfigError
 
@@ -32,6 +38,18 @@ class Tokens:
 
     def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
         self._digests = [(role, _digest(token)) for role, token in pairs]
+        # A dashboard session remembers which token signed it in by this fingerprint (never the token):
+        # once that token is no longer configured, the session is over (a rotation signs it out).
+        self._fingerprints: dict[str, str] = {}
+        for role, digest in self._digests:
+            if self._fingerprints.get(_fingerprint(digest)) != "admin":
+                self._fingerprints[_fingerprint(digest)] = role
+
+    def fingerprint(self, presented: str) -> str:
+        return _fingerprint(_digest(presented))
+
+    def role_of_fingerprint(self, fingerprint: str | None) -> str | None:
+        return self._fingerprints.get(fingerprint or "")
 
     @property
     def enabled(self) -> bool:
@@ -52,12 +70,21 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
+def _fingerprint(digest: bytes) -> str:
+    return hashlib.sha256(b"dygo-session-token\n" + digest).hexdigest()[:32]
+
+
 def _protected(path: str) -> bool:
     return path.startswith(PROTECTED_PREFIX) or path in PROTECTED_PATHS
 
 
 class BearerAuth:
-    """Pure ASGI middleware enforcing the roles; a no-op when no token is configured."""
+    """Pure ASGI middleware enforcing the roles; a no-op when no token is configured.
+
+    Wrong bearer tokens count against the client's address in the shared throttle (app/throttle.py):
+    after failed_token_limit within failed_token_window the address gets 429 until the oldest of them is that old,
+    even with the right token. Each request with a token reads the throttle (one primary-key lookup).
+    """
 
     def __init__(self, app: ASGIApp, tokens: Tokens) -> None:
         self.app, self.tokens = app, tokens
@@ -66,13 +93,13 @@ class BearerAuth:
         if scope["type"] != "http" or not self.tokens.enabled or not _protected(scope["path"]):
             await self.app(scope, receive, send)
             return
-        refusal = self._refusal(scope)
+        refusal = await self._refusal(scope)
         if refusal is None:
             await self.app(scope, receive, send)
         else:
             await refusal(scope, receive, send)
 
-    def _refusal(self, scope: Scope):
+    async def _refusal(self, scope: Scope):
         challenge = {"WWW-Authenticate": 'Bearer realm="dygo"'}
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
@@ -80,11 +107,29 @@ class BearerAuth:
             return error_response(401, "unauthorized", "this API needs a bearer token: Authorization: Bearer <token>",
                                   headers=challenge)
         role = self.tokens.role_of(token.strip())
+        state = scope["app"].state
+        throttle: AuthThrottle = state.auth_throttle
+        address = scope["client"][0] if scope.get("client") else "unknown"
+        try:
+            until = await run_in_threadpool(throttle.failed if role is None else throttle.admit, address)
+        except psycopg.OperationalError as exc:
+            state.outage.lost(f"{scope['method']} {scope['path']} (token throttle)", exc)
+            return error_response(503, "database_unavailable", "the database is not reachable; try again shortly")
+        if until is not None:
+            return locked_out(until, throttle)
         if role is None:
             return error_response(401, "unauthorized", "the bearer token is not valid", headers=challenge)
         if role != "admin" and scope["method"] not in READ_METHODS:
             return error_response(403, "forbidden", "this token is read-only; this operation needs an admin token")
         return None
+
+
+def locked_out(until: float, throttle: AuthThrottle):
+    wait = max(1, math.ceil(until - time.time()))
+    return error_response(429, "too_many_failures",
+                          f"{throttle.attempts} wrong tokens from your address within {throttle.window:g}s: tokens "
+                          f"from it are refused for {wait}s (the right one too); check the token you send",
+                          {"retry_after_seconds": wait}, headers={"Retry-After": str(wait)})
 
 
 def is_loopback(host: str) -> bool:
@@ -96,12 +141,63 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# Token strength (production refuses weaker): an estimate of the bits an attacker must guess, after
+# taking out what makes a token guessable: a character repeating the one before, a run (abc, 1234,
+# each next character one up or down), a common word (counted as one character), and a substring
+# seen earlier in the token (abcabc).
+MIN_TOKEN_BITS = 64
+GENERATE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+COMMON_WORDS = ("password", "passw0rd", "p@ssword", "qwerty", "azerty", "letmein", "welcome", "changeme",
+                "default", "iloveyou", "monkey", "dragon", "master", "secret", "admin", "token", "login",
+                "dygo", "test")
+_WORDS = re.compile("|".join(sorted(COMMON_WORDS, key=len, reverse=True)), re.IGNORECASE)
+
+
+def token_bits(token: str) -> float:
+    """A rough strength estimate of a token, in bits (see MIN_TOKEN_BITS)."""
+    classes = [(str.islower, 26), (str.isupper, 26), (str.isdigit, 10)]
+    pool = sum(size for test, size in classes if any(test(c) for c in token))
+    pool += 33 if any(not c.isalnum() for c in token) else 0
+    text = _WORDS.sub("\x00", token)  # a word: one symbol
+    effective = 0
+    index = 0
+    while index < len(text):
+        # The longest earlier substring (4+ characters) starting here counts as one symbol.
+        length = 0
+        for size in range(min(16, len(text) - index), 3, -1):
+            if text[index:index + size] in text[:index]:
+                length = size
+                break
+        if length:
+            effective += 1
+            index += length
+            continue
+        c = text[index]
+        before = text[index - 1] if index else None
+        if before is None or c == "\x00" or (c != before and abs(ord(c) - ord(before)) != 1):
+            effective += 1
+        index += 1
+    return effective * math.log2(max(pool, 2))
+
+
+def weak_token(token: str) -> bool:
+    return token_bits(token) < MIN_TOKEN_BITS
+
+
 def check_protection(settings: Settings, host: str | None) -> None:
-    """Refuse to serve an unprotected API anywhere but development on localhost.
+    """Refuse to serve an unprotected API anywhere but development on localhost, or weak tokens in production.
 
     Tokens are required when the environment is not development, or when the server binds to
     anything but a loopback address. `host=None` checks the environment only.
     """
+    if settings.env == "production":
+        for role, token in settings.api_tokens:
+            if weak_token(token):  # the token itself is never put in a message
+                raise ConfigError(
+                    "dygo serve", f"{role} token",
+                    f"a token (from {TOKEN_ENV[role]} or api_tokens in dygo.yml) is too simple to be random "
+                    f"(about {token_bits(token):.0f} bits; production needs {MIN_TOKEN_BITS}: no repeated or "
+                    f"running characters like aaaa or 1234, no words like 'password'); generate one with {GENERATE}")
     if settings.api_tokens:
         return
     how = f"set {TOKEN_ENV['admin']} (and {TOKEN_ENV['read']} for read-only access), or api_tokens in dygo.yml"

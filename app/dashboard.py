@@ -29,8 +29,8 @@ from app.errors import ApiError
 from app.jobs import decode_cursor, encode_cursor
 from app.session import FLASH_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Session, Signer, secret_key
 from app.system import WORKER_SEEN_WITHIN
-from app.throttle import LOGIN_ATTEMPTS, LOGIN_WINDOW, LoginThrottle
-from store import admin, inspect, schedules
+from app.throttle import AuthThrottle
+from store import admin, auth_state, inspect, schedules
 from store.durations import parse_duration
 from store.errors import Conflict, EnqueueError, NotFound
 
@@ -62,14 +62,27 @@ class LoginRequired(Exception):
 
 
 class Visitor:
-    def __init__(self, request: Request) -> None:
+    """Who is asking. `verify` (every page and action; blocking, so from a thread) checks a signed-in
+    session against the database and the configured tokens; error pages skip it (they show nothing)."""
+
+    def __init__(self, request: Request, verify: bool = True) -> None:
         state = request.app.state
+        self.state = state
         self.tokens: Tokens = state.dashboard_tokens
         self.signer: Signer = state.dashboard_signer
         found = Session.read(self.signer, request.cookies.get(SESSION_COOKIE))
+        if found is not None and found.role is not None and self.tokens.enabled and verify \
+                and not self._still_signed_in(found):
+            found = None  # signed out, or its token rotated out: a fresh, anonymous session
         self.session = found or Session.new()
         self.fresh = found is None
         self.secure = request.url.scheme == "https"
+
+    def _still_signed_in(self, session: Session) -> bool:
+        if self.tokens.role_of_fingerprint(session.token) != session.role:
+            return False
+        with self.state.pool.connection() as conn:
+            return auth_state.session_role(conn, session.sid) == session.role
 
     @property
     def role(self) -> str | None:
@@ -83,11 +96,17 @@ class Visitor:
     def csrf(self) -> str:
         return self.signer.csrf_token(self.session.sid)
 
-    def start(self, role: str) -> None:
-        """A new session id at login, so a session id planted before it is worthless after."""
-        self.session, self.fresh = Session.new(role), True
+    def start(self, role: str, token: str) -> None:
+        """A new session id at login, so a session id planted before it is worthless after; recorded in
+        the database, where signing out deletes it."""
+        self.session, self.fresh = Session.new(role, self.tokens.fingerprint(token)), True
+        with self.state.pool.connection() as conn:
+            auth_state.start_session(conn, self.session.sid, role, self.session.expires)
 
     def end(self) -> None:
+        if self.session.role is not None and self.tokens.enabled:
+            with self.state.pool.connection() as conn:
+                auth_state.end_session(conn, self.session.sid)
         self.session, self.fresh = Session.new(), True
 
     def keep(self, response: Response) -> Response:
@@ -159,7 +178,7 @@ def redirect(who: Visitor, to: str, message: str, level: str = "ok") -> Response
 
 
 def error_page(request: Request, status: int, title: str, message: str) -> Response:
-    who = visitor(request)
+    who = Visitor(request, verify=False)  # from exception handlers (the event loop), maybe with the database down
     return templates.TemplateResponse(request, "error.html", {
         "who": who, "csrf": who.csrf, "flash": None, "prefix": PREFIX, "title": title, "message": message},
         status_code=status)
@@ -215,9 +234,10 @@ def _in_words(seconds: float) -> str:
 def _locked_out(request: Request, who: Visitor, until: float) -> Response:
     wait = max(1, math.ceil(until - time.time()))
     at = datetime.fromtimestamp(until, UTC).strftime("%H:%M:%S UTC")
+    throttle: AuthThrottle = request.app.state.auth_throttle
     response = render(request, who, "error.html", status=429, title="Too many failed sign-ins",
-                      message=f"There were {LOGIN_ATTEMPTS} failed sign-ins from your address within "
-                              f"{_in_words(LOGIN_WINDOW)}, so signing in from it is paused. Try again in "
+                      message=f"There were {throttle.attempts} failed sign-ins from your address within "
+                              f"{_in_words(throttle.window)}, so signing in from it is paused. Try again in "
                               f"{_in_words(wait)} (at {at}); check that you paste the whole API token.")
     response.headers["Retry-After"] = str(wait)
     return response
@@ -225,20 +245,21 @@ def _locked_out(request: Request, who: Visitor, until: float) -> Response:
 
 @router.post("/login")
 def login(request: Request, fields: Fields, who: Annotated[Visitor, Depends(visitor)]) -> Response:
-    throttle: LoginThrottle = request.app.state.login_throttle
+    throttle: AuthThrottle = request.app.state.auth_throttle
     address = request.client.host if request.client else "unknown"
     if who.tokens.enabled and (until := throttle.locked_until(address)) is not None:
         return _locked_out(request, who, until)  # even a right token: guessing must not pay off
     checked_form(fields, who)
-    role = who.tokens.role_of(fields.get("token", "").strip()) if who.tokens.enabled else "admin"
+    token = fields.get("token", "").strip()
+    role = who.tokens.role_of(token) if who.tokens.enabled else "admin"
     if role is None:
-        throttle.failed(address)
-        if (until := throttle.locked_until(address)) is not None:
+        if (until := throttle.failed(address)) is not None:
             return _locked_out(request, who, until)
         return render(request, who, "login.html", status=401, next=_next_page(fields.get("next")),
                       error="That token is not valid.")
-    throttle.succeeded(address)
-    who.start(role)
+    if who.tokens.enabled:
+        throttle.succeeded(address)
+        who.start(role, token)
     return redirect(who, _next_page(fields.get("next")), f"Signed in ({role}).")
 
 
@@ -578,7 +599,9 @@ def install_dashboard(app: FastAPI) -> None:
     tokens = app.state.settings.api_tokens
     app.state.dashboard_tokens = Tokens(tokens)
     app.state.dashboard_signer = Signer(secret_key(tokens))
-    app.state.login_throttle = LoginThrottle()
+    settings = app.state.settings
+    app.state.auth_throttle = AuthThrottle(app.state, settings.failed_token_limit,  # shared with app.auth.BearerAuth
+                                           settings.failed_token_window)
     app.mount(PREFIX + "/static", StaticFiles(directory=str(TEMPLATES / "static")), name="dashboard-static")
     app.include_router(router)
 

@@ -41,7 +41,8 @@ def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
         401: "Missing or unknown bearer token (unauthorized)",
         403: "Read-only token on a write, or an operation refused in this environment",
         404: "No such job or queue (job_not_found, queue_not_found)",
-        409: "The job's state does not allow this (invalid_transition, idempotency_conflict)",
+        409: "The job's state does not allow this (invalid_transition, idempotency_conflict), or the "
+             "Idempotency-Key header and body differ (idempotency_key_mismatch)",
         413: "Request body larger than max_payload_bytes (payload_too_large)",
         422: "Invalid input (invalid_request, unknown_kind, unknown_queue, invalid_args, invalid_option, "
              "invalid_duration, invalid_timestamp, batch_too_large, invalid_value)",

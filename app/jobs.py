@@ -2,30 +2,73 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
+import json
+import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from app.db import Conn
 from app.errors import ApiError, documented
-from app.schemas import BatchEnqueued, BatchRequest, Enqueued, EnqueueRequest, Job, JobPage, JobState
+from app.schemas import (
+    DURATION_PATTERN,
+    POSITIVE_DURATION_PATTERN,
+    WAIT_PATTERN,
+    BatchEnqueued,
+    BatchRequest,
+    Enqueued,
+    EnqueueRequest,
+    Job,
+    JobPage,
+    JobState,
+)
 from store import admin, inspect, tracing
 from store.durations import parse_duration
 from store.enqueue import Enqueued as EnqueueResult
 from store.enqueue import JobRequest, enqueue, enqueue_many
+from store.errors import EnqueueError
+from store.registry import Registry
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=documented(401, 403, 413, 503))
 
+# A cursor is the id to continue after (keyset pagination on the job id): its digits, so the document's
+# pattern says exactly which cursors the server takes. An id past the largest job is past every page.
+CURSOR_PATTERN = "^[1-9][0-9]{0,17}$"
 MAX_JOB_ID = 2**63 - 1
 JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="The job's id")]
 
 
+def api_duration(value: str, field: str, pattern: str = DURATION_PATTERN) -> str:
+    """A duration as the API takes it (what the OpenAPI document says: a whole number and a unit), or 422."""
+    if not re.fullmatch(pattern, value):
+        raise ApiError(422, "invalid_duration", f"{field}: {value!r} is not a duration this API takes: a whole "
+                       "number with a unit, ms, s, m, h or d, at most a year (e.g. '30s', '5m', '7d')"
+                       + (" and more than 0" if pattern == POSITIVE_DURATION_PATTERN else ""), {"field": field})
+    return value
+
+
+def _strict_args(jobs: Registry, body: EnqueueRequest) -> None:
+    """A registered kind's args as its model's JSON schema (in the OpenAPI document) describes them: strict
+    JSON, so `false` is not a number and "5" not an integer (the store's lax check would convert both)."""
+    definition = jobs.get(body.kind)
+    if definition is None or definition.args_model is None:
+        return
+    try:
+        definition.args_model.model_validate_json(json.dumps(body.args), strict=True)
+    except ValidationError as exc:
+        details = exc.errors(include_url=False, include_context=False, include_input=False)
+        raise EnqueueError("invalid_args", f"args for kind {body.kind!r} are invalid", details) from None
+
+
 def _options(body: EnqueueRequest) -> dict[str, Any]:
-    return body.model_dump(exclude={"kind", "args"}, exclude_none=True)
+    options = body.model_dump(exclude={"kind", "args"}, exclude_none=True)
+    for field, pattern in (("delay", DURATION_PATTERN), ("idempotency_ttl", POSITIVE_DURATION_PATTERN)):
+        if isinstance(options.get(field), str):
+            api_duration(options[field], field, pattern)
+    return options
 
 
 def _enqueued(result: EnqueueResult) -> dict[str, Any]:
@@ -38,12 +81,16 @@ def _enqueued(result: EnqueueResult) -> dict[str, Any]:
 def enqueue_job(
     body: EnqueueRequest, conn: Conn, request: Request,
     idempotency_header: Annotated[str | None, Header(
-        alias="Idempotency-Key", description="Same as the body's idempotency_key")] = None,
+        alias="Idempotency-Key", min_length=1, max_length=255,
+        description="Same as the body's idempotency_key (1 to 255 characters)")] = None,
 ) -> JSONResponse:
+    _strict_args(request.app.state.jobs, body)
     options = _options(body)
     if idempotency_header is not None:
         if options.get("idempotency_key", idempotency_header) != idempotency_header:
-            raise ApiError(422, "invalid_option", "the Idempotency-Key header and the body's idempotency_key differ")
+            # 409, not 422: each is well formed on its own (the document cannot relate a header to a body field).
+            raise ApiError(409, "idempotency_key_mismatch",
+                           "the Idempotency-Key header and the body's idempotency_key differ; send one, or the same")
         options["idempotency_key"] = idempotency_header
     with tracing.incoming(request.headers):  # the caller's traceparent, if any, parents the enqueue span
         result = enqueue(conn, body.kind, body.args, **options)
@@ -57,8 +104,18 @@ def enqueue_batch(body: BatchRequest, conn: Conn, request: Request) -> dict[str,
     if len(body.jobs) > most:
         raise ApiError(422, "batch_too_large", f"a batch holds at most {most} jobs (max_batch_size), "
                        f"got {len(body.jobs)}", {"max": most, "got": len(body.jobs)})
+    requests = []
+    for index, job in enumerate(body.jobs):
+        try:
+            _strict_args(request.app.state.jobs, job)
+            requests.append(JobRequest(job.kind, job.args, **_options(job)))
+        except (EnqueueError, ApiError) as exc:
+            code = exc.code
+            message = str(exc) if isinstance(exc, EnqueueError) else exc.message
+            details = exc.details
+            raise EnqueueError(code, f"jobs[{index}]: {message}", {"index": index, "errors": details}) from None
     with tracing.incoming(request.headers):
-        results = enqueue_many(conn, [JobRequest(job.kind, job.args, **_options(job)) for job in body.jobs])
+        results = enqueue_many(conn, requests)
     return {"jobs": [_enqueued(result) for result in results]}
 
 
@@ -73,9 +130,10 @@ def list_jobs(
                                    description="Text in the args (as JSON) or the last error")] = None,
     order: Literal["newest", "oldest"] = "newest",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=100, description="next_cursor of the previous page")] = None,
+    cursor: Annotated[str | None, Query(json_schema_extra={"pattern": CURSOR_PATTERN}, description=(
+        "next_cursor of the previous page: a position in the list, for either order"))] = None,
 ) -> dict[str, Any]:
-    position = decode_cursor(cursor, order) if cursor else None
+    position = decode_cursor(cursor, order) if cursor is not None else None
     where = admin.JobFilter(queue=queue, kind=kind, state=state, text=q)
     page = admin.list_jobs(conn, where, order=order, limit=limit, position=position)
     return {"jobs": page.jobs, "next_cursor": None if page.next_position is None
@@ -83,20 +141,21 @@ def list_jobs(
 
 
 def encode_cursor(order: str, position: int) -> str:
-    return base64.urlsafe_b64encode(f"{order}:{position}".encode()).decode().rstrip("=")
+    return str(position)
 
 
 def decode_cursor(cursor: str, order: str) -> int:
-    """The position in a cursor made by encode_cursor for the same order; 400 for anything else."""
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        made_for, _, position = text.partition(":")
-        if made_for == order and position.isdigit() and int(position) <= MAX_JOB_ID:
-            return int(position)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        pass
-    raise ApiError(400, "invalid_cursor", "the cursor is not one this list returned for this order; "
-                   "start again without a cursor")
+    """The position in a cursor; 400 for anything encode_cursor did not make."""
+    if re.fullmatch(CURSOR_PATTERN, cursor):
+        return int(cursor)
+    raise ApiError(400, "invalid_cursor", "the cursor is not one this list returned; start again without a cursor")
+
+
+@router.api_route("/jobs/batch", methods=["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"],
+                  include_in_schema=False)
+def batch_other_methods() -> None:
+    """/jobs/batch takes POST only: 405, where /jobs/{job_id} would have said 422 ('batch' is not an id)."""
+    raise ApiError(405, "method_not_allowed", "Method Not Allowed", headers={"Allow": "POST"})
 
 
 # Longest `?wait=`: long enough to cover most jobs, short enough for proxies' idle timeouts.
@@ -107,7 +166,7 @@ MAX_WAIT = 60.0
             responses=documented(404, 422))
 async def get_job(
     job_id: JobId, request: Request,
-    wait: Annotated[str | None, Query(max_length=32, description=(
+    wait: Annotated[str | None, Query(max_length=32, json_schema_extra={"pattern": WAIT_PATTERN}, description=(
         "Wait up to this long (e.g. '30s', '500ms', at most 60s) for the job to be succeeded, dead or "
         "cancelled; the answer comes as soon as it is, or at the end of the wait with the job as it is then"))] = None,
 ) -> dict[str, Any]:
@@ -131,6 +190,10 @@ async def get_job(
 def _wait_seconds(wait: str | None) -> float:
     if wait is None:
         return 0.0
+    if not re.fullmatch(WAIT_PATTERN, wait):
+        raise ApiError(422, "invalid_duration", f"wait: {wait!r} is not a wait this API takes: a whole number with "
+                       "a unit, ms, s or m, at most 60s (e.g. '30s', '500ms')",
+                       {"field": "wait", "max_seconds": MAX_WAIT})
     try:
         seconds = parse_duration(wait, field="wait")
     except ValueError as exc:

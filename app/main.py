@@ -18,12 +18,16 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from psycopg_pool import ConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.auth import BearerAuth, Tokens, check_protection
 from app.dashboard import error_page, install_dashboard, is_dashboard
+from app.docs import install_docs
 from app.errors import ApiError, error_response
+from app.guard import HostRule, Perimeter
 from app.jobs import router as jobs_router
 from app.limits import BodyLimit
 from app.metrics import install_metrics
@@ -44,7 +48,9 @@ log = logging.getLogger("dygo.serve")
 FOLD_INTERVAL = 30.0
 
 
-def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI:
+def create_app(settings: Settings, jobs: Registry, database_url: str, host: str = "127.0.0.1") -> FastAPI:
+    """The service; `host` is the address it is bound to, which (with allowed_hosts) decides the Host
+    headers it answers (app/guard.py)."""
     check_protection(settings, host=None)
 
     @asynccontextmanager
@@ -66,16 +72,18 @@ def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI
             folder.stop()
             app.state.pool.close()
 
-    app = FastAPI(title="dygo", version="1", lifespan=lifespan,
+    app = FastAPI(title="dygo", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Durable background jobs on PostgreSQL: the admin API. "
                               "Errors are `{\"error\": {\"code\", \"message\", \"details\"}}`.")
     app.state.settings = settings
     app.state.jobs = jobs
     app.state.outage = OutageLog(log)
     install_error_handlers(app)
-    # The last middleware added runs first: auth, then the body limit, then the routes.
+    # The last middleware added runs first: the perimeter (Host, Origin, headers), auth, then the body
+    # limit, then the routes.
     app.add_middleware(BodyLimit, max_bytes=settings.max_payload_bytes)
     app.add_middleware(BearerAuth, tokens=Tokens(settings.api_tokens))
+    app.add_middleware(Perimeter, hosts=HostRule(host, settings.allowed_hosts))
 
     app.include_router(jobs_router)
     app.include_router(queues_router)
@@ -85,6 +93,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str) -> FastAPI
 
     install_dashboard(app)
     install_openapi(app, jobs)
+    install_docs(app)
     return app
 
 
@@ -115,7 +124,10 @@ def install_error_handlers(app: FastAPI) -> None:
             title = "Page not found" if exc.status_code == 404 else "Request refused"
             return error_page(request, exc.status_code, title, str(exc.detail))
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # every method of the path, not only the first route's that matched it
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers)
 
     @app.exception_handler(psycopg.OperationalError)
     async def database_down(request: Request, exc: psycopg.OperationalError) -> Response:
@@ -125,9 +137,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(503, "database_unavailable", "the database is not reachable; try again shortly")
 
     @app.exception_handler(psycopg.DataError)
-    async def value_rejected(_: Request, exc: psycopg.DataError) -> JSONResponse:
+    async def value_rejected(request: Request, exc: psycopg.DataError) -> Response:
         # A value PostgreSQL cannot store (a NUL character, a number out of range): bad input.
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if is_dashboard(request):
+            return error_page(request, 422, "Value refused",
+                              f"A value in this request cannot be stored or searched by the database: {reason}. "
+                              "Remove it (a NUL character, say) and try again.")
         return error_response(422, "invalid_value", f"a value was rejected by the database: {reason}")
 
     @app.exception_handler(Exception)
@@ -137,6 +153,17 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_page(request, 500, "Something went wrong",
                               "An unexpected error occurred; the server log has the details.")
         return error_response(500, "internal_error", "an unexpected error occurred; see the server log")
+
+
+def allowed_methods(request: Request) -> str:
+    """The methods of every documented route whose path matches the request's (for a 405's Allow header)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, APIRoute) and route.include_in_schema and route.methods:
+            match, _ = route.matches(request.scope)
+            if match != Match.NONE:
+                methods |= route.methods
+    return ", ".join(sorted(methods))
 
 
 def validation_error(errors: list[Any]) -> JSONResponse:

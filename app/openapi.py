@@ -35,9 +35,14 @@ def kind_variants(jobs: Registry) -> list[type[BaseModel]]:
             __base__=EnqueueOptions,
             __doc__=doc,
             kind=(Literal[definition.kind], Field(description=f"Queue by default: {definition.queue_name}")),
-            args=(args_type, Field(default_factory=dict)),
+            # Optional only when the model takes {} (what the server assumes for missing args).
+            args=(args_type, Field(...) if _needs_args(definition.args_model) else Field(default_factory=dict)),
         ))
     return variants
+
+
+def _needs_args(model: type[BaseModel] | None) -> bool:
+    return model is not None and any(field.is_required() for field in model.model_fields.values())
 
 
 def _kind_schemas(jobs: Registry) -> tuple[list[dict[str, str]], dict[str, Any]]:
@@ -59,6 +64,9 @@ def install_openapi(app: FastAPI, jobs: Registry) -> None:
         variants, components = _kind_schemas(jobs)
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
         schemas.update(components)
+        _declare_queues(schemas, components, app.state.settings.queue_names)
+        _declare_option_rules([schemas["EnqueueRequest"], *(component for name, component in components.items()
+                                                            if name.startswith(KIND_PREFIX + "Enqueue_"))])
         one_job = {"anyOf": [*variants, {"$ref": "#/components/schemas/EnqueueRequest"}]}
         body = schema["paths"]["/api/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
         body["schema"] = one_job
@@ -68,6 +76,35 @@ def install_openapi(app: FastAPI, jobs: Registry) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _declare_queues(schemas: dict[str, Any], variants: dict[str, Any], queues: list[str]) -> None:
+    """A job's queue is one of the configured queues; the generic form (a kind this service may not know)
+    must name it, as the server requires (unknown_kind otherwise)."""
+    configured = {"type": "string", "enum": queues}
+    for name, component in variants.items():
+        if name.startswith(KIND_PREFIX + "Enqueue_") and "queue" in component.get("properties", {}):
+            component["properties"]["queue"] = {**component["properties"]["queue"],
+                                                "anyOf": [configured, {"type": "null"}]}
+    generic = schemas["EnqueueRequest"]
+    described = {key: value for key, value in generic["properties"]["queue"].items() if key in ("title", "description")}
+    generic["properties"]["queue"] = {**described, **configured}
+    generic["required"] = sorted({*generic.get("required", []), "kind", "queue"})
+
+
+# Rules between a job's options that the store enforces (invalid_option): run_at and delay not both
+# (null counts as absent), and idempotency_ttl only with an idempotency_key.
+OPTION_RULES = [
+    {"if": {"properties": {"run_at": {"type": "string"}}, "required": ["run_at"]},
+     "then": {"properties": {"delay": {"type": "null"}}}},
+    {"if": {"properties": {"idempotency_ttl": {"type": ["string", "number"]}}, "required": ["idempotency_ttl"]},
+     "then": {"properties": {"idempotency_key": {"type": "string"}}, "required": ["idempotency_key"]}},
+]
+
+
+def _declare_option_rules(jobs: list[dict[str, Any]]) -> None:
+    for job in jobs:
+        job["allOf"] = [*job.get("allOf", []), *OPTION_RULES]
 
 
 def _declare_bearer(schema: dict[str, Any]) -> None:

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Path, Query, Request
 
 from app.db import Conn
 from app.errors import ApiError, documented
-from app.schemas import PurgeReport, Queue, QueueList, QueueStats, RetryDeadReport, VacuumReport
+from app.jobs import api_duration
+from app.schemas import DURATION_PATTERN, PurgeReport, Queue, QueueList, QueueStats, RetryDeadReport, VacuumReport
 from store import admin
 from store.durations import parse_duration
 
@@ -102,10 +103,11 @@ def purge_queue(name: QueueName, request: Request, conn: Conn) -> dict[str, Any]
              summary="Delete the queue's jobs dead for longer than a duration", responses=documented(404, 422))
 def vacuum_dead(
     name: QueueName, request: Request, conn: Conn,
-    older_than: Annotated[str, Query(max_length=32, description="e.g. '7d', '12h', '30m' or seconds")],
+    older_than: Annotated[str, Query(max_length=32, json_schema_extra={"pattern": DURATION_PATTERN},
+                                     description="e.g. '7d', '12h', '30m' or seconds (a whole number)")],
 ) -> dict[str, Any]:
     try:
-        seconds = parse_duration(older_than, field="older_than")
+        seconds = parse_duration(api_duration(older_than, "older_than"), field="older_than")
     except ValueError as exc:
         raise ApiError(422, "invalid_duration", str(exc)) from None
     _queue(request, conn, name)

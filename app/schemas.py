@@ -3,13 +3,78 @@
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic_core import PydanticCustomError
 
 JobState = Literal["scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled"]
 
+# What the API takes as a duration in a string (a query parameter, delay, idempotency_ttl): a whole number
+# and a unit, at most a year (the limit of each unit's digits keeps it there). The document says so, and
+# app.jobs.api_duration refuses anything else with 422 invalid_duration, so the two agree exactly.
+_AMOUNT = ("(?:[1-9][0-9]{0,9}ms|[1-9][0-9]{0,6}s?|[1-9][0-9]{0,4}m|[1-9][0-9]{0,2}h"
+           "|(?:[1-9][0-9]?|[12][0-9]{2}|3[0-5][0-9]|36[0-6])d)")
+DURATION_PATTERN = f"^(?:0(?:ms|s|m|h|d)?|{_AMOUNT})$"
+POSITIVE_DURATION_PATTERN = f"^{_AMOUNT}$"
+# `?wait=`: at most 60 seconds.
+WAIT_PATTERN = "^(?:0(?:ms|s|m)?|[1-9][0-9]{0,3}ms|[1-5][0-9]{4}ms|60000ms|[1-9]s?|[1-5][0-9]s?|60s?|1m)$"
+MAX_DURATION_SECONDS = 366 * 86400
+
 # --- enqueue ---------------------------------------------------------------------------------------
+# Rules store.enqueue enforces (with its own error codes), written into the document only: the
+# field's non-null alternative gets them. Pydantic does not check them, so the codes stay the store's.
+
+
+def _non_null(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    return [branch for branch in schema.get("anyOf", [schema]) if branch.get("type") != "null"]
+
+
+def _documented_range(low: int, high: int):
+    def extra(schema: dict[str, Any]) -> None:
+        for branch in _non_null(schema):
+            branch.update(minimum=low, maximum=high)
+    return extra
+
+
+def _documented_length(low: int, high: int):
+    def extra(schema: dict[str, Any]) -> None:
+        for branch in _non_null(schema):
+            branch.update(minLength=low, maxLength=high)
+    return extra
+
+
+def _documented_duration(pattern: str, minimum: float | None):
+    def extra(schema: dict[str, Any]) -> None:
+        for branch in _non_null(schema):
+            if branch.get("type") == "string":
+                branch["pattern"] = pattern
+            else:
+                branch.update(maximum=MAX_DURATION_SECONDS)
+                if minimum is None:
+                    branch["exclusiveMinimum"] = 0
+                else:
+                    branch["minimum"] = minimum
+    return extra
+
+
+
+def _whole_number(value: Any) -> Any:
+    """JSON Schema's integer: 38.0 is one, as the document says (true and "5" are not)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _timestamp_text(value: Any) -> Any:
+    """run_at is an ISO 8601 string, as the document says: not a number of seconds since 1970."""
+    if value is not None and not isinstance(value, str | datetime):
+        raise PydanticCustomError("datetime_type", "run_at must be an ISO 8601 timestamp string")
+    return value
+
+
+WholeNumber = Annotated[StrictInt, BeforeValidator(_whole_number)]
+Timestamp = Annotated[datetime, BeforeValidator(_timestamp_text)]
 
 
 class EnqueueOptions(BaseModel):
@@ -19,18 +84,22 @@ class EnqueueOptions(BaseModel):
 
     queue: str | None = Field(None, description="A configured queue; defaults to the kind's queue")
     # Strict: JSON true is not 1, and "5" is not a number.
-    priority: StrictInt | None = Field(None, description="Higher runs first; -1000 to 1000 (default: the kind's)")
-    run_at: datetime | None = Field(None, description="When to run: an ISO 8601 timestamp with a timezone")
+    priority: WholeNumber | None = Field(None, description="Higher runs first; -1000 to 1000 (default: the kind's)",
+                                       json_schema_extra=_documented_range(-1000, 1000))
+    run_at: Timestamp | None = Field(None, description="When to run: an ISO 8601 timestamp with a timezone")
     delay: StrictStr | StrictInt | StrictFloat | None = Field(
-        None, description="Run after this long on the database clock: '30s', '5m', '2h', '1d' or seconds. "
-        "Not with run_at")
-    max_attempts: StrictInt | None = Field(None, description="1 to 1000 (default: the kind's, else the configured one, "
-                                           "resolved by the worker at the first lease)")
+        None, description="Run after this long on the database clock: '30s', '5m', '2h', '1d' or seconds, at most "
+        "a year. Not with run_at", json_schema_extra=_documented_duration(DURATION_PATTERN, 0))
+    max_attempts: WholeNumber | None = Field(None, json_schema_extra=_documented_range(1, 1000),
+                                             description="1 to 1000 (default: the kind's, else the configured one, "
+                                             "resolved by the worker at the first lease)")
     meta: dict[str, str] = Field(default_factory=dict, description="String map handed to the handler as ctx.meta")
     idempotency_key: str | None = Field(None, description="While a live job (pending, scheduled, active, paused) "
-                                        "holds this key, the enqueue returns that job instead (200, deduplicated)")
+                                        "holds this key, the enqueue returns that job instead (200, deduplicated). "
+                                        "1 to 255 characters", json_schema_extra=_documented_length(1, 255))
     idempotency_ttl: StrictStr | StrictInt | StrictFloat | None = Field(
-        None, description="Hold the key this long even after the job finished, e.g. '1h' (needs idempotency_key)")
+        None, description="Hold the key this long even after the job finished, e.g. '1h' (needs idempotency_key)",
+        json_schema_extra=_documented_duration(POSITIVE_DURATION_PATTERN, None))
 
 
 class EnqueueRequest(EnqueueOptions):

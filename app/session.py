@@ -1,8 +1,10 @@
 """The dashboard's login session: a signed cookie, its CSRF token, and one-shot flash messages.
 
-The cookie holds `{"sid", "role", "exp"}` as base64 JSON plus an HMAC-SHA256 signature. The key
+The cookie holds `{"sid", "role", "exp", "tk"}` as base64 JSON plus an HMAC-SHA256 signature. The key
 is DYGO_SECRET_KEY, or derived from the configured tokens (rotating the tokens then ends every
-session), or random per process in development without tokens. The CSRF token of a form is an
+session), or random per process in development without tokens. A signed-in session also counts only
+while its row is in dygo_dashboard_sessions (signing out deletes it, on every process at once) and
+while the token it was signed in with (`tk`, a fingerprint of it) is still configured. The CSRF token of a form is an
 HMAC of the session id, so it needs no server-side storage and dies with the session.
 """
 
@@ -67,10 +69,11 @@ class Session:
     sid: str
     role: str | None  # "admin", "read", or None before login
     expires: float
+    token: str | None = None  # the fingerprint of the token it signed in with (app.auth.Tokens.fingerprint)
 
     @classmethod
-    def new(cls, role: str | None = None) -> Session:
-        return cls(secrets.token_urlsafe(18), role, time.time() + SESSION_SECONDS)
+    def new(cls, role: str | None = None, token: str | None = None) -> Session:
+        return cls(secrets.token_urlsafe(18), role, time.time() + SESSION_SECONDS, token)
 
     @classmethod
     def read(cls, signer: Signer, cookie: str | None) -> Session | None:
@@ -78,7 +81,9 @@ class Session:
         if value is None or not isinstance(value.get("sid"), str) or value.get("exp", 0) < time.time():
             return None
         role = value.get("role")
-        return cls(value["sid"], role if role in ("admin", "read") else None, float(value["exp"]))
+        token = value.get("tk")
+        return cls(value["sid"], role if role in ("admin", "read") else None, float(value["exp"]),
+                   token if isinstance(token, str) else None)
 
     def dump(self, signer: Signer) -> str:
-        return signer.dumps({"sid": self.sid, "role": self.role, "exp": self.expires})
+        return signer.dumps({"sid": self.sid, "role": self.role, "exp": self.expires, "tk": self.token})

@@ -1,63 +1,52 @@
-"""Login rate limiting: too many failed sign-ins from one client address lock it out for a while.
+"""Failed-token throttle: too many wrong tokens from one client address lock it out for a while.
 
-In memory, per `dygo serve` process: each process (and each restart) counts on its own, so with N
-processes behind a balancer an address gets up to N times the attempts. Enough to turn guessing a
-token through the login form into a slow crawl; not a shared, durable limiter.
+One count for both ways of presenting a token, API bearer tokens and the dashboard's sign-in, kept in
+the database (store/auth_state.py), so every `dygo serve` process and a restart see the same count:
+with N processes behind a balancer an address still gets LOGIN_ATTEMPTS tries, not N times as many.
+While an address is locked out even the right token is refused: guessing must not pay off.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import deque
+from typing import Any
 
-LOGIN_ATTEMPTS = 5  # failed sign-ins from one address within LOGIN_WINDOW before it is locked out
+from store import auth_state
+
+LOGIN_ATTEMPTS = 5  # wrong tokens from one address within LOGIN_WINDOW before it is locked out
 LOGIN_WINDOW = 300.0  # seconds
-MAX_ADDRESSES = 10_000  # addresses remembered at once; the stalest go first, so memory stays bounded
 
 
-class LoginThrottle:
-    """Failed sign-ins per client address over a sliding window."""
+class AuthThrottle:
+    """Wrong tokens per client address over a sliding window, in the database. Blocking calls: from a
+    thread (a sync route, or run_in_threadpool)."""
 
-    def __init__(self, attempts: int = LOGIN_ATTEMPTS, window: float = LOGIN_WINDOW) -> None:
+    def __init__(self, state: Any, attempts: int = LOGIN_ATTEMPTS, window: float = LOGIN_WINDOW) -> None:
+        self.state = state  # the app's state: its pool exists once the app has started
         self.attempts, self.window = attempts, window
-        self._failures: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
 
-    def locked_until(self, address: str, now: float | None = None) -> float | None:
+    def _connection(self):
+        from app.db import OUTAGE_WAIT
+
+        return self.state.pool.connection(timeout=OUTAGE_WAIT if self.state.outage.down else None)
+
+    def locked_until(self, address: str) -> float | None:
         """When (time.time()) the address may try again, or None if it may try now."""
-        now = time.time() if now is None else now
-        with self._lock:
-            recent = self._recent(address, now)
-            if recent is not None and len(recent) >= self.attempts:
-                return recent[-self.attempts] + self.window
-        return None
+        with self._connection() as conn:
+            return auth_state.locked_until(conn, address, self.attempts, self.window)[1]
 
-    def failed(self, address: str, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        with self._lock:
-            recent = self._recent(address, now)
-            if recent is None:
-                if len(self._failures) >= MAX_ADDRESSES:
-                    self._forget_stalest()
-                recent = self._failures[address] = deque(maxlen=self.attempts)
-            recent.append(now)
+    def admit(self, address: str) -> float | None:
+        """For a right token: None (and the address's failures forgotten), or when it may try again."""
+        with self._connection() as conn:
+            recorded, until = auth_state.locked_until(conn, address, self.attempts, self.window)
+            if until is None and recorded:
+                auth_state.clear_failures(conn, address)
+            return until
+
+    def failed(self, address: str) -> float | None:
+        """Count a wrong token; when the address may try again if this locked it out."""
+        with self._connection() as conn:
+            return auth_state.failed_attempt(conn, address, self.attempts, self.window)
 
     def succeeded(self, address: str) -> None:
-        with self._lock:
-            self._failures.pop(address, None)
-
-    def _recent(self, address: str, now: float) -> deque[float] | None:
-        recent = self._failures.get(address)
-        if recent is None:
-            return None
-        while recent and recent[0] <= now - self.window:
-            recent.popleft()
-        if not recent:
-            del self._failures[address]
-            return None
-        return recent
-
-    def _forget_stalest(self) -> None:
-        stalest = min(self._failures, key=lambda address: self._failures[address][-1])
-        del self._failures[stalest]
+        with self._connection() as conn:
+            auth_state.clear_failures(conn, address)

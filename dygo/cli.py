@@ -211,6 +211,7 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.auth import check_protection
+    from app.guard import HostRule
     from app.main import create_app
     from store.db import database_url
     from store.registry import load_jobs
@@ -226,10 +227,12 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
     lifecycle.info("dygo serve: http://%s:%s (API docs at /docs)", host, port,
                    extra={"fields": {"event": "listening", "host": host, "port": port}})
+    hosts = HostRule(host, settings.allowed_hosts)
+    lifecycle.info("dygo serve: answers Host %s", hosts.describe(), extra={"fields": {"event": "hosts"}})
     lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
-    uvicorn.run(create_app(settings, jobs, url), host=host, port=port, log_level="info", log_config=None)
+    uvicorn.run(create_app(settings, jobs, url, host), host=host, port=port, log_level="info", log_config=None)
     return 0
 
 

@@ -1,6 +1,9 @@
 """Logging for the `dygo` processes: diagnostics and per-execution lines on stderr.
 
 Text for people (development), or one JSON object per line (production, or --log-format json).
+In text, control characters in a message (a job's error, a kind, a request path) are escaped, so no
+value can start a line of its own and pass for a log line (log forging); a traceback is indented.
+uvicorn's access log has secret query parameters (`token=`, `api_key=`, ...) replaced by `***`.
 
 A worker writes one line per job. Written and flushed one by one, those lines cost as much
 as running a no-op job, so INFO lines are buffered and flushed every 0.2 s (and at exit);
@@ -16,6 +19,7 @@ import sys
 import threading
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qsl, quote
 
 FLUSH_INTERVAL = 0.2
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -42,6 +46,80 @@ class BufferedStderrHandler(logging.StreamHandler):
         while True:
             threading.Event().wait(FLUSH_INTERVAL)
             self.flush()
+
+
+def _control_escapes() -> dict[int, str]:
+    table = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+    table.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
+                  0x2028: "\\u2028", 0x2029: "\\u2029"})
+    return table
+
+
+CONTROL_ESCAPES = _control_escapes()  # C0, DEL, C1 and the Unicode line and paragraph separators
+BLOCK_ESCAPES = {code: text for code, text in CONTROL_ESCAPES.items() if code != ord("\n")}
+BLOCK_INDENT = "    "
+
+
+def escape_controls(text: str) -> str:
+    """The text on one line: every control character written as an escape (\\n, \\x1b, \\u2028)."""
+    return text.translate(CONTROL_ESCAPES)
+
+
+def indented_block(text: str) -> str:
+    """Several lines kept as lines (a traceback), each indented, with every other control character escaped:
+    no line of it starts where a log line does."""
+    return "\n".join(BLOCK_INDENT + line for line in text.translate(BLOCK_ESCAPES).rstrip("\n").split("\n"))
+
+
+class TextFormatter(logging.Formatter):
+    """FORMAT, one line per record; a record's exception and its `block` (extra={"block": text}: a job's
+    traceback) follow as indented lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.getMessage())
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        text = self.formatMessage(record)
+        if record.exc_info:
+            text += "\n" + indented_block(self.formatException(record.exc_info))
+        block = getattr(record, "block", None)
+        if block:
+            text += "\n" + indented_block(str(block))
+        return text
+
+
+# Query parameters whose values never reach a log line (matched case-insensitively, also as a suffix:
+# `x_api_key`, `refresh_token`).
+SECRET_PARAMS = ("token", "access_token", "api_key", "apikey", "key", "secret", "password", "passwd",
+                 "auth", "authorization", "bearer", "signature", "sig", "session", "csrf")
+REDACTED = "***"
+
+
+def _secret(name: str) -> bool:
+    name = name.lower()
+    return any(name == secret or name.endswith(("_" + secret, "-" + secret)) for secret in SECRET_PARAMS)
+
+
+def redact_query(path: str) -> str:
+    """A request target with the values of secret query parameters replaced by ***."""
+    base, mark, query = path.partition("?")
+    if not mark or not query:
+        return path
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if not any(_secret(name) for name, _ in pairs):
+        return path
+    return base + "?" + "&".join(
+        f"{quote(name, safe='')}={REDACTED if _secret(name) else quote(value, safe='/:')}" for name, value in pairs)
+
+
+class RedactAccessLog(logging.Filter):
+    """For uvicorn's access logger: its arguments are (client, method, path with query, http version, status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            record.args = (*args[:2], redact_query(args[2]), *args[3:])
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -78,7 +156,7 @@ def configure_logging(log_format: str = "text") -> None:
     logging.logMultiprocessing = False
     level = os.environ.get("DYGO_LOG_LEVEL", "INFO").upper()
     handler = BufferedStderrHandler()
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(FORMAT))
     logging.basicConfig(level=level, handlers=[handler], force=True)
     # Lifecycle lines (started, stopping, stopped) go to stdout, flushed at once: as bare text, or
     # as JSON objects like every other line when the format is json.
@@ -89,6 +167,9 @@ def configure_logging(log_format: str = "text") -> None:
     lifecycle.propagate = False
     # Not a log: the lifecycle output is always printed, whatever DYGO_LOG_LEVEL says about stderr.
     lifecycle.setLevel(logging.INFO)
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactAccessLog) for f in access.filters):
+        access.addFilter(RedactAccessLog())
 
 
 def flush_then_exit(signum: int, frame: object) -> None:

@@ -22,6 +22,8 @@ ENVIRONMENTS = ("development", "test", "production")
 # API roles: `read` may call every GET, `admin` everything.
 ROLES = ("admin", "read")
 TOKEN_ENV = {"admin": "DYGO_ADMIN_TOKEN", "read": "DYGO_READ_TOKEN"}
+HOSTS_ENV = "DYGO_ALLOWED_HOSTS"
+_HOST_NAME = re.compile(r"^(\*|\.?[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*\.?)$")
 MIN_TOKEN_LENGTH = 16
 _TOKEN_PATTERN = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII without spaces: safe in a header
 
@@ -51,6 +53,12 @@ class Settings:
     # (role, token) pairs for the API, from config/dygo.yml and DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN.
     # Kept out of repr so a logged Settings never shows a token.
     api_tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # Host header names `dygo serve` answers besides the address it is bound to (app/guard.py): from
+    # config/dygo.yml and DYGO_ALLOWED_HOSTS. `.example.com` is that domain and its subdomains; `*` any.
+    allowed_hosts: tuple[str, ...] = ()
+    # Wrong tokens from one client address within the window before it is locked out (app/throttle.py).
+    failed_token_limit: int = 5
+    failed_token_window: float = 300.0
     data_dir: Path = field(default_factory=lambda: Path(".dygo"))
     # Retention, in seconds; 0 keeps those rows forever. Trimmed by workers (store/maintenance.py).
     completed_retention: float = 24 * 3600.0  # succeeded jobs, after they finished
@@ -136,6 +144,26 @@ def _token_list(value: Any, source: str) -> list[str]:
     return tokens
 
 
+def _host_names(value: Any) -> tuple[str, ...]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise ValueError("must be a host name or a list of host names")
+    for name in names:
+        if not _HOST_NAME.match(name.strip().lower()):
+            raise ValueError(f"{name!r} is not a host name (e.g. jobs.example.com, .example.com for a domain "
+                             "and its subdomains, or * for any); no scheme, port or path")
+    return tuple(name.strip().lower() for name in names)
+
+
+def hosts_from_env() -> tuple[str, ...]:
+    """Host names from DYGO_ALLOWED_HOSTS, comma-separated."""
+    raw = [name.strip() for name in os.environ.get(HOSTS_ENV, "").split(",") if name.strip()]
+    try:
+        return _host_names(raw)
+    except ValueError as exc:
+        raise ConfigError(HOSTS_ENV, "environment", str(exc)) from None
+
+
 def _api_tokens(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict) or not value:
         raise ValueError("must map a role (admin, read) to a token or a list of tokens")
@@ -173,6 +201,9 @@ SETTING_PARSERS = {
     "max_payload_bytes": ("max_payload_bytes", _byte_size),
     "max_result_bytes": ("max_result_bytes", _byte_size),
     "api_tokens": ("api_tokens", _api_tokens),
+    "allowed_hosts": ("allowed_hosts", _host_names),
+    "failed_token_limit": ("failed_token_limit", _positive_int),
+    "failed_token_window": ("failed_token_window", _positive_duration),
     "completed_retention": ("completed_retention", _retention),
     "dead_retention": ("dead_retention", _retention),
     "cancelled_retention": ("cancelled_retention", _retention),
@@ -214,6 +245,7 @@ def load_settings(config_dir: Path | str | None = None, *, env: str | None = Non
                 raise ConfigError(str(settings_file), str(key), str(exc)) from None
     data_dir = Path(os.environ.get("DYGO_DATA_DIR", ".dygo"))
     values["api_tokens"] = values.get("api_tokens", ()) + tokens_from_env()
+    values["allowed_hosts"] = values.get("allowed_hosts", ()) + hosts_from_env()
     return Settings(config_dir=config_dir, queues=configured, env=resolve_env(env), data_dir=data_dir, **values)
 
 

@@ -97,9 +97,11 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
         raise EnqueueError("invalid_option", "give run_at or delay, not both")
     if request.run_at is not None and (not isinstance(request.run_at, datetime) or request.run_at.tzinfo is None):
         raise EnqueueError("invalid_timestamp", "run_at must be a datetime with a timezone")
-    if request.run_at is not None:
+    run_at = request.run_at
+    if run_at is not None:
         try:
-            request.run_at.astimezone(UTC)
+            # In UTC: PostgreSQL takes offsets up to ±15:59 only, ISO 8601 up to ±23:59.
+            run_at = run_at.astimezone(UTC)
         except OverflowError:
             raise EnqueueError("invalid_timestamp", f"run_at {request.run_at.isoformat()} is outside years 1 to "
                                "9999 in UTC") from None
@@ -126,7 +128,7 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
 
     return {
         "kind": request.kind, "queue": queue, "args": args_json, "meta": meta_json,
-        "priority": priority, "run_at": request.run_at, "delay": delay, "max_attempts": max_attempts,
+        "priority": priority, "run_at": run_at, "delay": delay, "max_attempts": max_attempts,
         "key": key, "ttl": ttl,
     }
 

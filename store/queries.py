@@ -860,3 +860,38 @@ EMBEDDED_NAPTIME = "10s"
 AUTOVACUUM_NAPTIME = "SELECT current_setting('autovacuum_naptime')"
 SET_AUTOVACUUM_NAPTIME = f"ALTER SYSTEM SET autovacuum_naptime = '{EMBEDDED_NAPTIME}'"
 RELOAD_CONFIGURATION = "SELECT pg_reload_conf()"
+
+# --- Authentication state: dashboard sessions, failed-token throttle (store/auth_state.py) ----------
+
+INSERT_DASHBOARD_SESSION = """
+INSERT INTO dygo_dashboard_sessions (sid, role, expires_at) VALUES (%s, %s, to_timestamp(%s))"""
+TRIM_DASHBOARD_SESSIONS = "DELETE FROM dygo_dashboard_sessions WHERE expires_at < now()"
+DASHBOARD_SESSION_ROLE = "SELECT role FROM dygo_dashboard_sessions WHERE sid = %s AND expires_at > now()"
+END_DASHBOARD_SESSION = "DELETE FROM dygo_dashboard_sessions WHERE sid = %s"
+
+# Keeps the address's failures inside the window, newest `attempts` of them, oldest first; answers when
+# the address may try again (epoch seconds), or NULL while it has fewer than `attempts` recent failures.
+_LOCKED_UNTIL = """CASE WHEN cardinality({failures}) >= %(attempts)s
+    AND {failures}[cardinality({failures}) - %(attempts)s + 1] > clock_timestamp() - make_interval(secs => %(window)s)
+    THEN extract(epoch FROM {failures}[cardinality({failures}) - %(attempts)s + 1]
+                 + make_interval(secs => %(window)s))::float8 END"""
+
+RECORD_AUTH_FAILURE = f"""
+INSERT INTO dygo_auth_failures AS f (address, failures) VALUES (%(address)s, ARRAY[clock_timestamp()])
+ON CONFLICT (address) DO UPDATE SET failures = (
+    SELECT coalesce(array_agg(t ORDER BY t), '{{}}') FROM (
+        SELECT t FROM unnest(f.failures || clock_timestamp()) AS t
+        WHERE t > clock_timestamp() - make_interval(secs => %(window)s)
+        ORDER BY t DESC LIMIT %(attempts)s) AS recent)
+RETURNING {_LOCKED_UNTIL.format(failures="failures")}"""
+
+# Addresses whose newest failure left the window: forgotten (run with each recorded failure).
+TRIM_AUTH_FAILURES = """
+DELETE FROM dygo_auth_failures
+WHERE failures[cardinality(failures)] < clock_timestamp() - make_interval(secs => %(window)s)"""
+
+# One row when the address has failures on record: (locked until, or NULL).
+AUTH_LOCKED_UNTIL = f"""
+SELECT {_LOCKED_UNTIL.format(failures="failures")} FROM dygo_auth_failures WHERE address = %(address)s"""
+
+CLEAR_AUTH_FAILURES = "DELETE FROM dygo_auth_failures WHERE address = %s"

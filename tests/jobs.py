@@ -66,6 +66,11 @@ async def abort(ctx: JobContext, args: dict) -> None:
     raise Abort("bad input, never retry")
 
 
+@job("test.abort_with")
+async def abort_with(ctx: JobContext, args: dict) -> None:
+    raise Abort(str(args.get("message", "")))
+
+
 @job("test.retry_after", max_attempts=2)
 async def retry_after(ctx: JobContext, args: dict) -> None:
     raise RetryAfter("come back later", delay=30)

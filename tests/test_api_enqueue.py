@@ -42,7 +42,7 @@ def test_idempotency_key_header_is_the_same_mechanism(api):
     assert first.json()["id"] == again.json()["id"] == body_key.json()["id"]
     assert again.json()["deduplicated"] is True
     clash = api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "idempotency_key": "other"}, headers=headers)
-    assert clash.status_code == 422 and clash.json()["error"]["code"] == "invalid_option"
+    assert clash.status_code == 409 and clash.json()["error"]["code"] == "idempotency_key_mismatch"
 
 
 def test_idempotency_ttl_holds_the_key_after_the_job_finished(api, conn):

@@ -14,9 +14,9 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from store import enqueue
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import ADMIN_TOKEN, TEST_CONFIG
 
-# DYGO_FUZZ_EXAMPLES=500 for a deeper run.
+# DYGO_FUZZ_EXAMPLES=500 for a deeper run; DYGO_FUZZ_SEED picks the CLI run's seed (15 by default).
 EXAMPLES_PER_OPERATION = int(os.environ.get("DYGO_FUZZ_EXAMPLES", "25"))
 
 
@@ -55,3 +55,33 @@ def test_no_generated_request_gets_a_server_error(api_schema, module_api):
         no_server_error()
         checked.append(f"{operation.method.upper()} {operation.path}")
     assert "POST /api/v1/jobs" in checked and "GET /api/v1/jobs" in checked and len(checked) >= 20
+
+
+def test_schemathesis_with_every_check_finds_nothing(serve, db_url, tmp_path):
+    """The CLI, every check (status codes, content types, headers, response schemas, negative data
+    refused and positive data accepted, auth enforced, 405 with the right Allow, ...) in every phase:
+    the document says what the server does. `ignored_auth` sends wrong tokens on purpose, so this
+    service's failed-token limit is raised (config in a copy of tests/config). PostgreSQL text holds no
+    NUL and UTF-8 no lone surrogate: generated strings leave both out (the server refuses them, 422)."""
+    import shutil
+    import subprocess
+    import sys
+
+    import psycopg
+
+    config = tmp_path / "config"
+    shutil.copytree(TEST_CONFIG, config)
+    with (config / "dygo.yml").open("a") as settings:
+        settings.write("failed_token_limit: 100000\n")
+    api = serve(DYGO_CONFIG_DIR=str(config))
+    with psycopg.connect(db_url, autocommit=True) as conn:  # a few rows, so ids and cursors find something
+        for n in range(5):
+            enqueue(conn, "test.record", {"seconds": n}, delay="1h" if n % 2 else None)
+    command = [sys.executable, "-m", "schemathesis.cli", "run", f"{api.url}/openapi.json", "--checks", "all",
+               "-H", f"Authorization: Bearer {ADMIN_TOKEN}", "--max-examples", str(EXAMPLES_PER_OPERATION),
+               "--request-timeout", "70", "--seed", os.environ.get("DYGO_FUZZ_SEED", "15"), "--workers", "1",
+               "--no-color",
+               "--generation-allow-x00", "false", "--generation-codec", "utf-8"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-20000:]

@@ -101,8 +101,9 @@ class Executor:
             return Unsuccessful(job, "dead", error=error, traceback=trace)
         if job.attempt >= job.max_attempts:
             if isinstance(exc, Reportable):
-                log.error("REPORTABLE job %s %s is dead after %s attempts: %s\n%s",
-                          job.id, job.kind, job.attempt, error, trace)
+                # The traceback follows as indented lines in text (dygo.logs.TextFormatter), as a field in JSON.
+                log.error("REPORTABLE job %s %s is dead after %s attempts: %s", job.id, job.kind, job.attempt, error,
+                          extra={"block": trace, "fields": {"job_id": job.id, "kind": job.kind, "traceback": trace}})
             return Unsuccessful(job, "dead", error=error, traceback=trace)
         delay = exc.delay if isinstance(exc, RetryAfter) else retry_delay(job.id, job.attempt, definition.retry_backoff)
         return Unsuccessful(job, "pending", delay=delay, error=error, traceback=trace)

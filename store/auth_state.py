@@ -1,0 +1,49 @@
+"""What `dygo serve` remembers about authentication, in the database so every process agrees.
+
+Dashboard sessions that are signed in (signing out deletes one: a copied cookie dies with it), and
+failed tokens per client address (a lock-out shared by the API and the dashboard's sign-in, across
+processes and restarts). Statements in store/queries.py.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from store import queries
+
+
+def start_session(conn: psycopg.Connection, sid: str, role: str, expires: float) -> None:
+    """Record a signed-in session (expires: epoch seconds), forgetting the expired ones."""
+    with conn.transaction():
+        conn.execute(queries.TRIM_DASHBOARD_SESSIONS)
+        conn.execute(queries.INSERT_DASHBOARD_SESSION, (sid, role, expires))
+
+
+def session_role(conn: psycopg.Connection, sid: str) -> str | None:
+    """The role of a signed-in, unexpired session; None once it was ended (or never started)."""
+    row = conn.execute(queries.DASHBOARD_SESSION_ROLE, (sid,)).fetchone()
+    return row[0] if row else None
+
+
+def end_session(conn: psycopg.Connection, sid: str) -> None:
+    conn.execute(queries.END_DASHBOARD_SESSION, (sid,))
+
+
+def failed_attempt(conn: psycopg.Connection, address: str, attempts: int, window: float) -> float | None:
+    """Count a wrong token from this address; when it may try again (epoch seconds) if it is now locked out."""
+    params = {"address": address, "attempts": attempts, "window": window}
+    with conn.transaction():
+        until = conn.execute(queries.RECORD_AUTH_FAILURE, params).fetchone()[0]
+        conn.execute(queries.TRIM_AUTH_FAILURES, params)
+    return until
+
+
+def locked_until(conn: psycopg.Connection, address: str, attempts: int, window: float) -> tuple[bool, float | None]:
+    """(whether the address has failures on record, when it may try again if it is locked out now)."""
+    row = conn.execute(queries.AUTH_LOCKED_UNTIL, {"address": address, "attempts": attempts,
+                                                   "window": window}).fetchone()
+    return (row is not None, row[0] if row else None)
+
+
+def clear_failures(conn: psycopg.Connection, address: str) -> None:
+    conn.execute(queries.CLEAR_AUTH_FAILURES, (address,))
