@@ -39,6 +39,10 @@ jobs: [jobs]
 # stats_retention: 90d        # daily stats rows (0 = keep)
 # retention_interval: 60s     # how often one worker of the cluster trims
 #
+# allowed_hosts: [jobs.example.com]   # Host names `dygo serve` answers besides its bound address
+# failed_token_limit: 5       # wrong tokens from one client address before a lock-out (429)
+# failed_token_window: 5m     # ... within this window
+#
 # API tokens: prefer the DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN environment variables, or keep this
 # file out of version control. `dygo serve` needs a token anywhere but development on localhost.
 # api_tokens:
