@@ -539,6 +539,23 @@ def scenario_terminate(lab: Lab, plan: Plan, rng: random.Random) -> Report:
     return report
 
 
+def running_a_long_job(conn: psycopg.Connection, worker: WorkerProcess, seconds: float, count: int,
+                       timeout: float = 10.0) -> None:
+    """Make sure the deploy about to stop `worker` catches a long job: a deploy that catches none proves
+    nothing, and with long jobs spread at random among short ones some deploys caught none (a flaky test).
+    Unless it already runs one, `count` long jobs jump the queue and this waits until it has claimed one."""
+    mine = ("SELECT EXISTS (SELECT FROM dygo_jobs WHERE state = 'active' AND kind = 'chaos.work' "
+            "AND (args->>'seconds')::float8 = %s AND split_part(lease_owner, ':', 2) = %s)")
+    if conn.execute(mine, (seconds, str(worker.pid))).fetchone()[0]:
+        return
+    enqueue_many(conn, [JobRequest("chaos.work", {"seconds": seconds}, priority=10) for _ in range(count)])
+    deadline = time.monotonic() + timeout
+    while not conn.execute(mine, (seconds, str(worker.pid))).fetchone()[0]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker pid {worker.pid} claimed none of {count} long jobs in {timeout:g}s")
+        time.sleep(0.02)
+
+
 def scenario_deploy(lab: Lab, plan: Plan, rng: random.Random, long_seconds: float = 3.0) -> Report:
     """4. Rolling deploys with long jobs: start a new worker, SIGTERM the oldest. Jobs that cannot
     finish within the shutdown timeout are handed straight back and restarted by another worker."""
@@ -556,6 +573,7 @@ def scenario_deploy(lab: Lab, plan: Plan, rng: random.Random, long_seconds: floa
             nonlocal handed_back
             workers.append(lab.worker(url, concurrency=plan.concurrency))
             old = workers.pop(0)
+            running_a_long_job(conn, old, long_seconds, plan.concurrency)
             sent = time.monotonic()
             old.process.send_signal(signal.SIGTERM)
             exit_codes.append(old.process.wait(SHUTDOWN_TIMEOUT + 30))
