@@ -8,15 +8,14 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 
-from app.db import Conn
+from app.db import Conn, database
 from app.errors import ApiError, documented
 from app.schemas import BatchEnqueued, BatchRequest, Enqueued, EnqueueRequest, Job, JobPage, JobState
 from store import admin, inspect, tracing
 from store.durations import parse_duration
 from store.enqueue import Enqueued as EnqueueResult
-from store.enqueue import JobRequest, enqueue, enqueue_many
+from store.enqueue import JobRequest, aenqueue, aenqueue_many
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=documented(401, 403, 413, 503))
 
@@ -35,8 +34,8 @@ def _enqueued(result: EnqueueResult) -> dict[str, Any]:
 @router.post("/jobs", status_code=201, response_model=Enqueued, summary="Enqueue a job",
              responses={200: {"model": Enqueued, "description": "Deduplicated: a live job already holds the key"},
                         **documented(400, 409, 422)})
-def enqueue_job(
-    body: EnqueueRequest, conn: Conn, request: Request,
+async def enqueue_job(
+    body: EnqueueRequest, request: Request,
     idempotency_header: Annotated[str | None, Header(
         alias="Idempotency-Key", description="Same as the body's idempotency_key")] = None,
 ) -> JSONResponse:
@@ -45,20 +44,24 @@ def enqueue_job(
         if options.get("idempotency_key", idempotency_header) != idempotency_header:
             raise ApiError(422, "invalid_option", "the Idempotency-Key header and the body's idempotency_key differ")
         options["idempotency_key"] = idempotency_header
+    # Async on the hot pool (app/db.py): no thread hop, and a waiting request holds no thread.
     with tracing.incoming(request.headers):  # the caller's traceparent, if any, parents the enqueue span
-        result = enqueue(conn, body.kind, body.args, **options)
+        async with database(request).connection() as conn:
+            result = await aenqueue(conn, body.kind, body.args, **options)
     return JSONResponse(_enqueued(result), status_code=200 if result.deduplicated else 201)
 
 
 @router.post("/jobs/batch", status_code=201, response_model=BatchEnqueued, summary="Enqueue many jobs, all or nothing",
              responses=documented(400, 409, 422))
-def enqueue_batch(body: BatchRequest, conn: Conn, request: Request) -> dict[str, Any]:
+async def enqueue_batch(body: BatchRequest, request: Request) -> dict[str, Any]:
     most = request.app.state.settings.max_batch_size
     if len(body.jobs) > most:
         raise ApiError(422, "batch_too_large", f"a batch holds at most {most} jobs (max_batch_size), "
                        f"got {len(body.jobs)}", {"max": most, "got": len(body.jobs)})
+    jobs = [JobRequest(job.kind, job.args, **_options(job)) for job in body.jobs]
     with tracing.incoming(request.headers):
-        results = enqueue_many(conn, [JobRequest(job.kind, job.args, **_options(job)) for job in body.jobs])
+        async with database(request).connection() as conn:
+            results = await aenqueue_many(conn, jobs)
     return {"jobs": [_enqueued(result) for result in results]}
 
 
@@ -111,18 +114,18 @@ async def get_job(
         "Wait up to this long (e.g. '30s', '500ms', at most 60s) for the job to be succeeded, dead or "
         "cancelled; the answer comes as soon as it is, or at the end of the wait with the job as it is then"))] = None,
 ) -> dict[str, Any]:
-    pool = request.app.state.pool
+    db = database(request)
 
-    def read() -> dict[str, Any] | None:
+    async def read() -> dict[str, Any] | None:
         # A pooled connection per read, not per request: a waiting request holds none.
-        with pool.connection() as conn:
-            return inspect.get_job(conn, job_id)
+        async with db.connection() as conn:
+            return await inspect.aget_job(conn, job_id)
 
     seconds = _wait_seconds(wait)
     if seconds:
         job = await request.app.state.waiters.wait(job_id, seconds, read)
     else:
-        job = await run_in_threadpool(read)
+        job = await read()
     if job is None:
         raise ApiError(404, "job_not_found", f"no job with id {job_id}")
     return job

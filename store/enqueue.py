@@ -247,18 +247,28 @@ def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[s
         return _enqueue_batch(conn, jobs)
 
 
-def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+def _prepare_batch(jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[dict[str, Any]]:
     trace = tracing.carrier()  # once for the batch: every job carries the same context
-    rows = [_prepare_in_batch(index, request, trace) for index, request in enumerate(_requests(jobs))]
+    return [_prepare_in_batch(index, request, trace) for index, request in enumerate(_requests(jobs))]
+
+
+def _split_batch(rows: list[dict[str, Any]]) -> tuple[list[int], list[int], list[int]]:
+    """Positions of the rows with a windowed key, of the plain rows (COPY), of the rows with a live key."""
+    windowed = [i for i, row in enumerate(rows) if row["ttl"] is not None]
+    plain = [i for i, row in enumerate(rows) if row["ttl"] is None and row["key"] is None]
+    keyed = [i for i, row in enumerate(rows) if row["ttl"] is None and row["key"] is not None]
+    return windowed, plain, keyed
+
+
+def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+    rows = _prepare_batch(jobs)
     results: dict[int, Enqueued] = {}
     if not rows:
         return []
+    windowed, plain, keyed = _split_batch(rows)
     with conn.transaction():
-        for i, row in enumerate(rows):
-            if row["ttl"] is not None:
-                results[i] = _insert_one(conn, row)
-        plain = [i for i, row in enumerate(rows) if row["ttl"] is None and row["key"] is None]
-        keyed = [i for i, row in enumerate(rows) if row["ttl"] is None and row["key"] is not None]
+        for i in windowed:
+            results[i] = _insert_one(conn, rows[i])
         db_now, ids = conn.execute(queries.RESERVE_JOB_IDS, (len(plain) + len(keyed),)).fetchone()
         if plain:
             with conn.cursor().copy(queries.COPY_JOBS) as copy:
@@ -302,3 +312,38 @@ async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> En
         if existing is not None:
             return Enqueued(existing[0], True, existing[1])
     raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
+
+
+async def aenqueue_many(conn: psycopg.AsyncConnection,
+                        jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+    """`enqueue_many` for an AsyncConnection: the same statements, COPY included, in one transaction."""
+    with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
+        rows = _prepare_batch(jobs)
+        if not rows:
+            return []
+        results: dict[int, Enqueued] = {}
+        windowed, plain, keyed = _split_batch(rows)
+        async with conn.transaction():
+            for i in windowed:
+                results[i] = await _ainsert_one(conn, rows[i])
+            cursor = await conn.execute(queries.RESERVE_JOB_IDS, (len(plain) + len(keyed),))
+            db_now, ids = await cursor.fetchone()
+            if plain:
+                async with conn.cursor().copy(queries.COPY_JOBS) as copy:
+                    for job_id, i in zip(ids, plain, strict=False):
+                        values = _copy_row(job_id, rows[i], db_now)
+                        await copy.write_row(values)
+                        results[i] = Enqueued(job_id, False, values[6])
+            if keyed:
+                keyed_ids = ids[len(plain):]
+                params = _keyed_params(keyed_ids, [rows[i] for i in keyed], db_now)
+                inserted = {r[0] for r in await (await conn.execute(queries.INSERT_JOBS_UNLESS_LIVE_KEY,
+                                                                     params)).fetchall()}
+                found = await conn.execute(queries.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in keyed],))
+                holders = dict(await found.fetchall())
+                for job_id, run_at, i in zip(keyed_ids, params["run_ats"], keyed, strict=True):
+                    if job_id in inserted:
+                        results[i] = Enqueued(job_id, False, run_at)
+                    else:
+                        results[i] = Enqueued(holders[rows[i]["key"]], True, None)
+        return [results[i] for i in range(len(rows))]
