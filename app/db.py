@@ -99,6 +99,35 @@ def _check(conn: psycopg.Connection) -> None:
         ConnectionPool.check_connection(conn)
 
 
+def _reporting(base: type, outage: OutageLog) -> type:
+    """`base` (psycopg's Connection or AsyncConnection) whose failed connects start a logged outage at
+    once, so requests arriving meanwhile wait OUTAGE_WAIT for their 503 rather than POOL_TIMEOUT."""
+
+    def lost(exc: psycopg.OperationalError) -> None:
+        outage.lost("opening a database connection", exc)
+
+    if issubclass(base, psycopg.AsyncConnection):
+        class AsyncReporting(base):  # type: ignore[misc, valid-type]
+            @classmethod
+            async def connect(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+                try:
+                    return await super().connect(*args, **kwargs)
+                except psycopg.OperationalError as exc:
+                    lost(exc)
+                    raise
+        return AsyncReporting
+
+    class Reporting(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def connect(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+            try:
+                return super().connect(*args, **kwargs)
+            except psycopg.OperationalError as exc:
+                lost(exc)
+                raise
+    return Reporting
+
+
 class Gate:
     """At most `size` holders at once; others wait in FIFO order, at most `max_waiting` of them, each for
     at most `timeout` seconds. An asyncio object: waiting costs a future, not a thread."""
@@ -134,9 +163,11 @@ class Database:
         self.size, self.outage = size, outage
         kwargs = {"autocommit": True, "application_name": APPLICATION_NAME, **connect_kwargs()}
         self.apool = AsyncConnectionPool(url, min_size=1, max_size=hot, timeout=POOL_TIMEOUT,
-                                         max_waiting=MAX_WAITING, check=_acheck, kwargs=kwargs, open=False)
+                                         max_waiting=MAX_WAITING, check=_acheck, kwargs=kwargs, open=False,
+                                         connection_class=_reporting(psycopg.AsyncConnection, outage))
         self.pool = ConnectionPool(url, min_size=1, max_size=other, timeout=POOL_TIMEOUT,
-                                   check=_check, kwargs=kwargs, open=False)
+                                   check=_check, kwargs=kwargs, open=False,
+                                   connection_class=_reporting(psycopg.Connection, outage))
         self.gate = Gate(other, MAX_WAITING, POOL_TIMEOUT)
         # Connection hand-outs and returns of the sync pool run here, never in the endpoints' threads.
         self.handoff = anyio.CapacityLimiter(other + 1)
