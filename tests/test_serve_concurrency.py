@@ -54,6 +54,10 @@ async def _mixed_clients(url: str, job_id: int) -> tuple[collections.Counter[int
                     reply = await client.get("/api/v1/jobs", params={"limit": 5}, headers=read)
                 else:
                     reply = await client.get("/api/v1/workers", headers=read)
+            except httpx.TransportError as exc:
+                statuses[0] += 1
+                problems.append(f"no answer: {type(exc).__name__}: {exc}")
+                return
             finally:
                 in_flight -= 1
             statuses[reply.status_code] += 1
