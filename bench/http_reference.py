@@ -8,8 +8,9 @@ so access lines are written the same way). No auth, no validation beyond the bod
 tracing, no idempotency: what is left is the HTTP stack, the driver and PostgreSQL.
 
 - POST /jobs  {"kind", "args"}: store.queries.INSERT_JOB, the statement of dygo's single enqueue;
-- POST /jobs/batch  {"jobs": [{"kind", "args"}, ...]}: the same statement for each job, pipelined
-  by psycopg's executemany in one transaction.
+- POST /jobs/batch  {"jobs": [{"kind", "args"}, ...]}: one INSERT of all the rows (unnest of one array
+  per column), one round trip: faster than 100 pipelined single INSERTs, which an earlier version of
+  this reference used.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ from pydantic import BaseModel  # noqa: E402
 
 from dygo.logs import configure_logging  # noqa: E402
 from store.queries import INSERT_JOB  # noqa: E402
+
+# The reference's own statement (bench-only): the rows of INSERT_JOB, all in one statement.
+INSERT_JOBS = """
+INSERT INTO dygo_jobs (kind, queue, args, meta, priority, run_at, max_attempts)
+SELECT kind, 'default', args, '{}', 0, now(), 20 FROM unnest(%s::text[], %s::jsonb[]) AS t(kind, args)
+RETURNING id, run_at"""
 
 
 class Job(BaseModel):
@@ -67,14 +74,12 @@ def create_app(url: str, pool_size: int) -> FastAPI:
 
     @app.post("/jobs/batch", status_code=201)
     async def enqueue_batch(batch: Batch) -> dict[str, Any]:
-        async with app.state.pool.connection() as conn, conn.transaction(), conn.cursor() as cursor:
-            await cursor.executemany(INSERT_JOB, [row(job) for job in batch.jobs], returning=True)
-            ids = []
-            while True:
-                ids.append((await cursor.fetchone())[0])
-                if not cursor.nextset():
-                    break
-        return {"jobs": [{"id": job_id, "deduplicated": False} for job_id in ids]}
+        kinds = [job.kind for job in batch.jobs]
+        args = [json.dumps(job.args) for job in batch.jobs]
+        async with app.state.pool.connection() as conn:
+            rows = await (await conn.execute(INSERT_JOBS, (kinds, args))).fetchall()
+        return {"jobs": [{"id": job_id, "deduplicated": False, "run_at": run_at.isoformat()}
+                         for job_id, run_at in rows]}
 
     return app
 

@@ -314,15 +314,31 @@ async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> En
     raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
 
 
+# Up to this many rows without keys go in one INSERT ... unnest statement (one round trip); more, or any
+# keyed row, take the transaction with COPY (four round trips, cheaper per row for big batches).
+PLAIN_BATCH_MAX = 1000
+
+
+def _plain_params(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {"kinds": [r["kind"] for r in rows], "queues": [r["queue"] for r in rows],
+            "args": [r["args"] for r in rows], "metas": [r["meta"] for r in rows],
+            "priorities": [r["priority"] for r in rows], "run_ats": [r["run_at"] for r in rows],
+            "delays": [r["delay"] for r in rows], "max_attempts": [r["max_attempts"] for r in rows]}
+
+
 async def aenqueue_many(conn: psycopg.AsyncConnection,
                         jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
-    """`enqueue_many` for an AsyncConnection: the same statements, COPY included, in one transaction."""
+    """`enqueue_many` for an AsyncConnection, all or nothing. A batch of up to PLAIN_BATCH_MAX jobs without
+    idempotency keys is one statement (INSERT_JOBS); others take the COPY transaction of `enqueue_many`."""
     with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
         rows = _prepare_batch(jobs)
         if not rows:
             return []
-        results: dict[int, Enqueued] = {}
         windowed, plain, keyed = _split_batch(rows)
+        if len(plain) == len(rows) <= PLAIN_BATCH_MAX:
+            inserted = await (await conn.execute(queries.INSERT_JOBS, _plain_params(rows))).fetchall()
+            return [Enqueued(job_id, False, run_at) for job_id, run_at in sorted(inserted)]
+        results: dict[int, Enqueued] = {}
         async with conn.transaction():
             for i in windowed:
                 results[i] = await _ainsert_one(conn, rows[i])

@@ -55,6 +55,17 @@ JOB_BY_WINDOW_KEY = """
 SELECT k.job_id, j.run_at FROM dygo_idempotency_keys k LEFT JOIN dygo_jobs j ON j.id = k.job_id
 WHERE k.key = %s"""
 
+# A batch of rows without keys, up to PLAIN_BATCH_MAX of them, in one statement and one round trip (atomic
+# on its own in autocommit). Each row's id comes from the column default as unnest yields the rows, in
+# the order of the arrays: the caller maps the returned rows to its jobs by id order.
+INSERT_JOBS = """
+INSERT INTO dygo_jobs (kind, queue, args, meta, priority, run_at, max_attempts)
+SELECT kind, queue, args, meta, priority, coalesce(run_at, now() + make_interval(secs => delay)), max_attempts
+FROM unnest(%(kinds)s::text[], %(queues)s::text[], %(args)s::jsonb[], %(metas)s::jsonb[],
+            %(priorities)s::smallint[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
+            %(max_attempts)s::integer[]) AS t(kind, queue, args, meta, priority, run_at, delay, max_attempts)
+RETURNING id, run_at"""
+
 # Batches: ids are reserved first so the rows can be sent with COPY and still reported by id.
 RESERVE_JOB_IDS = "SELECT now(), array(SELECT nextval('dygo_jobs_id_seq') FROM generate_series(1, %s))"
 COPY_JOBS = "COPY dygo_jobs (id, kind, queue, args, meta, priority, run_at, max_attempts) FROM STDIN"
