@@ -8,6 +8,7 @@ Pass a psycopg connection. In autocommit mode each call commits on its own; insi
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -319,11 +320,18 @@ async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> En
 PLAIN_BATCH_MAX = 1000
 
 
-def _plain_params(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    return {"kinds": [r["kind"] for r in rows], "queues": [r["queue"] for r in rows],
-            "args": [r["args"] for r in rows], "metas": [r["meta"] for r in rows],
-            "priorities": [r["priority"] for r in rows], "run_ats": [r["run_at"] for r in rows],
-            "delays": [r["delay"] for r in rows], "max_attempts": [r["max_attempts"] for r in rows]}
+@functools.lru_cache(maxsize=4096)
+def _quoted(name: str) -> str:
+    return json.dumps(name)  # kinds and queues: a few distinct names, quoted once
+
+
+def _plain_rows_json(rows: list[dict[str, Any]]) -> str:
+    """The rows as the JSON array INSERT_JOBS reads; args and meta are JSON text already."""
+    dumps = json.dumps
+    return "[" + ",".join(
+        f'{{"kind":{_quoted(r["kind"])},"queue":{_quoted(r["queue"])},"args":{r["args"]},"meta":{r["meta"]},'
+        f'"priority":{int(r["priority"])},"run_at":{"null" if r["run_at"] is None else dumps(r["run_at"].isoformat())},'
+        f'"delay":{float(r["delay"])!r},"max_attempts":{int(r["max_attempts"])}}}' for r in rows) + "]"
 
 
 async def aenqueue_many(conn: psycopg.AsyncConnection,
@@ -336,7 +344,7 @@ async def aenqueue_many(conn: psycopg.AsyncConnection,
             return []
         windowed, plain, keyed = _split_batch(rows)
         if len(plain) == len(rows) <= PLAIN_BATCH_MAX:
-            inserted = await (await conn.execute(queries.INSERT_JOBS, _plain_params(rows))).fetchall()
+            inserted = await (await conn.execute(queries.INSERT_JOBS, (_plain_rows_json(rows),))).fetchall()
             return [Enqueued(job_id, False, run_at) for job_id, run_at in sorted(inserted)]
         results: dict[int, Enqueued] = {}
         async with conn.transaction():
