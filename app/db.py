@@ -99,31 +99,46 @@ def _check(conn: psycopg.Connection) -> None:
         ConnectionPool.check_connection(conn)
 
 
-def _reporting(base: type, outage: OutageLog) -> type:
-    """`base` (psycopg's Connection or AsyncConnection) whose failed connects start a logged outage at
-    once, so requests arriving meanwhile wait OUTAGE_WAIT for their 503 rather than POOL_TIMEOUT."""
+class Health:
+    """When the database last answered this process (monotonic seconds)."""
 
-    def lost(exc: psycopg.OperationalError) -> None:
-        outage.lost("opening a database connection", exc)
+    def __init__(self) -> None:
+        self.answered_at = 0.0
+
+    def answered(self) -> None:
+        self.answered_at = time.monotonic()
+
+
+def _reporting(base: type, outage: OutageLog, health: Health) -> type:
+    """`base` (psycopg's Connection or AsyncConnection) whose failed connects start a logged outage at
+    once, so requests arriving meanwhile wait OUTAGE_WAIT for their 503 rather than POOL_TIMEOUT. An
+    attempt that began before the database last answered is old news (a pool's retry in flight while
+    the outage ended) and starts nothing."""
+
+    def lost(exc: psycopg.OperationalError, began: float) -> None:
+        if began > health.answered_at:
+            outage.lost("opening a database connection", exc)
 
     if issubclass(base, psycopg.AsyncConnection):
         class AsyncReporting(base):  # type: ignore[misc, valid-type]
             @classmethod
             async def connect(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+                began = time.monotonic()
                 try:
                     return await super().connect(*args, **kwargs)
                 except psycopg.OperationalError as exc:
-                    lost(exc)
+                    lost(exc, began)
                     raise
         return AsyncReporting
 
     class Reporting(base):  # type: ignore[misc, valid-type]
         @classmethod
         def connect(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+            began = time.monotonic()
             try:
                 return super().connect(*args, **kwargs)
             except psycopg.OperationalError as exc:
-                lost(exc)
+                lost(exc, began)
                 raise
     return Reporting
 
@@ -161,13 +176,14 @@ class Database:
     def __init__(self, url: str, size: int, outage: OutageLog) -> None:
         hot, other = split_pool(size)
         self.size, self.outage = size, outage
+        self.health = Health()
         kwargs = {"autocommit": True, "application_name": APPLICATION_NAME, **connect_kwargs()}
         self.apool = AsyncConnectionPool(url, min_size=1, max_size=hot, timeout=POOL_TIMEOUT,
                                          max_waiting=MAX_WAITING, check=_acheck, kwargs=kwargs, open=False,
-                                         connection_class=_reporting(psycopg.AsyncConnection, outage))
+                                         connection_class=_reporting(psycopg.AsyncConnection, outage, self.health))
         self.pool = ConnectionPool(url, min_size=1, max_size=other, timeout=POOL_TIMEOUT,
                                    check=_check, kwargs=kwargs, open=False,
-                                   connection_class=_reporting(psycopg.Connection, outage))
+                                   connection_class=_reporting(psycopg.Connection, outage, self.health))
         self.gate = Gate(other, MAX_WAITING, POOL_TIMEOUT)
         # Connection hand-outs and returns of the sync pool run here, never in the endpoints' threads.
         self.handoff = anyio.CapacityLimiter(other + 1)
@@ -202,7 +218,7 @@ class Database:
         finally:
             self.lent -= 1
             await self.apool.putconn(conn)
-        self.outage.back()  # reached only when the request's database work went through
+        self._answered()  # reached only when the request's database work went through
 
     @asynccontextmanager
     async def sync_connection(self) -> AsyncIterator[psycopg.Connection]:
@@ -223,6 +239,10 @@ class Database:
                         await anyio.to_thread.run_sync(self.pool.putconn, conn, limiter=self.handoff)
         except Saturated as exc:
             raise self.unavailable(exc, busy=True) from None
+        self._answered()
+
+    def _answered(self) -> None:
+        self.health.answered()
         self.outage.back()
 
     @asynccontextmanager
