@@ -181,3 +181,29 @@ def test_a_bad_pool_size_or_web_concurrency_is_refused_before_starting(spawn, db
         process = spawn("serve", "--port", "0", env=dygo_env(db_url, **env))
         assert process.wait() == 2
         assert fragment in process.stderr()
+
+
+def test_a_process_saturated_past_its_wait_limit_answers_503_saturated_and_logs_no_outage(serve, conn):
+    import concurrent.futures
+
+    from app.db import POOL_TIMEOUT
+
+    api = serve("--pool-size", "2")  # the hot paths get one connection
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        with conn.transaction():
+            # The first enqueue holds the only hot connection, waiting for this lock; the second waits for
+            # that connection longer than POOL_TIMEOUT with the database healthy.
+            conn.execute("LOCK TABLE dygo_jobs IN ACCESS EXCLUSIVE MODE")
+            first = pool.submit(api.admin.post, "/api/v1/jobs", json={"kind": "test.noop"}, timeout=60)
+            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_locks WHERE relation = 'dygo_jobs'::regclass "
+                                            "AND NOT granted").fetchone()[0] == 1, message="the first to wait")
+            second = pool.submit(api.admin.post, "/api/v1/jobs", json={"kind": "test.noop"}, timeout=60)
+            saturated = second.result(timeout=POOL_TIMEOUT + 30)
+        assert first.result(timeout=30).status_code == 201
+    assert saturated.status_code == 503
+    assert saturated.json()["error"]["code"] == "database_unavailable"
+    assert saturated.json()["error"]["details"] == {"reason": "saturated"}
+    assert saturated.headers["Retry-After"] == "1"
+    log = api.process.stderr()
+    assert "serve is saturated" in log and "database connection lost" not in log
+    assert api.admin.post("/api/v1/jobs", json={"kind": "test.noop"}).status_code == 201
