@@ -225,11 +225,11 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
     lifecycle.info("dygo serve: http://%s:%s (API docs at /docs)", host, port,
                    extra={"fields": {"event": "listening", "host": host, "port": port}})
+    lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
     lifecycle.info("dygo serve: %d web process%s, up to %d database connections each for requests "
                    "(+1 for ?wait=)", processes, "" if processes == 1 else "es", settings.serve_pool_size,
                    extra={"fields": {"event": "capacity", "web_processes": processes,
                                      "pool_size": settings.serve_pool_size}})
-    lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
     signal.signal(signal.SIGTERM, flush_then_die)  # uvicorn re-raises it after its graceful stop
