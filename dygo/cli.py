@@ -252,9 +252,23 @@ def web_process_app() -> Any:
     from store.db import database_url
     from store.registry import load_jobs
 
+    _die_with_supervisor()
     settings = load_settings()
     configure_logging(resolve_log_format(None, settings.env))
     return create_app(settings, load_jobs(settings), database_url(settings))
+
+
+def _die_with_supervisor() -> None:
+    """Linux: this web process gets SIGTERM (a graceful stop) when the supervising `dygo serve` dies, even
+    by SIGKILL, so no orphan keeps serving the port. Elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the supervisor died before prctl
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _auth_summary(settings: Settings) -> str:

@@ -163,7 +163,14 @@ def _children(pid: int) -> list[int]:
 def test_web_concurrency_starts_that_many_web_processes_sharing_the_port(serve, conn):
     api = serve(WEB_CONCURRENCY="2", DYGO_SERVE_POOL_SIZE="2")
     assert "2 web processes, up to 2 database connections each" in api.process.wait_for_line("web process")
-    wait_until(lambda: len(_children(api.process.process.pid)) >= 2, message="two web processes")
+    # uvicorn's supervisor starts the web processes (and multiprocessing's resource tracker).
+    def web_processes() -> list[int]:
+        return [pid for pid in _children(api.process.process.pid)
+                if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+
+    wait_until(lambda: len(web_processes()) >= 2, message="two web processes")
+    web = web_processes()
+    assert len(web) == 2
     replies = [api.admin.post("/api/v1/jobs", json={"kind": "test.noop"}) for _ in range(20)]
     assert {reply.status_code for reply in replies} == {201}
     clients: set[Any] = set()
@@ -175,6 +182,9 @@ def test_web_concurrency_starts_that_many_web_processes_sharing_the_port(serve, 
         return len(clients) >= 2
 
     wait_until(both_connected, message="each web process to hold its own LISTEN connection")
+    # A supervisor killed outright leaves no orphan serving the port.
+    api.process.stop()
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in web), message="the web processes to end")
 
 
 def test_a_bad_pool_size_or_web_concurrency_is_refused_before_starting(spawn, db_url):
