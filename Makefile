@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint docs bench bench-dashboard bench-fleet bench-snapshot chaos stop-db browsers
+.PHONY: run test setup lint docs bench bench-http bench-dashboard bench-fleet bench-snapshot chaos stop-db browsers
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -55,6 +55,11 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/run.py
+
+# POST /api/v1/jobs and /jobs/batch under 1-256 concurrent clients (hey), beside a bare FastAPI endpoint.
+bench-http: setup
+	@command -v hey > /dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hey; } || true
+	$(BIN)/python bench/http_bench.py
 
 # Seeds 1,000,000 jobs in bench_dashboard (embedded server) and times every dashboard page.
 bench-dashboard: setup

@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterable
 
 import psycopg
-from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.db import DatabaseUnavailable, unavailable_response
 from app.errors import error_response
 from app.throttle import AuthThrottle
 from store.config import TOKEN_ENV, Settings
@@ -111,10 +111,12 @@ class BearerAuth:
         throttle: AuthThrottle = state.auth_throttle
         address = scope["client"][0] if scope.get("client") else "unknown"
         try:
-            until = await run_in_threadpool(throttle.failed if role is None else throttle.admit, address)
+            until = await (throttle.failed(address) if role is None else throttle.admit(address))
+        except DatabaseUnavailable as exc:
+            return unavailable_response(exc)
         except psycopg.OperationalError as exc:
             state.outage.lost(f"{scope['method']} {scope['path']} (token throttle)", exc)
-            return error_response(503, "database_unavailable", "the database is not reachable; try again shortly")
+            return unavailable_response(DatabaseUnavailable("down", exc))
         if until is not None:
             return locked_out(until, throttle)
         if role is None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlencode
 
+import psycopg
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -62,27 +63,31 @@ class LoginRequired(Exception):
 
 
 class Visitor:
-    """Who is asking. `verify` (every page and action; blocking, so from a thread) checks a signed-in
-    session against the database and the configured tokens; error pages skip it (they show nothing)."""
+    """Who is asking, from the session cookie. `verify` (every page and action, through the `visitor`
+    dependency) checks a signed-in session against the database and the configured tokens; error pages
+    skip it (they show nothing)."""
 
-    def __init__(self, request: Request, verify: bool = True) -> None:
+    def __init__(self, request: Request) -> None:
         state = request.app.state
         self.state = state
         self.tokens: Tokens = state.dashboard_tokens
         self.signer: Signer = state.dashboard_signer
         found = Session.read(self.signer, request.cookies.get(SESSION_COOKIE))
-        if found is not None and found.role is not None and self.tokens.enabled and verify \
-                and not self._still_signed_in(found):
-            found = None  # signed out, or its token rotated out: a fresh, anonymous session
         self.session = found or Session.new()
         self.fresh = found is None
         self.secure = request.url.scheme == "https"
 
-    def _still_signed_in(self, session: Session) -> bool:
-        if self.tokens.role_of_fingerprint(session.token) != session.role:
-            return False
-        with self.state.pool.connection() as conn:
-            return auth_state.session_role(conn, session.sid) == session.role
+    async def verify(self) -> None:
+        """Signed out, or its token rotated out: a fresh, anonymous session. On the event loop, with the
+        hot async pool: a page's thread never waits for a connection (app/db.py)."""
+        session = self.session
+        if session.role is None or not self.tokens.enabled:
+            return
+        if self.tokens.role_of_fingerprint(session.token) == session.role:
+            async with self.state.db.connection() as conn:
+                if await auth_state.asession_role(conn, session.sid) == session.role:
+                    return
+        self.session, self.fresh = Session.new(), True
 
     @property
     def role(self) -> str | None:
@@ -96,17 +101,15 @@ class Visitor:
     def csrf(self) -> str:
         return self.signer.csrf_token(self.session.sid)
 
-    def start(self, role: str, token: str) -> None:
+    def start(self, conn: psycopg.Connection, role: str, token: str) -> None:
         """A new session id at login, so a session id planted before it is worthless after; recorded in
         the database, where signing out deletes it."""
         self.session, self.fresh = Session.new(role, self.tokens.fingerprint(token)), True
-        with self.state.pool.connection() as conn:
-            auth_state.start_session(conn, self.session.sid, role, self.session.expires)
+        auth_state.start_session(conn, self.session.sid, role, self.session.expires)
 
-    def end(self) -> None:
+    def end(self, conn: psycopg.Connection) -> None:
         if self.session.role is not None and self.tokens.enabled:
-            with self.state.pool.connection() as conn:
-                auth_state.end_session(conn, self.session.sid)
+            auth_state.end_session(conn, self.session.sid)
         self.session, self.fresh = Session.new(), True
 
     def keep(self, response: Response) -> Response:
@@ -116,13 +119,15 @@ class Visitor:
         return response
 
 
-def visitor(request: Request) -> Visitor:
-    return Visitor(request)
+async def visitor(request: Request) -> Visitor:
+    who = Visitor(request)
+    await who.verify()
+    return who
 
 
-def signed_in(request: Request) -> Visitor:
+async def signed_in(request: Request) -> Visitor:
     """The visitor of a page: logged in, or sent to the login page."""
-    who = visitor(request)
+    who = await visitor(request)
     if who.role is None:
         raise LoginRequired()
     return who
@@ -178,7 +183,7 @@ def redirect(who: Visitor, to: str, message: str, level: str = "ok") -> Response
 
 
 def error_page(request: Request, status: int, title: str, message: str) -> Response:
-    who = Visitor(request, verify=False)  # from exception handlers (the event loop), maybe with the database down
+    who = Visitor(request)  # unverified: from exception handlers, maybe with the database down
     return templates.TemplateResponse(request, "error.html", {
         "who": who, "csrf": who.csrf, "flash": None, "prefix": PREFIX, "title": title, "message": message},
         status_code=status)
@@ -244,29 +249,29 @@ def _locked_out(request: Request, who: Visitor, until: float) -> Response:
 
 
 @router.post("/login")
-def login(request: Request, fields: Fields, who: Annotated[Visitor, Depends(visitor)]) -> Response:
+def login(request: Request, fields: Fields, who: Annotated[Visitor, Depends(visitor)], conn: Conn) -> Response:
     throttle: AuthThrottle = request.app.state.auth_throttle
     address = request.client.host if request.client else "unknown"
-    if who.tokens.enabled and (until := throttle.locked_until(address)) is not None:
+    if who.tokens.enabled and (until := throttle.locked_until_on(conn, address)) is not None:
         return _locked_out(request, who, until)  # even a right token: guessing must not pay off
     checked_form(fields, who)
     token = fields.get("token", "").strip()
     role = who.tokens.role_of(token) if who.tokens.enabled else "admin"
     if role is None:
-        if (until := throttle.failed(address)) is not None:
+        if (until := throttle.failed_on(conn, address)) is not None:
             return _locked_out(request, who, until)
         return render(request, who, "login.html", status=401, next=_next_page(fields.get("next")),
                       error="That token is not valid.")
     if who.tokens.enabled:
-        throttle.succeeded(address)
-        who.start(role, token)
+        throttle.succeeded_on(conn, address)
+        who.start(conn, role, token)
     return redirect(who, _next_page(fields.get("next")), f"Signed in ({role}).")
 
 
 @router.post("/logout")
-def logout(request: Request, fields: Fields, who: Annotated[Visitor, Depends(visitor)]) -> Response:
+def logout(request: Request, fields: Fields, who: Annotated[Visitor, Depends(visitor)], conn: Conn) -> Response:
     checked_form(fields, who)
-    who.end()
+    who.end(conn)
     return redirect(who, PREFIX + "/login", "Signed out.")
 
 

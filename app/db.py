@@ -1,25 +1,301 @@
-"""A pooled database connection per request, for the sync endpoints (FastAPI runs them in threads)."""
+"""How a request reaches the database: two bounded pools, a bounded wait, and the 503 rule.
+
+Why it is built this way (issue 12): the endpoints used to take a pooled connection from a sync
+`yield` dependency. FastAPI enters such a dependency in one threadpool thread and runs the endpoint
+in another, both from the same 40-thread anyio limit. Under 100 concurrent requests all 40 threads
+sat in `pool.getconn()` while the 10 connections were held by requests waiting for a thread to run
+their endpoint: a deadlock that only the pool's 5 s timeout broke, with a false 503 and a false
+"database connection lost" line (sampled: 40 threads in getconn, pool available 0 / waiting 40, and
+the 10 backends idle in pg_stat_activity).
+
+Now nothing holds a connection while it waits for a thread:
+
+* the hot paths (enqueue one and many, read a job, list the queues) are `async` endpoints on a
+  psycopg `AsyncConnectionPool`: no thread at all, and a waiting request is an entry in the pool's
+  queue, not a thread;
+* every other endpoint (sync, run in the threadpool) gets its connection through `Conn`, an async
+  dependency that first takes a slot of an asyncio gate sized to the sync pool, then the
+  connection. A thread therefore never waits for a connection: one is free for every slot.
+
+The 503 rule (docs/operations/scaling-web.md): a request answers 503 `database_unavailable` with
+`Retry-After` when the database is down (a connection or a statement fails, or the pool cannot open
+connections), or when this process is saturated past its documented limits: more than MAX_WAITING
+requests already waiting for a connection, or a wait longer than POOL_TIMEOUT with every connection
+of the pool open and busy. A saturated process does not log a lost database.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import logging
+import select
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated
 
+import anyio
+import anyio.to_thread
 import psycopg
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout, TooManyRequests
 
+from app.errors import error_response
+from store.db import connect_kwargs
+from store.outage import OutageLog
+
+log = logging.getLogger("dygo.serve")
+
+POOL_TIMEOUT = 10.0  # longest a request waits for a connection while every one is busy (then 503)
+MAX_WAITING = 1000  # requests of one process that may wait for a connection of one pool at once (then 503)
 OUTAGE_WAIT = 1.0  # seconds a request waits for a connection while the database is known to be down
+RETRY_AFTER_DOWN = 5  # Retry-After (seconds) of a 503 while the database is down
+RETRY_AFTER_SATURATED = 1  # Retry-After of a 503 when this process is saturated
+SATURATION_LOG_INTERVAL = 60.0  # a saturated process says so at most this often
+APPLICATION_NAME = "dygo-serve"
 
 
-def _connection(request: Request) -> Iterator[psycopg.Connection]:
-    # During a known outage a request waits briefly, so callers get their 503 at once rather than
-    # after the pool's full timeout; the pool keeps reconnecting in the background meanwhile.
-    timeout = OUTAGE_WAIT if request.app.state.outage.down else None
-    with request.app.state.pool.connection(timeout=timeout) as conn:
+def split_pool(size: int) -> tuple[int, int]:
+    """(hot, other): the async pool of the hot paths gets four fifths, the sync pool the rest (at least 1)."""
+    other = max(1, size // 5)
+    return size - other, other
+
+
+DOWN_MESSAGE = "the database is not reachable; try again shortly"
+SATURATED_MESSAGE = "the server is saturated: too many requests wait for a database connection; try again shortly"
+
+
+class Saturated(Exception):
+    """This process has more requests waiting for a connection than its limits allow."""
+
+
+class DatabaseUnavailable(Exception):
+    """Why a request got no database: `reason` is 'down' or 'saturated'."""
+
+    def __init__(self, reason: str, cause: BaseException) -> None:
+        self.reason, self.cause = reason, cause
+        super().__init__(f"{reason}: {cause}")
+
+    @property
+    def retry_after(self) -> int:
+        return RETRY_AFTER_DOWN if self.reason == "down" else RETRY_AFTER_SATURATED
+
+
+def _idle_socket_has_news(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+    """True when the server sent something to an idle connection: its goodbye (a restart, a terminated
+    backend) or a closed socket. A free check, where a round trip per request would cost as much as the
+    enqueue itself."""
+    if conn.closed:
+        return True
+    try:
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.OperationalError):
+        return True
+    return bool(readable)
+
+
+async def _acheck(conn: psycopg.AsyncConnection) -> None:
+    if _idle_socket_has_news(conn):
+        await AsyncConnectionPool.check_connection(conn)  # raises, so the pool replaces the connection
+
+
+def _check(conn: psycopg.Connection) -> None:
+    if _idle_socket_has_news(conn):
+        ConnectionPool.check_connection(conn)
+
+
+class Health:
+    """When the database last answered this process (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.answered_at = 0.0
+
+    def answered(self) -> None:
+        self.answered_at = time.monotonic()
+
+
+def _reporting(base: type, outage: OutageLog, health: Health) -> type:
+    """`base` (psycopg's Connection or AsyncConnection) whose failed connects start a logged outage at
+    once, so requests arriving meanwhile wait OUTAGE_WAIT for their 503 rather than POOL_TIMEOUT. An
+    attempt that began before the database last answered is old news (a pool's retry in flight while
+    the outage ended) and starts nothing."""
+
+    def lost(exc: psycopg.OperationalError, began: float) -> None:
+        if began > health.answered_at:
+            outage.lost("opening a database connection", exc)
+
+    if issubclass(base, psycopg.AsyncConnection):
+        class AsyncReporting(base):  # type: ignore[misc, valid-type]
+            @classmethod
+            async def connect(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+                began = time.monotonic()
+                try:
+                    return await super().connect(*args, **kwargs)
+                except psycopg.OperationalError as exc:
+                    lost(exc, began)
+                    raise
+        return AsyncReporting
+
+    class Reporting(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def connect(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+            began = time.monotonic()
+            try:
+                return super().connect(*args, **kwargs)
+            except psycopg.OperationalError as exc:
+                lost(exc, began)
+                raise
+    return Reporting
+
+
+class Gate:
+    """At most `size` holders at once; others wait in FIFO order, at most `max_waiting` of them, each for
+    at most `timeout` seconds. An asyncio object: waiting costs a future, not a thread."""
+
+    def __init__(self, size: int, max_waiting: int, timeout: float) -> None:
+        self.size, self.max_waiting, self.timeout = size, max_waiting, timeout
+        self.semaphore = asyncio.Semaphore(size)
+        self.waiting = 0
+
+    @asynccontextmanager
+    async def slot(self, timeout: float | None = None) -> AsyncIterator[None]:
+        if self.semaphore.locked() and self.waiting >= self.max_waiting:
+            raise Saturated(f"{self.waiting} requests already wait for a connection (at most {self.max_waiting})")
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(self.timeout if timeout is None else timeout):
+                await self.semaphore.acquire()
+        except TimeoutError:
+            raise Saturated(f"no connection free within {self.timeout if timeout is None else timeout:g}s") from None
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self.semaphore.release()
+
+
+class Database:
+    """The pools of one `dygo serve` process: `apool` (async, hot paths) and `pool` (sync, the rest)."""
+
+    def __init__(self, url: str, size: int, outage: OutageLog) -> None:
+        hot, other = split_pool(size)
+        self.size, self.outage = size, outage
+        self.health = Health()
+        kwargs = {"autocommit": True, "application_name": APPLICATION_NAME, **connect_kwargs()}
+        self.apool = AsyncConnectionPool(url, min_size=1, max_size=hot, timeout=POOL_TIMEOUT,
+                                         max_waiting=MAX_WAITING, check=_acheck, kwargs=kwargs, open=False,
+                                         connection_class=_reporting(psycopg.AsyncConnection, outage, self.health))
+        self.pool = ConnectionPool(url, min_size=1, max_size=other, timeout=POOL_TIMEOUT,
+                                   check=_check, kwargs=kwargs, open=False,
+                                   connection_class=_reporting(psycopg.Connection, outage, self.health))
+        self.gate = Gate(other, MAX_WAITING, POOL_TIMEOUT)
+        # Connection hand-outs and returns of the sync pool run here, never in the endpoints' threads.
+        self.handoff = anyio.CapacityLimiter(other + 1)
+        self.lent = 0  # connections of apool now held by requests
+        self.saturation_logged_at = 0.0
+
+    async def open(self) -> None:
+        # Not waiting for the first connections: serve starts (and /healthz answers) while the
+        # database is still down; requests then get their 503 until it is back.
+        await self.apool.open(wait=False)
+        self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self.apool.close()
+        await anyio.to_thread.run_sync(self.pool.close)
+
+    def _wait(self) -> float | None:
+        # During a known outage a request waits briefly, so callers get their 503 at once rather than
+        # after the full timeout; the pools keep reconnecting in the background meanwhile.
+        return OUTAGE_WAIT if self.outage.down else None
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        """An autocommit AsyncConnection of the hot pool."""
+        try:
+            conn = await self.apool.getconn(timeout=self._wait())
+        except (PoolTimeout, TooManyRequests) as exc:
+            raise self.unavailable(exc, busy=self.lent >= self.apool.max_size) from None
+        self.lent += 1
+        try:
+            yield conn
+        finally:
+            self.lent -= 1
+            await self.apool.putconn(conn)
+        self._answered()  # reached only when the request's database work went through
+
+    @asynccontextmanager
+    async def sync_connection(self) -> AsyncIterator[psycopg.Connection]:
+        """An autocommit sync Connection, for work done in a thread: the gate first, so that getting it
+        never makes a thread wait for another request."""
+        try:
+            async with self.gate.slot(self._wait()):
+                try:
+                    conn = await anyio.to_thread.run_sync(self.pool.getconn, self._wait(), limiter=self.handoff)
+                except PoolTimeout as exc:
+                    # Past the gate a connection is free or being opened: not getting one means the
+                    # database does not accept connections.
+                    raise self.unavailable(exc, busy=False) from None
+                try:
+                    yield conn
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(self.pool.putconn, conn, limiter=self.handoff)
+        except Saturated as exc:
+            raise self.unavailable(exc, busy=True) from None
+        self._answered()
+
+    def _answered(self) -> None:
+        self.health.answered()
+        self.outage.back()
+
+    @asynccontextmanager
+    async def sync_slot(self) -> AsyncIterator[None]:
+        """A slot of the sync pool for code that takes its connection itself (metrics, readiness)."""
+        try:
+            async with self.gate.slot(self._wait()):
+                yield
+        except Saturated as exc:
+            raise self.unavailable(exc, busy=True) from None
+
+    def unavailable(self, exc: BaseException, busy: bool) -> DatabaseUnavailable:
+        """Down or saturated? Saturated when every connection was held by a request of this process (or
+        too many requests already waited); else the pool could not open connections: the database is down."""
+        if isinstance(exc, TooManyRequests) or busy:
+            now = time.monotonic()
+            if now - self.saturation_logged_at >= SATURATION_LOG_INTERVAL:
+                self.saturation_logged_at = now
+                log.warning("serve is saturated: requests wait longer than %gs or more than %d wait for a "
+                            "connection (%s); answering 503 with Retry-After: %ds. Raise serve_pool_size or "
+                            "WEB_CONCURRENCY if the database has room", POOL_TIMEOUT, MAX_WAITING, exc,
+                            RETRY_AFTER_SATURATED)
+            return DatabaseUnavailable("saturated", exc)
+        return DatabaseUnavailable("down", exc)
+
+
+async def _connection(request: Request) -> AsyncIterator[psycopg.Connection]:
+    async with request.app.state.db.sync_connection() as conn:
         yield conn
-    # Reached only when the request's database work went through: ends a logged outage, if any.
-    request.app.state.outage.back()
+
+
+async def _slot(request: Request) -> AsyncIterator[None]:
+    async with request.app.state.db.sync_slot():
+        yield
 
 
 # An autocommit connection: each statement commits on its own unless wrapped in conn.transaction().
+# For sync endpoints (run in the threadpool); the hot paths use `database(request).connection()`.
 Conn = Annotated[psycopg.Connection, Depends(_connection)]
+# A slot of the sync pool, for a sync endpoint that takes its connection from app.state.db.pool itself.
+SyncSlot = Annotated[None, Depends(_slot)]
+
+
+def database(request: Request) -> Database:
+    return request.app.state.db
+
+
+def unavailable_response(exc: DatabaseUnavailable) -> Response:
+    """The API's 503 for `exc`: `details.reason` down or saturated, and a Retry-After."""
+    return error_response(503, "database_unavailable", DOWN_MESSAGE if exc.reason == "down" else SATURATED_MESSAGE,
+                          {"reason": exc.reason}, {"Retry-After": str(exc.retry_after)})

@@ -19,12 +19,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from psycopg_pool import ConnectionPool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from app.auth import BearerAuth, Tokens, check_protection
 from app.dashboard import error_page, install_dashboard, is_dashboard
+from app.db import RETRY_AFTER_DOWN, Database, DatabaseUnavailable, unavailable_response
 from app.docs import install_docs
 from app.errors import ApiError, error_response
 from app.guard import HostRule, Perimeter
@@ -38,6 +38,7 @@ from app.system import router as system_router
 from app.waiting import ResultWaiters
 from store import admin
 from store.config import Settings
+from store.db import direct_url, through_transaction_pooler
 from store.errors import Conflict, EnqueueError, NotFound
 from store.outage import OutageLog
 from store.registry import Registry
@@ -55,22 +56,23 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # check: a connection the database dropped (a restart) is replaced before a request gets it,
-        # at one round trip per request. timeout: while the database is down, a request waits this
-        # long for a connection, then gets its 503.
-        app.state.pool = ConnectionPool(database_url, min_size=1, max_size=10, timeout=5,
-                                        check=ConnectionPool.check_connection,
-                                        kwargs={"autocommit": True, "application_name": "dygo-serve"}, open=True)
-        folder = StatsFolder(app.state.pool, app.state.outage)
+        # The pools of this process (app/db.py): settings.serve_pool_size connections at most.
+        app.state.db = db = Database(database_url, settings.serve_pool_size, app.state.outage)
+        await db.open()
+        folder = StatsFolder(db.pool, app.state.outage)
         folder.start()
-        app.state.waiters = ResultWaiters(database_url, app.state.outage)
+        # LISTEN needs a session: the direct URL when one is given. Through a transaction pooler
+        # without one, waiting requests re-read their job every second instead of being woken.
+        listen_url = direct_url() or database_url
+        poll = 1.0 if through_transaction_pooler() and direct_url() is None else None
+        app.state.waiters = ResultWaiters(listen_url, app.state.outage, poll=poll)
         app.state.waiters.start()
         try:
             yield
         finally:
             await app.state.waiters.stop()
             folder.stop()
-            app.state.pool.close()
+            await db.close()
 
     app = FastAPI(title="dygo", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Durable background jobs on PostgreSQL: the admin API. "
@@ -129,12 +131,26 @@ def install_error_handlers(app: FastAPI) -> None:
             headers = {**(headers or {}), "Allow": allowed_methods(request)}
         return error_response(exc.status_code, code, str(exc.detail), headers=headers)
 
-    @app.exception_handler(psycopg.OperationalError)
-    async def database_down(request: Request, exc: psycopg.OperationalError) -> Response:
-        request.app.state.outage.lost(f"{request.method} {request.url.path}", exc)
+    @app.exception_handler(DatabaseUnavailable)
+    async def database_unavailable(request: Request, exc: DatabaseUnavailable) -> Response:
+        if exc.reason == "down":
+            return await database_down(request, exc.cause)
         if is_dashboard(request):
-            return error_page(request, 503, "Database unavailable", "The database is not reachable; try again shortly.")
-        return error_response(503, "database_unavailable", "the database is not reachable; try again shortly")
+            page = error_page(request, 503, "Server busy", "Too many requests at once; try again shortly.")
+            page.headers["Retry-After"] = str(exc.retry_after)
+            return page
+        return unavailable_response(exc)
+
+    @app.exception_handler(psycopg.OperationalError)
+    async def database_down(request: Request, exc: BaseException) -> Response:
+        request.app.state.outage.lost(f"{request.method} {request.url.path}", exc)
+        headers = {"Retry-After": str(RETRY_AFTER_DOWN)}
+        if is_dashboard(request):
+            page = error_page(request, 503, "Database unavailable",
+                              "The database is not reachable; try again shortly.")
+            page.headers.update(headers)
+            return page
+        return unavailable_response(DatabaseUnavailable("down", exc))
 
     @app.exception_handler(psycopg.DataError)
     async def value_rejected(request: Request, exc: psycopg.DataError) -> Response:
@@ -182,7 +198,7 @@ def validation_error(errors: list[Any]) -> JSONResponse:
 class StatsFolder:
     """Folds the stats and timing deltas into their rollups every FOLD_INTERVAL, in a daemon thread."""
 
-    def __init__(self, pool: ConnectionPool, outage: OutageLog) -> None:
+    def __init__(self, pool: Any, outage: OutageLog) -> None:
         self.pool = pool
         self.outage = outage
         self.stopping = threading.Event()

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.db import SyncSlot
 from app.system import WORKER_SEEN_WITHIN
 from store import admin
 from store.metrics import snapshot
@@ -45,7 +46,7 @@ class DygoCollector(Collector):
         self.state = state  # app.state: the pool exists only once the lifespan has started
 
     def collect(self) -> Iterator[Metric]:
-        with self.state.pool.connection() as conn:
+        with self.state.db.pool.connection() as conn:
             snap = snapshot(conn, self.state.settings.concurrency, WORKER_SEEN_WITHIN)
         jobs = GaugeMetricFamily("dygo_jobs", "Jobs now in each state (succeeded jobs are counted by "
                                  "dygo_jobs_succeeded_total)", labels=["queue", "state"])
@@ -95,5 +96,5 @@ def install_metrics(app: FastAPI) -> None:
 
 @router.get("/metrics", summary="Prometheus metrics, read from the database on each scrape",
             response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-def metrics(request: Request) -> Response:
+def metrics(request: Request, _: SyncSlot) -> Response:
     return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)

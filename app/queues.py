@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import psycopg
 from fastapi import APIRouter, Path, Query, Request
 
-from app.db import Conn
+from app.db import Conn, database
 from app.errors import ApiError, documented
 from app.jobs import api_duration
 from app.schemas import DURATION_PATTERN, PurgeReport, Queue, QueueList, QueueStats, RetryDeadReport, VacuumReport
@@ -39,8 +39,9 @@ def _stats(conn: psycopg.Connection, queue: str | None, days: int, counts: dict[
 
 
 @router.get("/queues", response_model=QueueList, summary="Every queue with its counts by state")
-def list_queues(request: Request, conn: Conn) -> dict[str, Any]:
-    return {"queues": admin.list_queues(conn, _configured(request))}
+async def list_queues(request: Request) -> dict[str, Any]:
+    async with database(request).connection() as conn:
+        return {"queues": await admin.alist_queues(conn, _configured(request))}
 
 
 @router.get("/queues/{name}", response_model=Queue, summary="One queue with its counts by state",

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from fastapi import APIRouter, Request
 
-from app.db import Conn
+from app.db import Conn, SyncSlot
 from app.errors import ApiError, documented, error_response
 from app.schemas import Health, NukeReport, Ready, WorkerList
 from store import admin
@@ -29,9 +29,9 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=Ready, summary="Readiness: the database answers and its schema is current",
             responses=documented(503))
-def readyz(request: Request) -> Any:
+def readyz(request: Request, _: SyncSlot) -> Any:
     try:
-        with request.app.state.pool.connection(timeout=5) as conn:
+        with request.app.state.db.pool.connection(timeout=5) as conn:
             version = admin.check_ready(conn)
     except SchemaError as exc:
         return error_response(503, "not_ready", str(exc), {"check": "schema"})

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
+
 from store import auth_state
 
 LOGIN_ATTEMPTS = 5  # wrong tokens from one address within LOGIN_WINDOW before it is locked out
@@ -17,36 +19,34 @@ LOGIN_WINDOW = 300.0  # seconds
 
 
 class AuthThrottle:
-    """Wrong tokens per client address over a sliding window, in the database. Blocking calls: from a
-    thread (a sync route, or run_in_threadpool)."""
+    """Wrong tokens per client address over a sliding window, in the database. The API's bearer check
+    runs on the event loop with the hot async pool (`admit`, `failed`); the dashboard's sign-in, a sync
+    endpoint, passes the connection its `Conn` dependency holds (`locked_until_on`, `failed_on`,
+    `succeeded_on`), so no thread ever waits for a connection (app/db.py)."""
 
     def __init__(self, state: Any, attempts: int = LOGIN_ATTEMPTS, window: float = LOGIN_WINDOW) -> None:
-        self.state = state  # the app's state: its pool exists once the app has started
+        self.state = state  # the app's state: its database (app/db.py) exists once the app has started
         self.attempts, self.window = attempts, window
 
-    def _connection(self):
-        from app.db import OUTAGE_WAIT
-
-        return self.state.pool.connection(timeout=OUTAGE_WAIT if self.state.outage.down else None)
-
-    def locked_until(self, address: str) -> float | None:
-        """When (time.time()) the address may try again, or None if it may try now."""
-        with self._connection() as conn:
-            return auth_state.locked_until(conn, address, self.attempts, self.window)[1]
-
-    def admit(self, address: str) -> float | None:
+    async def admit(self, address: str) -> float | None:
         """For a right token: None (and the address's failures forgotten), or when it may try again."""
-        with self._connection() as conn:
-            recorded, until = auth_state.locked_until(conn, address, self.attempts, self.window)
+        async with self.state.db.connection() as conn:
+            recorded, until = await auth_state.alocked_until(conn, address, self.attempts, self.window)
             if until is None and recorded:
-                auth_state.clear_failures(conn, address)
+                await auth_state.aclear_failures(conn, address)
             return until
 
-    def failed(self, address: str) -> float | None:
+    async def failed(self, address: str) -> float | None:
         """Count a wrong token; when the address may try again if this locked it out."""
-        with self._connection() as conn:
-            return auth_state.failed_attempt(conn, address, self.attempts, self.window)
+        async with self.state.db.connection() as conn:
+            return await auth_state.afailed_attempt(conn, address, self.attempts, self.window)
 
-    def succeeded(self, address: str) -> None:
-        with self._connection() as conn:
-            auth_state.clear_failures(conn, address)
+    def locked_until_on(self, conn: psycopg.Connection, address: str) -> float | None:
+        """When (time.time()) the address may try again, or None if it may try now."""
+        return auth_state.locked_until(conn, address, self.attempts, self.window)[1]
+
+    def failed_on(self, conn: psycopg.Connection, address: str) -> float | None:
+        return auth_state.failed_attempt(conn, address, self.attempts, self.window)
+
+    def succeeded_on(self, conn: psycopg.Connection, address: str) -> None:
+        auth_state.clear_failures(conn, address)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
-from starlette.concurrency import run_in_threadpool
 
 from store import results
+from store.db import connect_kwargs
 from store.outage import OutageLog
 
 # Named for pg_stat_activity, like the worker's `dygo-worker-listen <id>`.
@@ -29,8 +29,11 @@ LISTEN_RETRY_MAX = 5.0
 
 
 class ResultWaiters:
-    def __init__(self, database_url: str, outage: OutageLog) -> None:
+    def __init__(self, database_url: str, outage: OutageLog, poll: float | None = None) -> None:
         self.database_url = database_url
+        # Set when notifications cannot be relied on (LISTEN through a transaction pooler): each waiter
+        # re-reads its job this often.
+        self.poll = poll
         self.outage = outage  # serve's one outage log: a lost LISTEN is logged like any other lost connection
         self.waiting: dict[int, set[asyncio.Future[None]]] = {}
         self.task: asyncio.Task[None] | None = None
@@ -46,20 +49,20 @@ class ResultWaiters:
         self._wake_all()
 
     async def wait(self, job_id: int, seconds: float,
-                   read: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
+                   read: Callable[[], Awaitable[dict[str, Any] | None]]) -> dict[str, Any] | None:
         """The job once it is final, or as it is when `seconds` run out; None if it does not exist.
-        `read` is a blocking read of the job (run in the thread pool)."""
+        `read` reads the job (taking a pooled connection only while it reads)."""
         deadline = time.monotonic() + seconds
         while True:
             woken = asyncio.get_running_loop().create_future()
             self.waiting.setdefault(job_id, set()).add(woken)
             try:
-                job = await run_in_threadpool(read)
+                job = await read()
                 remaining = deadline - time.monotonic()
                 if job is None or job["state"] in results.FINAL_STATES or remaining <= 0:
                     return job
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken, remaining)
+                    await asyncio.wait_for(woken, remaining if self.poll is None else min(remaining, self.poll))
             finally:
                 self._forget(job_id, woken)
 
@@ -84,7 +87,8 @@ class ResultWaiters:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(self.database_url, autocommit=True,
-                                                             application_name=LISTEN_APPLICATION_NAME)
+                                                             application_name=LISTEN_APPLICATION_NAME,
+                                                             **connect_kwargs())
                 async with conn:
                     await results.listen(conn)
                     delay = 0.5

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
 from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, flush_then_exit, resolve_log_format
 from store.admin import STATES
-from store.config import ENVIRONMENTS, Settings, load_settings, resolve_env
+from store.config import ENVIRONMENTS, POOL_SIZE_ENV, Settings, load_settings, resolve_env
 from store.durations import parse_duration
 from store.errors import AdminError, ConfigError, DatabaseUnavailable, SchemaError
 
@@ -37,6 +39,27 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be an integer greater than 0, got {text!r}")
     return value
+
+
+def pool_size(text: str) -> int:
+    from store.config import MIN_SERVE_POOL_SIZE
+
+    if not text.isdigit() or int(text) < MIN_SERVE_POOL_SIZE:
+        raise argparse.ArgumentTypeError(f"must be an integer of at least {MIN_SERVE_POOL_SIZE}, got {text!r}")
+    return int(text)
+
+
+WEB_CONCURRENCY_ENV = "WEB_CONCURRENCY"
+
+
+def web_concurrency() -> int:
+    """$WEB_CONCURRENCY: how many web processes `dygo serve` runs (the platform convention; default 1)."""
+    raw = os.environ.get(WEB_CONCURRENCY_ENV, "").strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(WEB_CONCURRENCY_ENV, "environment", f"must be an integer of at least 1, got {raw!r}")
+    return int(raw)
 
 
 def port_number(text: str) -> int:
@@ -66,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (default: $DYGO_HOST, else 0.0.0.0 when $PORT is set "
                        "as on Heroku, else 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: $PORT or 8000)")
+    serve.add_argument("--pool-size", type=pool_size, metavar="N",
+                       help="database connections per web process for requests, at least 2 (default: "
+                       "$DYGO_SERVE_POOL_SIZE, else serve_pool_size in dygo.yml, else 10); each process holds "
+                       "one more for ?wait=. Web processes: $WEB_CONCURRENCY (default 1)")
 
     worker = logged(command("worker", "run a worker process"))
     worker.add_argument("--queue", action="append", dest="queues", metavar="NAME",
@@ -216,6 +243,9 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     from store.db import database_url
     from store.registry import load_jobs
 
+    if args.pool_size:
+        settings = dataclasses.replace(settings, serve_pool_size=args.pool_size)
+    processes = web_concurrency()
     jobs = load_jobs(settings)
     host = args.host or os.environ.get("DYGO_HOST") or ("0.0.0.0" if os.environ.get("PORT") else "127.0.0.1")
     port = args.port or int(os.environ.get("PORT", "8000"))
@@ -230,10 +260,48 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     hosts = HostRule(host, settings.allowed_hosts)
     lifecycle.info("dygo serve: answers Host %s", hosts.describe(), extra={"fields": {"event": "hosts"}})
     lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
+    lifecycle.info("dygo serve: %d web process%s, up to %d database connections each for requests "
+                   "(+1 for ?wait=)", processes, "" if processes == 1 else "es", settings.serve_pool_size,
+                   extra={"fields": {"event": "capacity", "web_processes": processes,
+                                     "pool_size": settings.serve_pool_size}})
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
-    uvicorn.run(create_app(settings, jobs, url, host), host=host, port=port, log_level="info", log_config=None)
+    if processes == 1:
+        uvicorn.run(create_app(settings, jobs, url, host), host=host, port=port, log_level="info", log_config=None)
+        return 0
+    # Several processes: uvicorn's supervisor starts each with a fresh interpreter that builds its app
+    # from the environment (web_process_app), so what this process resolved is handed over there.
+    os.environ.update({"DATABASE_URL": url, "DYGO_ENV": settings.env, POOL_SIZE_ENV: str(settings.serve_pool_size),
+                       "DYGO_LOG_FORMAT": _log_format(args), "DYGO_HOST": host})
+    uvicorn.run(f"{__name__}:web_process_app", factory=True, workers=processes, host=host, port=port,
+                log_level="info", log_config=None)
     return 0
+
+
+def web_process_app() -> Any:
+    """The app of one of several web processes (WEB_CONCURRENCY > 1), from what serve_command put in the
+    environment."""
+    from app.main import create_app
+    from store.db import database_url
+    from store.registry import load_jobs
+
+    _die_with_supervisor()
+    settings = load_settings()
+    configure_logging(resolve_log_format(None, settings.env))
+    return create_app(settings, load_jobs(settings), database_url(settings), os.environ["DYGO_HOST"])
+
+
+def _die_with_supervisor() -> None:
+    """Linux: this web process gets SIGTERM (a graceful stop) when the supervising `dygo serve` dies, even
+    by SIGKILL, so no orphan keeps serving the port. Elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the supervisor died before prctl
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _auth_summary(settings: Settings) -> str:

@@ -47,3 +47,33 @@ def locked_until(conn: psycopg.Connection, address: str, attempts: int, window: 
 
 def clear_failures(conn: psycopg.Connection, address: str) -> None:
     conn.execute(queries.CLEAR_AUTH_FAILURES, (address,))
+
+
+# --- async: the API's bearer check and the dashboard's session check run on the event loop -----------
+
+
+async def asession_role(conn: psycopg.AsyncConnection, sid: str) -> str | None:
+    """`session_role` on an AsyncConnection."""
+    row = await (await conn.execute(queries.DASHBOARD_SESSION_ROLE, (sid,))).fetchone()
+    return row[0] if row else None
+
+
+async def afailed_attempt(conn: psycopg.AsyncConnection, address: str, attempts: int, window: float) -> float | None:
+    """`failed_attempt` on an AsyncConnection."""
+    params = {"address": address, "attempts": attempts, "window": window}
+    async with conn.transaction():
+        until = (await (await conn.execute(queries.RECORD_AUTH_FAILURE, params)).fetchone())[0]
+        await conn.execute(queries.TRIM_AUTH_FAILURES, params)
+    return until
+
+
+async def alocked_until(conn: psycopg.AsyncConnection, address: str, attempts: int,
+                        window: float) -> tuple[bool, float | None]:
+    """`locked_until` on an AsyncConnection."""
+    row = await (await conn.execute(queries.AUTH_LOCKED_UNTIL, {"address": address, "attempts": attempts,
+                                                                "window": window})).fetchone()
+    return (row is not None, row[0] if row else None)
+
+
+async def aclear_failures(conn: psycopg.AsyncConnection, address: str) -> None:
+    await conn.execute(queries.CLEAR_AUTH_FAILURES, (address,))

@@ -66,6 +66,9 @@ class Settings:
     cancelled_retention: float = 30 * 86400.0
     stats_retention: float = 90 * 86400.0  # daily stats rows, by their day
     retention_interval: float = 60.0  # how often one worker of the cluster trims
+    # Database connections each `dygo serve` process may hold for requests (its LISTEN connection for
+    # `?wait=` comes on top): DYGO_SERVE_POOL_SIZE, else serve_pool_size in dygo.yml, else this.
+    serve_pool_size: int = 10
 
     @property
     def queue_names(self) -> list[str]:
@@ -190,6 +193,18 @@ def tokens_from_env() -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+POOL_SIZE_ENV = "DYGO_SERVE_POOL_SIZE"
+MIN_SERVE_POOL_SIZE = 2  # one connection for the API's hot paths, one for everything else
+
+
+def _serve_pool_size(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_SERVE_POOL_SIZE:
+        raise ValueError(f"must be an integer of at least {MIN_SERVE_POOL_SIZE}, got {value!r}")
+    return value
+
+
 SETTING_PARSERS = {
     "jobs": ("job_modules", _module_list),
     "lease_ttl": ("lease_ttl", _positive_duration),
@@ -209,6 +224,7 @@ SETTING_PARSERS = {
     "cancelled_retention": ("cancelled_retention", _retention),
     "stats_retention": ("stats_retention", _retention),
     "retention_interval": ("retention_interval", _positive_duration),
+    "serve_pool_size": ("serve_pool_size", _serve_pool_size),
 }
 
 
@@ -246,6 +262,11 @@ def load_settings(config_dir: Path | str | None = None, *, env: str | None = Non
     data_dir = Path(os.environ.get("DYGO_DATA_DIR", ".dygo"))
     values["api_tokens"] = values.get("api_tokens", ()) + tokens_from_env()
     values["allowed_hosts"] = values.get("allowed_hosts", ()) + hosts_from_env()
+    if os.environ.get(POOL_SIZE_ENV, "").strip():
+        try:
+            values["serve_pool_size"] = _serve_pool_size(os.environ[POOL_SIZE_ENV].strip())
+        except ValueError as exc:
+            raise ConfigError(POOL_SIZE_ENV, "environment", str(exc)) from None
     return Settings(config_dir=config_dir, queues=configured, env=resolve_env(env), data_dir=data_dir, **values)
 
 

@@ -8,6 +8,7 @@ Pass a psycopg connection. In autocommit mode each call commits on its own; insi
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -350,9 +351,34 @@ async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> En
     raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
 
 
+# Up to this many rows without keys go in one INSERT ... unnest statement (one round trip); more, or any
+# keyed row, take the transaction with COPY (four round trips, cheaper per row for big batches).
+PLAIN_BATCH_MAX = 1000
+
+
+@functools.lru_cache(maxsize=4096)
+def _quoted(name: str) -> str:
+    return json.dumps(name)  # kinds and queues: a few distinct names, quoted once
+
+
+def _plain_rows_json(rows: list[dict[str, Any]]) -> str:
+    """The rows as the JSON array INSERT_JOBS reads; args and meta are JSON text already."""
+    dumps = json.dumps
+    return "[" + ",".join(
+        f'{{"kind":{_quoted(r["kind"])},"queue":{_quoted(r["queue"])},"args":{r["args"]},"meta":{r["meta"]},'
+        f'"priority":{int(r["priority"])},"run_at":{"null" if r["run_at"] is None else dumps(r["run_at"].isoformat())},'
+        f'"delay":{float(r["delay"])!r},"max_attempts":{_json_int(r["max_attempts"])}}}' for r in rows) + "]"
+
+
+def _json_int(value: int | None) -> str:
+    return "null" if value is None else str(int(value))
+
+
 async def aenqueue_many(conn: psycopg.AsyncConnection,
                         jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
-    """`enqueue_many` for an AsyncConnection: all-or-nothing, rows without keys by COPY, results in order."""
+    """`enqueue_many` for an AsyncConnection, all or nothing, results in order. A batch of up to
+    PLAIN_BATCH_MAX jobs without idempotency keys is one statement (INSERT_JOBS); others take the COPY
+    transaction of `enqueue_many`."""
     with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
         return await _aenqueue_batch(conn, jobs)
 
@@ -364,6 +390,9 @@ async def _aenqueue_batch(conn: psycopg.AsyncConnection,
     results: dict[int, Enqueued] = {}
     if not rows:
         return []
+    if len(plan.plain) == len(rows) <= PLAIN_BATCH_MAX:
+        inserted = await (await conn.execute(queries.INSERT_JOBS, (_plain_rows_json(rows),))).fetchall()
+        return [Enqueued(job_id, False, run_at) for job_id, run_at in sorted(inserted)]
     async with conn.transaction():
         for i in plan.windowed:
             results[i] = await _ainsert_one(conn, rows[i])

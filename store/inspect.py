@@ -13,3 +13,10 @@ from store import queries
 def get_job(conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
     with conn.cursor(row_factory=dict_row) as cursor:
         return cursor.execute(queries.GET_JOB, (job_id,)).fetchone()
+
+
+async def aget_job(conn: psycopg.AsyncConnection, job_id: int) -> dict[str, Any] | None:
+    """`get_job` for an AsyncConnection (the admin service's hot read)."""
+    async with conn.cursor(row_factory=dict_row) as cursor:
+        await cursor.execute(queries.GET_JOB, (job_id,))
+        return await cursor.fetchone()

@@ -55,6 +55,17 @@ JOB_BY_WINDOW_KEY = """
 SELECT k.job_id, j.run_at FROM dygo_idempotency_keys k LEFT JOIN dygo_jobs j ON j.id = k.job_id
 WHERE k.key = %s"""
 
+# A batch of rows without keys, up to PLAIN_BATCH_MAX of them, in one statement and one round trip (atomic
+# on its own in autocommit). The rows travel as one JSON array (one parameter: psycopg dumps a Python list
+# per column element by element, which cost more than the insert). Each row's id comes from the column
+# default as jsonb_to_recordset yields the rows, in array order: the caller maps them back by id order.
+INSERT_JOBS = """
+INSERT INTO dygo_jobs (kind, queue, args, meta, priority, run_at, max_attempts)
+SELECT kind, queue, args, meta, priority, coalesce(run_at, now() + make_interval(secs => delay)), max_attempts
+FROM jsonb_to_recordset(%s::jsonb) AS t(kind text, queue text, args jsonb, meta jsonb, priority smallint,
+                                       run_at timestamptz, delay float8, max_attempts integer)
+RETURNING id, run_at"""
+
 # Batches: ids are reserved first so the rows can be sent with COPY and still reported by id.
 RESERVE_JOB_IDS = "SELECT now(), array(SELECT nextval('dygo_jobs_id_seq') FROM generate_series(1, %s))"
 COPY_JOBS = "COPY dygo_jobs (id, kind, queue, args, meta, priority, run_at, max_attempts) FROM STDIN"

@@ -111,6 +111,7 @@ def _environment_variables() -> set[str]:
             text = path.read_text(encoding="utf-8")
             read |= set(re.findall(r"""["']((?:DYGO|DATABASE)_[A-Z0-9_]+|PORT)["']""", text))
             read |= set(re.findall(r"""os\.environ(?:\.get\(|\[)["']([A-Z0-9_]+)["']""", text))
+            read |= set(re.findall(r"""^[A-Z0-9_]+_ENV\s*=\s*["']([A-Z0-9_]+)["']""", text, re.M))  # named once
     return read - NOT_SETTINGS
 
 
