@@ -183,7 +183,7 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     from app.auth import check_protection
     from app.main import create_app
     from store.db import database_url
-    from store.registry import load_jobs
+    from store.loading import load_jobs
 
     jobs = load_jobs(settings)
     host = args.host or os.environ.get("DYGO_HOST") or ("0.0.0.0" if os.environ.get("PORT") else "127.0.0.1")
@@ -213,7 +213,7 @@ def _auth_summary(settings: Settings) -> str:
 
 def worker_command(settings: Settings, args: argparse.Namespace) -> int:
     from store.db import database_url
-    from store.registry import load_jobs
+    from store.loading import load_jobs
     from worker.runtime import Worker, WorkerOptions
 
     jobs = load_jobs(settings)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, get_type_hints
@@ -219,21 +218,3 @@ def _args_model(handler: Handler) -> type[BaseModel] | None:
     if inspect.isclass(hint) and issubclass(hint, BaseModel):
         return hint
     return None
-
-
-def load_jobs(settings: Settings, modules: Iterable[str] | None = None) -> Registry:
-    """Import the configured job modules, check every job names a configured queue, load the schedules."""
-    from store.schedules import load_schedules  # it builds on this module
-    for module in modules or settings.job_modules:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name and module.startswith(exc.name):
-                raise ConfigError(str(settings.config_dir / "dygo.yml"), f"jobs: {module}",
-                                  "module not found; is it on PYTHONPATH?") from None
-            raise
-    registry.check_queues(settings)
-    registry.queues = settings.queue_names
-    registry.default_max_attempts = settings.default_max_attempts
-    registry.schedules = load_schedules(settings, registry)
-    return registry

@@ -18,8 +18,8 @@ from psycopg.conninfo import make_conninfo
 
 from store import embedded
 from store.config import load_settings
+from store.loading import load_jobs
 from store.migrate import migrate
-from store.registry import load_jobs
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_CONFIG = REPO / "tests" / "config"
