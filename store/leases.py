@@ -7,6 +7,7 @@ batch rather than per job.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -71,14 +72,25 @@ async def listen(conn: psycopg.AsyncConnection) -> None:
 
 
 async def claim(conn: psycopg.AsyncConnection, queue: str, limit: int, owner: str, ttl: float) -> list[ClaimedJob]:
-    cursor = await conn.execute(queries.CLAIM_JOBS, {"queue": queue, "limit": limit, "owner": owner, "ttl": ttl})
+    """Claim up to `limit` ready jobs of one queue (claim_queues for one queue)."""
+    return await claim_queues(conn, {queue: limit}, owner, ttl)
+
+
+async def claim_queues(conn: psycopg.AsyncConnection, limits: Mapping[str, int], owner: str,
+                       ttl: float) -> list[ClaimedJob]:
+    """Claim up to limits[queue] ready jobs of each queue in one statement, in claim order."""
+    wanted = {queue: n for queue, n in limits.items() if n > 0}
+    if not wanted:
+        return []
+    params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl}
+    cursor = await conn.execute(queries.CLAIM_JOBS, params)
     return [ClaimedJob(*row) for row in await cursor.fetchall()]
 
 
-async def seconds_to_next_run(conn: psycopg.AsyncConnection, queues: list[str]) -> float | None:
-    """How long until the next pending job of `queues` is due; None when there is none."""
-    row = await (await conn.execute(queries.SECONDS_TO_NEXT_RUN, (queues,))).fetchone()
-    return row[0] if row else None
+async def seconds_to_next_run(conn: psycopg.AsyncConnection, queues: list[str]) -> dict[str, float]:
+    """How long until the next pending job of each of `queues` is due; a queue with none is left out."""
+    cursor = await conn.execute(queries.SECONDS_TO_NEXT_RUN, {"queues": queues})
+    return {queue: due_in for queue, due_in in await cursor.fetchall()}
 
 
 async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: float) -> set[int]:

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from store.errors import ConfigError
 from store.leases import Outcome, Succeeded
 from store.timings import Timings
 
@@ -111,3 +112,13 @@ def serve_metrics(host: str, port: int, collector: Collector) -> int:
     registry.register(collector)
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server.server_port
+
+
+def serve_worker_metrics(host: str, port: int, stats: WorkerStats,
+                         slots: Callable[[], Mapping[str, tuple[int, int]]]) -> int:
+    """serve_metrics for a worker's figures; a port that cannot be bound is a configuration error."""
+    try:
+        return serve_metrics(host, port, WorkerCollector(stats, slots))
+    except OSError as exc:
+        raise ConfigError("--metrics-port", str(port), f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                          "choose a free port, or another --metrics-host") from None

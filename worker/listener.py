@@ -1,0 +1,54 @@
+"""The listener: LISTENs for jobs that become pending and schedules that change, and wakes the producer
+(for the queue named in the payload) or the scheduler. On a lost connection it reconnects with backoff
+while the producer and scheduler go on polling; its reconnect wakes both, to catch up on anything sent
+while it was away.
+
+It needs a session of its own: DATABASE_DIRECT_URL when DATABASE_URL goes through a transaction
+pooler (worker/database.py); without one the worker runs poll-only and has no listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import psycopg
+
+from store import leases, schedules
+from worker.database import Database
+
+RETRY_MAX = 5.0  # capped low: its reconnect is what wakes every producer once the database is back
+
+
+class Listener:
+    name = "listener"
+
+    def __init__(self, database: Database, wake_queue: Callable[[str], None], wake_all: Callable[[], None],
+                 schedules_changed: asyncio.Event, poll_interval: float) -> None:
+        self.database = database
+        self.wake_queue = wake_queue
+        self.wake_all = wake_all
+        self.schedules_changed = schedules_changed
+        self.poll_interval = poll_interval
+
+    async def run(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                async with await self.database.connect_listen() as conn:
+                    await leases.listen(conn)
+                    await schedules.listen(conn)
+                    delay = 0.5
+                    await self.database.back()
+                    self.wake_all()  # catch up on anything sent while not listening
+                    self.schedules_changed.set()
+                    async for notify in conn.notifies():
+                        if notify.channel == schedules.CHANNEL:
+                            self.schedules_changed.set()
+                        else:
+                            self.wake_queue(notify.payload)
+            except (psycopg.Error, OSError) as exc:
+                await self.database.lost(f"LISTEN connection (polling every {self.poll_interval:g}s until it is back)",
+                                         exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
