@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint bench bench-dashboard chaos stop-db browsers
+.PHONY: run test setup lint bench bench-dashboard chaos stop-db browsers pgbouncer
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -41,7 +41,16 @@ browsers:
 		echo "note: /usr/bin/chromium is missing and we are not root: the dashboard browser tests will skip"; \
 	fi
 
-test: setup browsers
+# The PgBouncer tests (tests/test_pgbouncer.py) start Debian's pgbouncer (1.18) of their own.
+# As root it is installed when missing; otherwise those tests skip and say why.
+pgbouncer:
+	@if [ ! -x /usr/sbin/pgbouncer ] && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer; \
+	elif [ ! -x /usr/sbin/pgbouncer ]; then \
+		echo "note: /usr/sbin/pgbouncer is missing and we are not root: the PgBouncer tests will skip"; \
+	fi
+
+test: setup browsers pgbouncer
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

@@ -157,10 +157,11 @@ def _log_format(args: argparse.Namespace) -> str:
 
 
 def migrate_command(settings: Settings) -> int:
-    from store.db import database_url
+    from store.db import database_url, direct_url
     from store.migrate import migrate
 
-    with psycopg.connect(database_url(settings)) as conn:
+    # DDL and the migration lock want a session of their own: the direct URL when DATABASE_URL is a pooler.
+    with psycopg.connect(direct_url() or database_url(settings)) as conn:
         applied = migrate(conn)
     if applied:
         for migration in applied:
