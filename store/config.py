@@ -58,6 +58,7 @@ class Settings:
     cancelled_retention: float = 30 * 86400.0
     stats_retention: float = 90 * 86400.0  # daily stats rows, by their day
     retention_interval: float = 60.0  # how often one worker of the cluster trims
+    cron: bool = True  # this worker fires due schedules (`cron: false` or `dygo worker --no-cron`: it does not)
 
     @property
     def queue_names(self) -> list[str]:
@@ -81,6 +82,12 @@ def _positive_duration(value: Any) -> float:
     if seconds <= 0:
         raise ValueError("must be a duration greater than 0")
     return seconds
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
 
 
 def _duration(value: Any) -> float:
@@ -178,6 +185,7 @@ SETTING_PARSERS = {
     "cancelled_retention": ("cancelled_retention", _retention),
     "stats_retention": ("stats_retention", _retention),
     "retention_interval": ("retention_interval", _positive_duration),
+    "cron": ("cron", _boolean),
 }
 
 

@@ -134,7 +134,8 @@ async def mark(ctx: JobContext, args: dict) -> None:
     """Records the execution on one async connection per process: cheap enough for 20,000 jobs."""
     global _marker
     if _marker is None or _marker.closed:
-        _marker = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True)
+        _marker = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True,
+                                                        **connect_kwargs())
     await _marker.execute("INSERT INTO test_runs (job_id, attempt, pid) VALUES (%s, %s, %s)",
                           (ctx.id, ctx.attempt, os.getpid()))
 

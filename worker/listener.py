@@ -30,6 +30,7 @@ class Listener:
         self.wake_all = wake_all
         self.schedules_changed = schedules_changed
         self.poll_interval = poll_interval
+        self.listening = asyncio.Event()  # set while LISTEN is in place (the worker's readiness waits for it)
 
     async def run(self) -> None:
         delay = 0.5
@@ -39,6 +40,7 @@ class Listener:
                     await leases.listen(conn)
                     await schedules.listen(conn)
                     delay = 0.5
+                    self.listening.set()
                     await self.database.back()
                     self.wake_all()  # catch up on anything sent while not listening
                     self.schedules_changed.set()
@@ -48,6 +50,7 @@ class Listener:
                         else:
                             self.wake_queue(notify.payload)
             except (psycopg.Error, OSError) as exc:
+                self.listening.clear()
                 await self.database.lost(f"LISTEN connection (polling every {self.poll_interval:g}s until it is back)",
                                          exc)
                 await asyncio.sleep(delay)

@@ -62,6 +62,9 @@ class Producer:
         self.wake = asyncio.Event()  # a NOTIFY, a freed slot, or stop
         self.stopping = asyncio.Event()
         self.conn: psycopg.AsyncConnection | None = None  # the claim connection (worker/database.py)
+        # The seed: a worker recovers expired leases before it claims. Its first claim after start and
+        # after an outage follows a recovery pass; afterwards recovery follows claims, off the wake-up path.
+        self.recover_first = True
 
     # --- signals, from the listener, finished jobs and the worker ---------------------------------
 
@@ -79,6 +82,13 @@ class Producer:
     def finished(self, job: ClaimedJob) -> None:
         self.slots[job.queue].running -= 1
         self.wake.set()
+
+    def requeued(self, name: str, delay: float) -> None:
+        """This worker put a job of `name` back, due in `delay` seconds: claim for the queue then."""
+        slots = self.slots.get(name)
+        if slots is not None:
+            slots.due_at = min(slots.due_at, time.monotonic() + max(delay, 0.0) + 0.005)
+            self.wake.set()  # the idle wait takes the new timer into account
 
     def stop(self) -> None:
         self.stopping.set()
@@ -106,6 +116,9 @@ class Producer:
             try:
                 if self.conn is None:
                     self.conn = await self.database.connect()
+                if self.recover_first or self.database.outage.down:
+                    await self.recovery.run_once()
+                    self.recover_first = False
                 for name in wanted:  # a NOTIFY during the claim arms it again
                     self.slots[name].armed = False
                 claimed = await self.claim(self.conn, wanted)
@@ -123,6 +136,7 @@ class Producer:
                 if short:
                     await self._set_timers(self.conn, short)
             except (psycopg.Error, OSError) as exc:
+                self.recover_first = True
                 for name in wanted:
                     self.slots[name].armed = True
                 if self.conn is not None:

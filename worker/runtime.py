@@ -11,9 +11,8 @@
 
 A service handles database and OS errors itself (one lost/back pair per outage). One that ends on
 anything else is a defect: it is logged by name, and the worker stops as on SIGTERM (in-flight jobs
-finish or are handed back) and exits 1, so its process manager starts a fresh one. A restart in
-place was not chosen: the dead service's state (the leases it kept, the outbox it held) is what
-made it die, and a fresh process starts from the database, which is the truth.
+finish or are handed back) and exits 1, so its process manager starts a fresh one (not a restart in
+place: a fresh process starts from the database, not from the state that made the service die).
 """
 
 from __future__ import annotations
@@ -21,11 +20,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
-import secrets
 import signal
-import socket
-from dataclasses import dataclass
 from uuid import UUID
 
 from store import leases
@@ -38,6 +33,7 @@ from worker.lease_keeper import LeaseKeeper
 from worker.lifecycle import say
 from worker.listener import Listener
 from worker.maintainer import Heartbeat, Maintainer, Recovery, Retention, StaleWorkers
+from worker.options import WorkerOptions, make_worker_id
 from worker.producer import Producer, QueueSlots
 from worker.progress import ProgressWriter
 from worker.runs import Runs
@@ -48,28 +44,11 @@ from worker.telemetry import WorkerStats, serve_worker_metrics
 from worker.timings_writer import TimingsWriter
 
 log = logging.getLogger("dygo.worker")
-
 EXIT_SERVICE_DIED = 1
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    queues: dict[str, int]  # queue name -> concurrency in this process
-    poll_interval: float = 60.0
-    poll_only: bool = False
-    once: bool = False
-    shutdown_timeout: float = 30.0
-    metrics_port: int | None = None  # serve this process's own metrics (worker/telemetry.py); None: off
-    metrics_host: str = "127.0.0.1"
-
-
-def make_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 class Worker:
     def __init__(self, settings: Settings, jobs: Registry, options: WorkerOptions, url: str) -> None:
-        self.settings = settings
         self.options = options
         self.id = make_worker_id()
         self.database = Database(url, self.id)
@@ -77,7 +56,8 @@ class Worker:
         leased: dict[UUID, ClaimedJob] = {}  # worker/runs.py says who writes and reads it
         self.slots = {name: QueueSlots(name, n) for name, n in options.queues.items()}
         self.progress = ProgressWriter(self.database.pool, leased, self.database.outage)
-        self.settler = Settler(self.database, leased, self.stats)
+        self.settler = Settler(self.database, leased, self.stats, requeued=lambda queue, delay: (
+            self.producer.requeued(queue, delay)))
         self.runs = Runs(leased, Executor(settings, jobs, self.progress.report), self.settler, self.progress,
                          self.stats)
         self.heartbeat = Heartbeat(self.database, self.id, options.queues)
@@ -90,15 +70,18 @@ class Worker:
         # The stop order: the producer first (no new claims), then, once in-flight jobs are drained, the
         # rest; the settler and the timings writer flush a last time after them.
         self.services: list[Service] = [self.producer]
+        self.listener = Listener(self.database, self.producer.wake_queue, self.producer.wake_all,
+                                 self.scheduler.changed, options.poll_interval)
         if self.listening:
-            self.services.append(Listener(self.database, self.producer.wake_queue, self.producer.wake_all,
-                                          self.scheduler.changed, options.poll_interval))
-        self.services += [self.scheduler,
-                          Maintainer(self.heartbeat, self.recovery, StaleWorkers(self.database),
+            self.services.append(self.listener)
+        if options.cron:
+            self.services.append(self.scheduler)
+        self.services += [Maintainer(self.heartbeat, self.recovery, StaleWorkers(self.database),
                                      Retention(self.database, settings)),
                           LeaseKeeper(self.database, leased, settings.lease_ttl), self.progress, self.settler,
                           self.timings]
         self.died: list[str] = []  # services that ended on an unexpected error
+        self.ready = False  # services running and, unless polling only, listening (Worker.Ready in the seed)
 
     async def run(self) -> int:
         await self.database.wait_until_reachable()
@@ -108,7 +91,8 @@ class Worker:
                 await leases.check_schema(conn)
             if self.options.metrics_port is not None:
                 bound = serve_worker_metrics(self.options.metrics_host, self.options.metrics_port, self.stats,
-                                             lambda: {n: (s.running, s.concurrency) for n, s in self.slots.items()})
+                                             lambda: {n: (s.running, s.concurrency) for n, s in self.slots.items()},
+                                             self.is_ready)
                 say(f"dygo worker metrics: http://{self.options.metrics_host}:{bound}/metrics")
             if self.options.once:
                 return await self._run_once()
@@ -117,8 +101,9 @@ class Worker:
             await self.database.pool.close()
 
     async def _run_once(self) -> int:
-        await self.scheduler.sync()
-        await self.scheduler.fire_due()
+        if self.options.cron:
+            await self.scheduler.sync()
+            await self.scheduler.fire_due()
         await self.recovery.run_once()
         progress = self.progress.start()
         async with self.database.connection() as conn:
@@ -137,17 +122,23 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         await self.heartbeat.run_once()
-        await self.scheduler.sync()
+        if self.options.cron:
+            await self.scheduler.sync()
         # Everything imported and built so far lives as long as the process: keep it out of the
         # collector's full passes, which would otherwise walk it and stall the loop for milliseconds.
         gc.freeze()
         queues = ", ".join(f"{s.name}({s.concurrency})" for s in self.slots.values())
+        cron = "" if self.options.cron else "; cron off"
         say(f"dygo worker {self.id} started: queues {queues}; {self._mode()}, "
-            f"poll every {self.options.poll_interval:g}s", event="started", worker=self.id, queues=self.options.queues)
+            f"poll every {self.options.poll_interval:g}s{cron}", event="started", worker=self.id,
+            queues=self.options.queues)
         tasks = [asyncio.create_task(service.run(), name=service.name) for service in self.services]
         for task in tasks:
             task.add_done_callback(self._watch)
+        announce = asyncio.create_task(self._announce_ready())
         await self.producer.stopping.wait()
+        self.ready = False
+        announce.cancel()
         say(f"dygo worker {self.id} stopping: {len(self.runs.tasks)} job(s) in flight, "
             f"waiting up to {self.options.shutdown_timeout:g}s", event="stopping", worker=self.id,
             in_flight=len(self.runs.tasks))
@@ -160,12 +151,28 @@ class Worker:
         await self.timings.flush()
         await self.heartbeat.gone()
         await self.database.back()  # a statement ran: an outage still open at the stop ended (one back line)
+        if self.options.ready_file is not None:
+            self.options.ready_file.unlink(missing_ok=True)
         if self.died:
             say(f"dygo worker {self.id} stopped: service {', '.join(self.died)} died (see the log); exit "
                 f"{EXIT_SERVICE_DIED}", event="stopped", worker=self.id, died=self.died)
             return EXIT_SERVICE_DIED
         say(f"dygo worker {self.id} stopped", event="stopped", worker=self.id)
         return 0
+
+    async def _announce_ready(self) -> None:
+        """Ready: every service started and, unless polling only, LISTEN in place (a job enqueued from now
+        on wakes this worker at once). Said on stdout, by --ready-file, and on the metrics port's /readyz."""
+        if self.listening:
+            await self.listener.listening.wait()
+        self.ready = True
+        if self.options.ready_file is not None:
+            self.options.ready_file.write_text(f"{self.id}\n")
+        say(f"dygo worker {self.id} ready", event="ready", worker=self.id)
+
+    def is_ready(self) -> bool:
+        """For the readiness probe (from the metrics thread): ready, and not in a database outage."""
+        return self.ready and not self.database.outage.down
 
     def _mode(self) -> str:
         if self.listening:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from uuid import UUID
 
 import psycopg
 
 from store import leases
-from store.leases import ClaimedJob, Outcome
+from store.leases import ClaimedJob, Outcome, Unsuccessful
 from worker.database import Database
 from worker.telemetry import WorkerStats, outcome_name
 
@@ -26,8 +27,12 @@ SETTLE_BATCH = 1000
 class Settler:
     name = "settler"
 
-    def __init__(self, database: Database, leased: dict[UUID, ClaimedJob], stats: WorkerStats) -> None:
+    def __init__(self, database: Database, leased: dict[UUID, ClaimedJob], stats: WorkerStats,
+                 requeued: Callable[[str, float], None] = lambda queue, delay: None) -> None:
         self.database = database
+        # Told of each job this worker put back in its queue (retry, snooze): (queue, seconds until due).
+        # The producer keeps a timer for it; a poll-only worker gets no NOTIFY for it (issue 14.3).
+        self.requeued = requeued
         self.leased = leased  # the worker's claimed-and-not-settled jobs (worker/runs.py): settled ones leave it
         self.stats = stats
         self.outbox: list[Outcome] = []  # finished, waiting to be settled; written by handlers and the drain
@@ -70,5 +75,7 @@ class Settler:
                 self.leased.pop(outcome.job.lease_token, None)
                 if outcome.job.id not in settled:
                     log.warning("job %s: lease lost before settling; its outcome was discarded", outcome.job.id)
+                elif isinstance(outcome, Unsuccessful) and outcome.state == "pending":
+                    self.requeued(outcome.job.queue, outcome.delay)
             outcomes = Counter(outcome_name(o) for o in batch if o.job.id in settled)
             self.stats.settled_batch(outcomes, len(batch) - outcomes.total())
