@@ -83,13 +83,14 @@ async def claim_queues(conn: psycopg.AsyncConnection, limits: Mapping[str, int],
     if not wanted:
         return []
     params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl}
-    cursor = await conn.execute(queries.CLAIM_JOBS, params)
+    # Never prepared (queries.py, CLAIM_JOBS: planned on every call against the table as it is now).
+    cursor = await conn.execute(queries.CLAIM_JOBS, params, prepare=False)
     return [ClaimedJob(*row) for row in await cursor.fetchall()]
 
 
 async def seconds_to_next_run(conn: psycopg.AsyncConnection, queues: list[str]) -> dict[str, float]:
     """How long until the next pending job of each of `queues` is due; a queue with none is left out."""
-    cursor = await conn.execute(queries.SECONDS_TO_NEXT_RUN, {"queues": queues})
+    cursor = await conn.execute(queries.SECONDS_TO_NEXT_RUN, {"queues": queues}, prepare=False)
     return {queue: due_in for queue, due_in in await cursor.fetchall()}
 
 

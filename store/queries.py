@@ -82,6 +82,10 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 # number of workers claim at once. A paused queue (dygo_queues) yields nothing: one primary-key
 # probe per queue, evaluated once per claim. The UPDATE finds each picked row by primary key
 # (`= ANY(ARRAY(...))`); the rows come back in claim order across the queues, the order jobs start in.
+# Sent unprepared (store/leases.py), so planned on every call with the table's size at that moment:
+# prepared, its generic plan was made once on the freshly migrated, empty table (a sequential scan for
+# the UPDATE is cheapest there) and kept until the first ANALYZE invalidated it, a minute later, while
+# the table grew to thousands of rows (issue 12 item 5). Planning costs far less than that scan.
 CLAIM_JOBS = """
 WITH picked AS (
     SELECT p.id FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
@@ -109,6 +113,7 @@ FROM claimed ORDER BY priority DESC, run_at, id"""
 # Seconds until the next pending job of each queue is due, on the database clock (negative: due
 # already; no row: none pending). One walk of dygo_jobs_ready per queue, in a LATERAL like the claim.
 # Paused queues are left out: their due jobs cannot be claimed, so they must not wake anyone.
+# Sent unprepared like CLAIM_JOBS, for the same reason.
 SECONDS_TO_NEXT_RUN = """
 SELECT w.queue, n.due_in FROM unnest(%(queues)s::text[]) AS w(queue)
 CROSS JOIN LATERAL (

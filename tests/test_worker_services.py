@@ -56,10 +56,23 @@ def test_claim_walks_the_ready_index_never_the_whole_table(conn):
     from store import queries
 
     conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
-    conn.execute("ANALYZE dygo_jobs")
     params = {"queues": ["default", "other"], "limits": [100, 100], "owner": "w1", "ttl": 30}
-    plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS, params))
-    assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, plan
+    for analyzed in (False, True):  # a fresh table (no statistics yet), then an analyzed one
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS, params))
+        assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, (analyzed, plan)
+        conn.execute("ANALYZE dygo_jobs")
+
+
+def test_claim_is_never_a_plan_cached_while_the_table_was_empty(db_url):
+    async def go() -> int:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            for _ in range(10):  # psycopg prepares a statement on its 5th execution
+                await claim_queues(conn, {"default": 10, "other": 10}, "w1", 30)
+            cursor = await conn.execute("SELECT count(*) FROM pg_prepared_statements "
+                                        "WHERE statement LIKE '%%FOR UPDATE SKIP LOCKED%%'")
+            return (await cursor.fetchone())[0]
+
+    assert asyncio.run(go()) == 0
 
 
 @pytest.mark.parametrize(("module", "function", "service"), [
