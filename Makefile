@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint bench bench-dashboard chaos stop-db browsers pgbouncer
+.PHONY: run test setup lint bench bench-dashboard chaos chaos-pgbouncer stop-db browsers pgbouncer
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -68,3 +68,9 @@ bench-dashboard: setup
 # each scenario runs inside `make test` (tests/test_chaos.py). See README, "Reliability".
 chaos: setup
 	$(BIN)/python -m chaos --markdown chaos/results.md --json chaos/results.json
+
+# The same suite with every worker going through a PgBouncer (transaction mode) of the suite's own,
+# LISTEN on the direct URL (tests/pgbouncer.py; the pgbouncer target installs it as root).
+chaos-pgbouncer: setup pgbouncer
+	$(BIN)/python -m chaos --pgbouncer --data-dir .dygo/chaos-pgbouncer --markdown chaos/results-pgbouncer.md \
+		--json chaos/results-pgbouncer.json

@@ -74,6 +74,7 @@ pool_mode = transaction
 max_client_conn = 500
 default_pool_size = 20
 server_reset_query =
+server_login_retry = 1
 ignore_startup_parameters = extra_float_digits
 logfile = {self.workdir / 'pgbouncer.log'}
 pidfile = {self.workdir / 'pgbouncer.pid'}

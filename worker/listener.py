@@ -41,7 +41,11 @@ class Listener:
                     await schedules.listen(conn)
                     delay = 0.5
                     self.listening.set()
-                    await self.database.back()
+                    if self.database.listen_url == self.database.url:
+                        # On DATABASE_DIRECT_URL, being back says nothing of the pooled DATABASE_URL
+                        # (PgBouncer refuses logins for server_login_retry after an outage): the
+                        # services that use it say when it is back.
+                        await self.database.back()
                     self.wake_all()  # catch up on anything sent while not listening
                     self.schedules_changed.set()
                     async for notify in conn.notifies():
