@@ -2,14 +2,19 @@
 
 Covered elsewhere, by name: the producer's wake-ups and timers (test_worker.py
 test_notify_wakes_an_idle_worker_well_under_the_poll_interval,
-test_scheduled_job_starts_when_due_without_a_notification,
-test_poll_only_worker_finds_jobs_by_polling), the lease keeper (test_worker.py
+test_scheduled_job_starts_when_due_without_a_notification, test_poll_only_worker_finds_jobs_by_polling;
+test_worker_options.py test_poll_only_worker_runs_a_retry_it_scheduled_when_due_not_at_the_next_poll,
+test_first_claim_after_start_follows_a_recovery_pass), the lease keeper (test_worker.py
 test_lease_is_renewed_while_a_long_job_runs), the settler and the drain (test_worker.py
 test_sigterm_lets_short_jobs_finish_and_hands_long_ones_straight_back), the maintainer's recovery
 (test_worker.py test_worker_killed_mid_job_is_recovered_and_finished_by_another) and retention
-(test_retention.py test_worker_trims_history_and_logs_one_line), the scheduler (test_schedules.py),
-the progress writer (test_results.py), the timings writer (test_metrics.py), the listener's
-reconnect (test_chaos.py).
+(test_retention.py test_worker_trims_history_and_logs_one_line), the scheduler (test_schedules.py
+test_worker_timer_fires_at_the_occurrence, test_four_workers_fire_50_occurrences_as_exactly_50_jobs),
+the progress writer (test_results.py test_progress_is_visible_mid_job_and_written_at_most_once_a_second),
+the timings writer (test_telemetry.py
+test_latency_and_duration_histograms_by_queue_and_kind_are_exact_after_a_real_worker), the listener's
+reconnect (test_chaos.py test_terminated_backends_and_listen_connection_miss_no_wake_up_beyond_the_poll_interval),
+readiness (test_worker_options.py test_worker_says_it_is_ready_on_stdout_by_file_and_on_its_metrics_port).
 """
 
 from __future__ import annotations
