@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint docs bench bench-http bench-dashboard bench-fleet bench-snapshot chaos stop-db browsers
+.PHONY: run test setup lint docs bench bench-http bench-dashboard bench-fleet bench-snapshot chaos chaos-pgbouncer stop-db browsers pgbouncer
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -41,7 +41,16 @@ browsers:
 		echo "note: /usr/bin/chromium is missing and we are not root: the dashboard browser tests will skip"; \
 	fi
 
-test: setup browsers
+# The PgBouncer tests (tests/test_pgbouncer.py) start Debian's pgbouncer (1.18) of their own.
+# As root it is installed when missing; otherwise those tests skip and say why.
+pgbouncer:
+	@if [ ! -x /usr/sbin/pgbouncer ] && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer; \
+	elif [ ! -x /usr/sbin/pgbouncer ]; then \
+		echo "note: /usr/sbin/pgbouncer is missing and we are not root: the PgBouncer tests will skip"; \
+	fi
+
+test: setup browsers pgbouncer
 	$(BIN)/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/pytest
@@ -79,3 +88,9 @@ bench-snapshot: setup
 # each scenario runs inside `make test` (tests/test_chaos.py). See docs/operations/reliability.md.
 chaos: setup
 	$(BIN)/python -m chaos --markdown chaos/results.md --json chaos/results.json
+
+# The same suite with every worker going through a PgBouncer (transaction mode) of the suite's own,
+# LISTEN on the direct URL (tests/pgbouncer.py; the pgbouncer target installs it as root).
+chaos-pgbouncer: setup pgbouncer
+	$(BIN)/python -m chaos --pgbouncer --data-dir .dygo/chaos-pgbouncer --markdown chaos/results-pgbouncer.md \
+		--json chaos/results-pgbouncer.json

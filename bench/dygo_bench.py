@@ -41,8 +41,8 @@ from common import (
 
 from store.config import load_settings
 from store.enqueue import JobRequest, enqueue, enqueue_many
+from store.loading import load_jobs
 from store.migrate import migrate
-from store.registry import load_jobs
 
 KIND = "example.noop"
 QUEUE = "default"

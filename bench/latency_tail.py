@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from store import embedded  # noqa: E402
 from store.config import load_settings  # noqa: E402
 from store.enqueue import enqueue  # noqa: E402
-from store.registry import load_jobs  # noqa: E402
+from store.loading import load_jobs  # noqa: E402
 
 DATABASE = "bench_latency_tail"
 

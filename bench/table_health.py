@@ -33,8 +33,8 @@ from psycopg.conninfo import make_conninfo
 
 from store.config import load_settings
 from store.enqueue import JobRequest, enqueue_many
+from store.loading import load_jobs
 from store.migrate import migrate
-from store.registry import load_jobs
 
 KIND = "example.noop"
 QUEUE = "default"

@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data-dir", type=Path, default=REPO / ".dygo" / "chaos",
                         help="the embedded PostgreSQL this suite starts, stops and restarts (default .dygo/chaos)")
+    parser.add_argument("--pgbouncer", action="store_true",
+                        help="workers go through a PgBouncer of the suite's own in transaction mode (LISTEN on "
+                        "DATABASE_DIRECT_URL)")
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     parser.add_argument("--json", type=Path, help="also write every figure and note here")
     args = parser.parse_args(argv)
@@ -37,11 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) is not None:
             setattr(plan, name, getattr(args, name))
     was_running = embedded.status(args.data_dir).running
-    lab = Lab(args.data_dir, args.data_dir / "logs")
+    lab = Lab(args.data_dir, args.data_dir / "logs", pgbouncer=args.pgbouncer)
     started = time.monotonic()
     try:
         reports = run(args.scenarios or list(SCENARIOS), plan, lab, seed=args.seed)
     finally:
+        lab.close()
         if not was_running:  # the suite's own server: no reason to leave it running
             embedded.stop(args.data_dir)
     took = time.monotonic() - started

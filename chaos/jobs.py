@@ -17,6 +17,7 @@ import psycopg
 from pydantic import BaseModel
 
 from store import JobContext, job
+from store.db import connect_kwargs
 
 RECORD = "INSERT INTO chaos_runs (job_id, attempt, pid, lease_token) VALUES (%(id)s, %(attempt)s, %(pid)s, %(token)s)"
 
@@ -31,7 +32,8 @@ async def record(ctx: JobContext) -> str:
     while True:
         try:
             if _conn is None or _conn.closed:
-                _conn = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True)
+                _conn = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True,
+                                                              **connect_kwargs())
             await _conn.execute(RECORD, params(ctx))
             return str(ctx.lease_token)
         except psycopg.OperationalError:
@@ -43,7 +45,7 @@ async def record(ctx: JobContext) -> str:
 
 
 def record_sync(ctx: JobContext) -> str:
-    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, **connect_kwargs()) as conn:
         conn.execute(RECORD, params(ctx))
     return str(ctx.lease_token)
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psycopg
@@ -44,8 +44,11 @@ from psycopg.conninfo import make_conninfo
 from chaos.jobs import MISBEHAVING  # also registers the chaos kinds here, which enqueue validates against
 from store import JobRequest, embedded, enqueue, enqueue_many
 from store.config import load_settings
+from store.loading import load_jobs
 from store.migrate import migrate
-from store.registry import load_jobs
+
+if TYPE_CHECKING:
+    from tests.pgbouncer import PgBouncer
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "chaos" / "config"
@@ -150,7 +153,8 @@ class WorkerProcess:
         self.stdout_path = lab.logs / f"{name}.out"
         self.stderr_path = lab.logs / f"{name}.err"
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
-            self.process = subprocess.Popen([sys.executable, "-m", "dygo", *args], cwd=REPO, env=lab.env(url),
+            self.process = subprocess.Popen([sys.executable, "-m", "dygo", *args], cwd=REPO,
+                                            env=lab.env(url, pooled=args[0] == "worker"),
                                             stdout=out, stderr=err)
         self.pid = self.process.pid
         self.frozen_until: float | None = None
@@ -182,7 +186,7 @@ class WorkerProcess:
 class Lab:
     """The dedicated embedded server, a fresh database per scenario, and the processes started."""
 
-    def __init__(self, data_dir: Path, logs: Path) -> None:
+    def __init__(self, data_dir: Path, logs: Path, pgbouncer: bool = False) -> None:
         self.data_dir = data_dir
         self.logs = logs
         logs.mkdir(parents=True, exist_ok=True)
@@ -192,10 +196,24 @@ class Lab:
         self.processes: list[WorkerProcess] = []
         self.scenario = "lab"
         self.started = 0  # processes started so far, for unique log file names
+        # --pgbouncer: workers reach PostgreSQL through a PgBouncer in transaction mode, LISTEN on the direct
+        # URL (serve stays direct: its pooler support is its own piece of work). The suite's own
+        # connections (books, faults) stay direct.
+        self.pgbouncer: PgBouncer | None = None
+        if pgbouncer:
+            from tests.pgbouncer import PgBouncer, missing_reason
 
-    def env(self, url: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DYGO_")}
+            reason = missing_reason()
+            if reason:
+                raise RuntimeError(f"--pgbouncer: {reason}")
+            self.pgbouncer = PgBouncer(self.server_url, data_dir.parent / f"{data_dir.name}-pgbouncer")
+            self.pgbouncer.start()
+
+    def env(self, url: str, pooled: bool = True) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DYGO_", "DATABASE_"))}
         env.update(DATABASE_URL=url, DYGO_CONFIG_DIR=str(CONFIG), PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        if self.pgbouncer is not None and pooled:
+            env.update(DATABASE_URL=self.pgbouncer.url(url), DATABASE_DIRECT_URL=url)
         return env
 
     def database(self, scenario: str) -> str:
@@ -231,6 +249,10 @@ class Lab:
         for process in self.processes:
             process.kill()
         self.processes.clear()
+
+    def close(self) -> None:
+        if self.pgbouncer is not None:
+            self.pgbouncer.stop()
 
     def stop_server(self) -> None:
         embedded.stop(self.data_dir)

@@ -31,6 +31,14 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def positive_duration(text: str) -> float:
+    seconds = duration(text)
+    if seconds <= 0:
+        # 0 made the worker poll in a busy loop (half a core on an idle queue).
+        raise argparse.ArgumentTypeError(f"must be a duration greater than 0 such as 500ms or 60s, got {text!r}")
+    return seconds
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -99,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="process only this queue (repeatable; default: every configured queue)")
     worker.add_argument("--concurrency", type=positive_int, metavar="N",
                         help="jobs run at once per queue in this process (overrides queues.yml)")
-    worker.add_argument("--poll-interval", type=duration, default=60.0, metavar="DURATION",
+    worker.add_argument("--poll-interval", type=positive_duration, default=60.0, metavar="DURATION",
                         help="fallback poll when no notification arrives (default: 60s)")
     worker.add_argument("--poll-only", action="store_true", help="do not LISTEN; rely on polling and timers")
     worker.add_argument("--once", action="store_true",
@@ -113,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: off; 0 picks a free port)")
     worker.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                         help="address for --metrics-port (default: 127.0.0.1; 0.0.0.0 for every interface)")
+    worker.add_argument("--no-cron", dest="cron", action="store_false", default=None,
+                        help="do not fire cron schedules in this worker (default: fire them, unless dygo.yml "
+                        "says cron: false)")
+    worker.add_argument("--ready-file", type=Path, metavar="PATH",
+                        help="create PATH once the worker is ready (its services running and, unless polling "
+                        "only, listening); removed when it stops")
 
     command("schedules", "list the cron schedules: spec, time zone, next and last fire, status")
 
@@ -193,10 +207,11 @@ def _log_format(args: argparse.Namespace) -> str:
 
 
 def migrate_command(settings: Settings) -> int:
-    from store.db import database_url
+    from store.db import database_url, direct_url
     from store.migrate import migrate
 
-    with psycopg.connect(database_url(settings)) as conn:
+    # DDL and the migration lock want a session of their own: the direct URL when DATABASE_URL is a pooler.
+    with psycopg.connect(direct_url() or database_url(settings)) as conn:
         applied = migrate(conn)
     if applied:
         for migration in applied:
@@ -241,7 +256,7 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     from app.guard import HostRule
     from app.main import create_app
     from store.db import database_url
-    from store.registry import load_jobs
+    from store.loading import load_jobs
 
     if args.pool_size:
         settings = dataclasses.replace(settings, serve_pool_size=args.pool_size)
@@ -283,7 +298,7 @@ def web_process_app() -> Any:
     environment."""
     from app.main import create_app
     from store.db import database_url
-    from store.registry import load_jobs
+    from store.loading import load_jobs
 
     _die_with_supervisor()
     settings = load_settings()
@@ -314,8 +329,9 @@ def _auth_summary(settings: Settings) -> str:
 
 def worker_command(settings: Settings, args: argparse.Namespace) -> int:
     from store.db import database_url
-    from store.registry import load_jobs
-    from worker.runtime import Worker, WorkerOptions
+    from store.loading import load_jobs
+    from worker.options import WorkerOptions
+    from worker.runtime import Worker
 
     jobs = load_jobs(settings)
     names = args.queues or settings.queue_names
@@ -326,7 +342,8 @@ def worker_command(settings: Settings, args: argparse.Namespace) -> int:
     queues = {name: args.concurrency or settings.queues[name].concurrency for name in dict.fromkeys(names)}
     options = WorkerOptions(queues=queues, poll_interval=args.poll_interval, poll_only=args.poll_only,
                             once=args.once, shutdown_timeout=args.shutdown_timeout,
-                            metrics_port=args.metrics_port, metrics_host=args.metrics_host)
+                            metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                            cron=settings.cron if args.cron is None else args.cron, ready_file=args.ready_file)
     jobs.freeze()
     url = database_url(settings)
     previous = signal.signal(signal.SIGTERM, flush_then_exit)  # a stop while waiting for the schema: exit 0

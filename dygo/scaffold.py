@@ -38,6 +38,8 @@ jobs: [jobs]
 # cancelled_retention: 30d    # cancelled jobs (0 = keep)
 # stats_retention: 90d        # daily stats rows (0 = keep)
 # retention_interval: 60s     # how often one worker of the cluster trims
+# cron: true                  # this worker fires cron schedules (false: leave them to other workers)
+# serve_pool_size: 10         # database connections per `dygo serve` process for requests
 #
 # allowed_hosts: [jobs.example.com]   # Host names `dygo serve` answers besides its bound address
 # failed_token_limit: 5       # wrong tokens from one client address before a lock-out (429)

@@ -69,6 +69,7 @@ class Settings:
     # Database connections each `dygo serve` process may hold for requests (its LISTEN connection for
     # `?wait=` comes on top): DYGO_SERVE_POOL_SIZE, else serve_pool_size in dygo.yml, else this.
     serve_pool_size: int = 10
+    cron: bool = True  # this worker fires due schedules (`cron: false` or `dygo worker --no-cron`: it does not)
 
     @property
     def queue_names(self) -> list[str]:
@@ -92,6 +93,12 @@ def _positive_duration(value: Any) -> float:
     if seconds <= 0:
         raise ValueError("must be a duration greater than 0")
     return seconds
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
 
 
 def _duration(value: Any) -> float:
@@ -225,6 +232,7 @@ SETTING_PARSERS = {
     "stats_retention": ("stats_retention", _retention),
     "retention_interval": ("retention_interval", _positive_duration),
     "serve_pool_size": ("serve_pool_size", _serve_pool_size),
+    "cron": ("cron", _boolean),
 }
 
 

@@ -7,6 +7,7 @@ batch rather than per job.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -73,19 +74,30 @@ async def listen(conn: psycopg.AsyncConnection) -> None:
 
 async def claim(conn: psycopg.AsyncConnection, queue: str, limit: int, owner: str, ttl: float,
                 jobs: Registry | None = None) -> list[ClaimedJob]:
-    """Lease up to `limit` ready jobs of `queue`. A job enqueued without max_attempts gets it here, durably:
-    its kind's in `jobs` (default: the process's registry, the one `load_jobs` filled), else the default."""
+    """Claim up to `limit` ready jobs of one queue (claim_queues for one queue)."""
+    return await claim_queues(conn, {queue: limit}, owner, ttl, jobs)
+
+
+async def claim_queues(conn: psycopg.AsyncConnection, limits: Mapping[str, int], owner: str, ttl: float,
+                       jobs: Registry | None = None) -> list[ClaimedJob]:
+    """Claim up to limits[queue] ready jobs of each queue in one statement, in claim order. A job enqueued
+    without max_attempts gets it here, durably: its kind's in `jobs` (default: the process's registry, the
+    one `load_jobs` filled), else the default."""
+    wanted = {queue: n for queue, n in limits.items() if n > 0}
+    if not wanted:
+        return []
     kind_attempts, default = (jobs or registry).max_attempts_at_claim()
-    params = {"queue": queue, "limit": limit, "owner": owner, "ttl": ttl, "kind_attempts": kind_attempts,
-              "max_attempts": default}
-    cursor = await conn.execute(queries.CLAIM_JOBS, params)
+    params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl,
+              "kind_attempts": kind_attempts, "max_attempts": default}
+    # Never prepared (queries.py, CLAIM_JOBS: planned on every call against the table as it is now).
+    cursor = await conn.execute(queries.CLAIM_JOBS, params, prepare=False)
     return [ClaimedJob(*row) for row in await cursor.fetchall()]
 
 
-async def seconds_to_next_run(conn: psycopg.AsyncConnection, queues: list[str]) -> float | None:
-    """How long until the next pending job of `queues` is due; None when there is none."""
-    row = await (await conn.execute(queries.SECONDS_TO_NEXT_RUN, (queues,))).fetchone()
-    return row[0] if row else None
+async def seconds_to_next_run(conn: psycopg.AsyncConnection, queues: list[str]) -> dict[str, float]:
+    """How long until the next pending job of each of `queues` is due; a queue with none is left out."""
+    cursor = await conn.execute(queries.SECONDS_TO_NEXT_RUN, {"queues": queues}, prepare=False)
+    return {queue: due_in for queue, due_in in await cursor.fetchall()}
 
 
 async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: float) -> set[int]:

@@ -4,13 +4,20 @@ A pass deletes succeeded, dead and cancelled jobs older than their retention, ex
 keys and old daily and minute stats, in batches that each commit on their own (no long row locks, no long
 transaction holding back vacuum), and a bounded number of batches per kind so one pass never runs
 long. What is left over is taken by the next pass. Every statement lives in store/queries.py.
+
+Each batch takes the cluster-wide retention lock in its own transaction (a transaction-level advisory
+lock, so it works through PgBouncer in transaction mode, where a session lock would stay with a server
+connection other clients then use) and gives the connection back after it: a worker's one connection
+for settles and maintenance settles between two batches, and the pass needs no second connection. A
+pass that finds the lock taken at its first batch leaves the work to the worker holding it; one that
+loses it between two batches stops there.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field, fields
 
 import psycopg
 
@@ -50,12 +57,14 @@ class Trimmed:
     idempotency_keys: int = 0
     daily_stats: int = 0
     minute_stats: int = 0
+    batches: int = field(default=0, compare=False, repr=False)  # statements run under the lock
 
     def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
+        return sum(getattr(self, f.name) for f in fields(self) if f.name != "batches")
 
     def summary(self) -> str:
-        return ", ".join(f"{getattr(self, f.name)} {f.name.replace('_', ' ')}" for f in fields(self))
+        return ", ".join(f"{getattr(self, f.name)} {f.name.replace('_', ' ')}" for f in fields(self)
+                         if f.name != "batches")
 
 
 @dataclass
@@ -65,36 +74,57 @@ class SucceededWalk:
     after: int = 0  # the next step starts at the first job with a greater id
 
 
+# Where a pass gets a connection for each batch: a pool's `connection`, or one connection held throughout.
+Connections = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection]]
+
+
+class LockTaken(Exception):
+    """Another worker holds the retention lock."""
+
+
 @asynccontextmanager
 async def retention_lock(conn: psycopg.AsyncConnection) -> AsyncIterator[bool]:
     """Hold the cluster-wide retention lock for the block; yields False when another worker holds it.
 
     A transaction-level lock, so it is released by the commit at the end of the block, or by the
-    connection closing if this process dies; `conn` must be kept for the lock alone meanwhile.
+    connection closing if this process dies.
     """
     async with conn.transaction():
         yield (await (await conn.execute(queries.RETENTION_LOCK)).fetchone())[0]
 
 
-async def trim(guard: psycopg.AsyncConnection, conn: psycopg.AsyncConnection, retention: Retention,
-               walk: SucceededWalk) -> Trimmed | None:
-    """One retention pass on `conn` (autocommit) under the lock taken on `guard`; None if another worker has it."""
-    async with retention_lock(guard) as held:
-        if not held:
-            return None
-        trimmed = Trimmed()
+async def trim(connections: Connections, retention: Retention, walk: SucceededWalk) -> Trimmed | None:
+    """One retention pass, each batch in a transaction holding the retention lock; None if another
+    worker held it at the first batch."""
+    trimmed = Trimmed()
+    try:
         if retention.succeeded:
-            trimmed.succeeded = await _trim_succeeded(conn, retention.succeeded, walk)
+            await _trim_succeeded(connections, retention.succeeded, walk, trimmed)
         if retention.dead:
-            trimmed.dead = await _repeat(conn, queries.TRIM_DEAD, retention.dead)
+            trimmed.dead = await _repeat(connections, queries.TRIM_DEAD, retention.dead, trimmed)
         if retention.cancelled:
-            trimmed.cancelled = await _repeat(conn, queries.TRIM_CANCELLED, retention.cancelled)
-        trimmed.idempotency_keys = await _repeat(conn, queries.TRIM_EXPIRED_KEYS, 0.0)
-        await fold_stats(conn)  # before trimming, so old deltas land in rows the trim then sees
+            trimmed.cancelled = await _repeat(connections, queries.TRIM_CANCELLED, retention.cancelled, trimmed)
+        trimmed.idempotency_keys = await _repeat(connections, queries.TRIM_EXPIRED_KEYS, 0.0, trimmed)
+        async with connections() as conn:
+            await fold_stats(conn)  # before trimming, so old deltas land in rows the trim then sees
         if retention.daily_stats:
-            trimmed.daily_stats = await _repeat(conn, queries.TRIM_DAILY_STATS, retention.daily_stats)
-        trimmed.minute_stats = await _repeat(conn, queries.TRIM_MINUTE_STATS, MINUTE_STATS_KEEP)
-        return trimmed
+            trimmed.daily_stats = await _repeat(connections, queries.TRIM_DAILY_STATS, retention.daily_stats,
+                                                trimmed)
+        trimmed.minute_stats = await _repeat(connections, queries.TRIM_MINUTE_STATS, MINUTE_STATS_KEEP, trimmed)
+    except LockTaken:
+        return trimmed if trimmed.batches else None
+    return trimmed
+
+
+async def _locked_batch(connections: Connections, statement: str, params: dict[str, object],
+                        trimmed: Trimmed) -> tuple[int, int | None]:
+    """One batch under the retention lock, committed on its own; raises LockTaken when another has it."""
+    async with connections() as conn, conn.transaction():
+        if not (await (await conn.execute(queries.RETENTION_LOCK)).fetchone())[0]:
+            raise LockTaken
+        row = await (await conn.execute(statement, params)).fetchone()
+    trimmed.batches += 1
+    return row[0], (row[1] if len(row) > 1 else None)
 
 
 async def fold_stats(conn: psycopg.AsyncConnection) -> bool:
@@ -107,25 +137,23 @@ async def fold_stats(conn: psycopg.AsyncConnection) -> bool:
     return True
 
 
-async def _repeat(conn: psycopg.AsyncConnection, statement: str, keep: float) -> int:
+async def _repeat(connections: Connections, statement: str, keep: float, trimmed: Trimmed) -> int:
     """Run a batch delete while its batches come back full, up to MAX_BATCHES; the rows deleted."""
     total = 0
     for _ in range(MAX_BATCHES):
-        deleted = (await (await conn.execute(statement, {"keep": keep, "batch": BATCH})).fetchone())[0]
+        deleted, _next = await _locked_batch(connections, statement, {"keep": keep, "batch": BATCH}, trimmed)
         total += deleted
         if deleted < BATCH:
             break
     return total
 
 
-async def _trim_succeeded(conn: psycopg.AsyncConnection, keep: float, walk: SucceededWalk) -> int:
-    total = 0
+async def _trim_succeeded(connections: Connections, keep: float, walk: SucceededWalk, trimmed: Trimmed) -> None:
     for _ in range(MAX_WALK_STEPS):
         params = {"keep": keep, "after": walk.after, "window": WALK_WINDOW}
-        deleted, next_after = await (await conn.execute(queries.TRIM_SUCCEEDED_RANGE, params)).fetchone()
-        total += deleted
+        deleted, next_after = await _locked_batch(connections, queries.TRIM_SUCCEEDED_RANGE, params, trimmed)
+        trimmed.succeeded += deleted
         if next_after is None:
             walk.after = 0  # reached recent jobs: the next pass starts again from the oldest
             break
         walk.after = next_after
-    return total

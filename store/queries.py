@@ -86,16 +86,28 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 
 # --- Claim, lease, settle ------------------------------------------------------------------------
 
-# Served from the dygo_jobs_ready partial index; SKIP LOCKED lets any number of workers claim at once.
-# A paused queue (dygo_queues) yields nothing: one primary-key probe, evaluated once per claim.
+# One statement claims for every queue a worker serves: each (queue, free slots) pair of the arrays
+# walks the dygo_jobs_ready partial index (queue, priority DESC, run_at, id) in a LATERAL of its own,
+# so each queue gets at most its own free slots in the seed's order, and one round trip serves any
+# number of queues (a worker's claim connection is one, whatever its queues). SKIP LOCKED lets any
+# number of workers claim at once. A paused queue (dygo_queues) yields nothing: one primary-key
+# probe per queue, evaluated once per claim. The UPDATE finds each picked row by primary key
+# (`= ANY(ARRAY(...))`); the rows come back in claim order across the queues, the order jobs start in.
+# Sent unprepared (store/leases.py), so planned on every call with the table's size at that moment:
+# prepared, its generic plan was made once on the freshly migrated, empty table (a sequential scan for
+# the UPDATE is cheapest there) and kept until the first ANALYZE invalidated it, a minute later, while
+# the table grew to thousands of rows (issue 12 item 5). Planning costs far less than that scan.
 CLAIM_JOBS = """
 WITH picked AS (
-    SELECT id FROM dygo_jobs
-    WHERE state = 'pending' AND queue = %(queue)s AND run_at <= now()
-      AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = %(queue)s AND q.paused)
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    SELECT p.id FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
+    CROSS JOIN LATERAL (
+        SELECT id FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+        ORDER BY priority DESC, run_at, id
+        LIMIT w.slots
+        FOR UPDATE SKIP LOCKED
+    ) AS p
 ), claimed AS (
     UPDATE dygo_jobs AS j
     SET state = 'active', attempt = j.attempt + 1, started_at = now(),
@@ -103,7 +115,6 @@ WITH picked AS (
         max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
         lease_owner = %(owner)s, lease_token = gen_random_uuid(),
         lease_deadline = now() + make_interval(secs => %(ttl)s)
-    -- ANY(ARRAY(...)) keeps this a primary-key lookup whatever the table statistics say.
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
               j.lease_token, j.lease_deadline, j.priority, j.run_at
@@ -112,12 +123,18 @@ SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_to
        extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8  -- start latency (store/timings.py)
 FROM claimed ORDER BY priority DESC, run_at, id"""
 
-# Seconds until the next pending job is due, on the database clock (negative: due already).
+# Seconds until the next pending job of each queue is due, on the database clock (negative: due
+# already; no row: none pending). One walk of dygo_jobs_ready per queue, in a LATERAL like the claim.
 # Paused queues are left out: their due jobs cannot be claimed, so they must not wake anyone.
+# Sent unprepared like CLAIM_JOBS, for the same reason.
 SECONDS_TO_NEXT_RUN = """
-SELECT extract(epoch FROM min(run_at) - now())::float8 FROM dygo_jobs
-WHERE state = 'pending' AND queue = ANY(%s)
-  AND queue <> ALL(ARRAY(SELECT name FROM dygo_queues WHERE paused))"""
+SELECT w.queue, n.due_in FROM unnest(%(queues)s::text[]) AS w(queue)
+CROSS JOIN LATERAL (
+    SELECT extract(epoch FROM min(run_at) - now())::float8 AS due_in FROM dygo_jobs
+    WHERE state = 'pending' AND queue = w.queue
+      AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+) AS n
+WHERE n.due_in IS NOT NULL"""
 
 # Every worker statement that locks several job rows (renew, settle, progress) locks them first, in id
 # order, in this CTE: in the order of their arrays, a settle holding S and wanting U and a renewal holding
@@ -594,8 +611,9 @@ RETRY_DEAD_GROUP = _revive_dead("""
 
 # --- Retention (worker maintenance, store/maintenance.py) -----------------------------------------
 
-# One worker of the cluster trims at a time. The lock is held by an open transaction on a connection
-# of its own for the whole pass, while each batch commits on another, so no batch holds row locks long.
+# One worker of the cluster trims at a time: each batch takes this lock in its own short transaction
+# (transaction-level, so it holds through PgBouncer's transaction pooling), and a pass that finds it
+# taken stops; no batch holds row locks long, and the pass needs one connection, not two.
 RETENTION_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('dygo.retention'))"
 
 # One step of the walk over old succeeded jobs, served by the primary key (no index on the hot path):

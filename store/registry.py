@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
-import os
 import re
-import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, get_type_hints
@@ -178,7 +175,7 @@ class Registry:
             except ConfigError as exc:
                 raise EnqueueError(
                     "queues_unknown", f"cannot check the job's queue against the configured queues ({exc}): load "
-                    "the configuration first (store.registry.load_jobs(store.config.load_settings())), or set "
+                    "the configuration first (store.loading.load_jobs(store.config.load_settings())), or set "
                     "DYGO_CONFIG_DIR to the folder holding queues.yml", {"field": "queue"}) from None
         return self.queues
 
@@ -248,27 +245,3 @@ def _args_model(handler: Handler) -> type[BaseModel] | None:
     if inspect.isclass(hint) and issubclass(hint, BaseModel):
         return hint
     return None
-
-
-def load_jobs(settings: Settings, modules: Iterable[str] | None = None) -> Registry:
-    """Import the configured job modules, check every job names a configured queue, load the schedules."""
-    from store.schedules import load_schedules  # it builds on this module
-    # The project's modules load from the folder dygo runs in, first, as with `python -m`: the `dygo`
-    # console script puts only its own bin folder on the path, and a project's `jobs` package must win
-    # over any installed one. By now dygo's own packages are imported, so nothing of the project's
-    # named `app` or `worker` can replace them.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    for module in modules or settings.job_modules:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name and module.startswith(exc.name):
-                raise ConfigError(str(settings.config_dir / "dygo.yml"), f"jobs: {module}",
-                                  "module not found; is it on PYTHONPATH?") from None
-            raise
-    registry.check_queues(settings)
-    registry.queues = settings.queue_names
-    registry.default_max_attempts = settings.default_max_attempts
-    registry.schedules = load_schedules(settings, registry)
-    return registry

@@ -76,9 +76,10 @@ def _conninfo(db: str | None) -> str:
     if db:
         return db
     from store.config import load_settings
-    from store.db import database_url
+    from store.db import database_url, direct_url
 
-    return database_url(load_settings())
+    # The wait LISTENs: through a transaction pooler it needs the direct URL (store/db.py).
+    return direct_url() or database_url(load_settings())
 
 
 def _final_or_raise(job_id: int, job: dict[str, Any] | None) -> bool:
@@ -90,8 +91,8 @@ def _final_or_raise(job_id: int, job: dict[str, Any] | None) -> bool:
 async def result(job_id: int, timeout: str | float = 30.0, *, db: str | None = None) -> dict[str, Any]:
     """Wait until the job is succeeded, dead or cancelled and return it (result, errors, progress...).
 
-    `timeout` is seconds or a duration like "30s". `db` is a conninfo (default: DATABASE_URL, else
-    the embedded server); the wait holds one connection of its own for its LISTEN."""
+    `timeout` is seconds or a duration like "30s". `db` is a conninfo (default: DATABASE_DIRECT_URL, else
+    DATABASE_URL, else the embedded server); the wait holds one connection of its own for its LISTEN."""
     seconds = _seconds(timeout)
     deadline = time.monotonic() + seconds
     async with await psycopg.AsyncConnection.connect(_conninfo(db), autocommit=True) as conn:

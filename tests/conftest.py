@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +19,10 @@ from psycopg.conninfo import make_conninfo
 
 from store import embedded
 from store.config import load_settings
+from store.loading import load_jobs
 from store.migrate import migrate
-from store.registry import load_jobs
+from tests.pgbouncer import PgBouncer
+from tests.pgbouncer import missing_reason as pgbouncer_missing
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_CONFIG = REPO / "tests" / "config"
@@ -74,6 +77,21 @@ def db_url(server_url: str, template_url: str, monkeypatch: pytest.MonkeyPatch) 
     yield url
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(server_url: str) -> Iterator[PgBouncer]:
+    """A real PgBouncer in transaction pooling mode in front of the test server (tests/pgbouncer.py);
+    `pgbouncer.url(db_url)` is a test database through it. Skipped, with the reason, where it cannot run."""
+    reason = pgbouncer_missing()
+    if reason:
+        pytest.skip(reason)
+    workdir = REPO / ".dygo" / f"pgbouncer-{os.getpid()}"  # not under /tmp/pytest-of-root: PgBouncer's user reads it
+    bouncer = PgBouncer(server_url, workdir)
+    bouncer.start()
+    yield bouncer
+    bouncer.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import psycopg
 from pydantic import BaseModel
 
 from store import Abort, JobContext, Reportable, RetryAfter, Snooze, job
+from store.db import connect_kwargs
 
 _local = threading.local()
 
@@ -19,7 +20,8 @@ def record(ctx: JobContext, note: str = "") -> int:
     """Insert one row per execution and return how many runs this job has had so far."""
     conn = getattr(_local, "conn", None)
     if conn is None or conn.closed:
-        conn = _local.conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+        # connect_kwargs(): DATABASE_URL may be PgBouncer in transaction mode (tests/test_pgbouncer.py).
+        conn = _local.conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, **connect_kwargs())
     conn.execute("INSERT INTO test_runs (job_id, attempt, pid, note) VALUES (%s, %s, %s, %s)",
                  (ctx.id, ctx.attempt, os.getpid(), note))
     return conn.execute("SELECT count(*) FROM test_runs WHERE job_id = %s", (ctx.id,)).fetchone()[0]
@@ -137,7 +139,8 @@ async def mark(ctx: JobContext, args: dict) -> None:
     """Records the execution on one async connection per process: cheap enough for 20,000 jobs."""
     global _marker
     if _marker is None or _marker.closed:
-        _marker = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True)
+        _marker = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True,
+                                                        **connect_kwargs())
     await _marker.execute("INSERT INTO test_runs (job_id, attempt, pid) VALUES (%s, %s, %s)",
                           (ctx.id, ctx.attempt, os.getpid()))
 
@@ -235,6 +238,24 @@ class Size(BaseModel):
 @job("test.sized_result")
 async def sized_result(ctx: JobContext, args: Size) -> str:
     return "x" * args.chars
+
+
+class Breakage(BaseModel):
+    module: str = "store.leases"
+    function: str = "renew"
+
+
+@job("test.break_service")
+async def break_service(ctx: JobContext, args: Breakage) -> str:
+    """Inject a defect into the worker running this job: the store function a service calls next raises
+    an error that is not a database error (tests/test_worker_services.py)."""
+    import importlib
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError(f"injected: {args.module}.{args.function} is broken")
+
+    setattr(importlib.import_module(args.module), args.function, broken)
+    return "broken"
 
 
 if os.environ.get("DYGO_TEST_SPANS_FILE"):  # tests/test_tracing.py: this process writes its spans there

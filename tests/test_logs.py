@@ -35,7 +35,7 @@ def test_production_worker_writes_one_json_object_per_line_with_the_execution_fi
     assert "never retry" in executions[dead.id]["error"]
 
     lifecycle = [json.loads(line) for line in worker.lines]  # stdout too
-    assert [line["event"] for line in lifecycle] == ["started", "stopping", "stopped"]
+    assert [line["event"] for line in lifecycle] == ["started", "ready", "stopping", "stopped"]
     assert lifecycle[0]["queues"] == {"default": 8, "other": 2}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 import psycopg
@@ -35,9 +36,8 @@ def job_ids(conn: psycopg.Connection) -> set[int]:
 
 def run_trim(url: str, retention: Retention, walk: SucceededWalk | None = None) -> Trimmed | None:
     async def go() -> Trimmed | None:
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as guard, \
-                await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            return await maintenance.trim(guard, conn, retention, walk or SucceededWalk())
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            return await maintenance.trim(lambda: nullcontext(conn), retention, walk or SucceededWalk())
     return asyncio.run(go())
 
 
@@ -102,7 +102,7 @@ def test_only_one_worker_holds_the_retention_lock(conn, db_url):
             async with maintenance.retention_lock(first) as first_held:
                 async with maintenance.retention_lock(second) as second_held:
                     pass
-                skipped = await maintenance.trim(second, work, KEEP_A_DAY, SucceededWalk())
+                skipped = await maintenance.trim(lambda: nullcontext(work), KEEP_A_DAY, SucceededWalk())
             return first_held, second_held, skipped
 
     first_held, second_held, skipped = asyncio.run(go())

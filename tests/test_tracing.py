@@ -109,7 +109,7 @@ def test_without_opentelemetry_installed_enqueue_and_worker_run_untraced(conn, d
     blocked = "import sys; sys.modules['opentelemetry'] = None; "
     enqueue_script = blocked + (
         "import os, psycopg; from store import enqueue, tracing; from store.config import load_settings; "
-        "from store.registry import load_jobs; load_jobs(load_settings()); assert not tracing.active(); "
+        "from store.loading import load_jobs; load_jobs(load_settings()); assert not tracing.active(); "
         "conn = psycopg.connect(os.environ['DATABASE_URL'], autocommit=True); "
         "print(enqueue(conn, 'test.noop', {}, meta={'tenant': 'acme'}).id)")
     worker_script = blocked + "from dygo.cli import main; sys.exit(main(['worker', '--once']))"

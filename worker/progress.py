@@ -29,6 +29,8 @@ INTERVAL = 1.0
 
 
 class ProgressWriter:
+    name = "progress"
+
     def __init__(self, pool: AsyncConnectionPool, leased: dict[UUID, ClaimedJob], outage: OutageLog) -> None:
         self.pool = pool
         self.outage = outage  # the worker's: a failed write during an outage is not logged once per second
@@ -45,7 +47,7 @@ class ProgressWriter:
 
     def start(self) -> asyncio.Task[None]:
         self.loop = asyncio.get_running_loop()
-        return asyncio.create_task(self._run(), name="progress")
+        return asyncio.create_task(self.run(), name=self.name)
 
     def report(self, lease_token: UUID, fraction: float, message: str | None) -> None:
         """Record the latest progress of a job's current run; callable from any thread."""
@@ -74,7 +76,8 @@ class ProgressWriter:
             self.changed.discard(lease_token)
             return self.latest.pop(lease_token, None)
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        self.loop = asyncio.get_running_loop()
         while True:
             await self.ready.wait()
             await asyncio.sleep(max(0.0, self.last_write + INTERVAL - time.monotonic()))

@@ -7,13 +7,18 @@ the port is scraped, from prometheus-client's HTTP server thread.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+from wsgiref.simple_server import make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 from prometheus_client.registry import Collector
 
+from store.errors import ConfigError
 from store.leases import Outcome, Succeeded
 from store.timings import Timings
 
@@ -105,9 +110,30 @@ class WorkerCollector(Collector):
         yield from histograms.values()
 
 
-def serve_metrics(host: str, port: int, collector: Collector) -> int:
-    """Start prometheus-client's HTTP server (a daemon thread) on a registry of our own; returns the port."""
+def serve_metrics(host: str, port: int, collector: Collector, ready: Callable[[], bool] = lambda: True) -> int:
+    """Serve /metrics (prometheus-client, on a registry of our own) and /readyz (200 when `ready()`, else
+    503: a readiness probe) from a daemon thread; returns the port."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/readyz":
+            status = "200 OK" if ready() else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"ready\n" if status.startswith("200") else b"not ready\n"]
+        return metrics(environ, start_response)
+
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_SilentHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server.server_port
+
+
+def serve_worker_metrics(host: str, port: int, stats: WorkerStats,
+                         slots: Callable[[], Mapping[str, tuple[int, int]]], ready: Callable[[], bool]) -> int:
+    """serve_metrics for a worker's figures; a port that cannot be bound is a configuration error."""
+    try:
+        return serve_metrics(host, port, WorkerCollector(stats, slots), ready)
+    except OSError as exc:
+        raise ConfigError("--metrics-port", str(port), f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                          "choose a free port, or another --metrics-host") from None

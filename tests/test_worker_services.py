@@ -1,0 +1,159 @@
+"""The worker's services one by one (worker/*.py), and how the worker watches them.
+
+Covered elsewhere, by name: the producer's wake-ups and timers (test_worker.py
+test_notify_wakes_an_idle_worker_well_under_the_poll_interval,
+test_scheduled_job_starts_when_due_without_a_notification, test_poll_only_worker_finds_jobs_by_polling;
+test_worker_options.py test_poll_only_worker_runs_a_retry_it_scheduled_when_due_not_at_the_next_poll,
+test_first_claim_after_start_follows_a_recovery_pass), the lease keeper (test_worker.py
+test_lease_is_renewed_while_a_long_job_runs), the settler and the drain (test_worker.py
+test_sigterm_lets_short_jobs_finish_and_hands_long_ones_straight_back), the maintainer's recovery
+(test_worker.py test_worker_killed_mid_job_is_recovered_and_finished_by_another) and retention
+(test_retention.py test_worker_trims_history_and_logs_one_line), the scheduler (test_schedules.py
+test_worker_timer_fires_at_the_occurrence, test_four_workers_fire_50_occurrences_as_exactly_50_jobs),
+the progress writer (test_results.py test_progress_is_visible_mid_job_and_written_at_most_once_a_second),
+the timings writer (test_telemetry.py
+test_latency_and_duration_histograms_by_queue_and_kind_are_exact_after_a_real_worker), the listener's
+reconnect (test_chaos.py test_terminated_backends_and_listen_connection_miss_no_wake_up_beyond_the_poll_interval),
+readiness (test_worker_options.py test_worker_says_it_is_ready_on_stdout_by_file_and_on_its_metrics_port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+
+from store import enqueue, enqueue_many
+from store.leases import claim_queues
+from tests.conftest import TEST_CONFIG, dygo_env, wait_until
+
+
+def claim(url: str, limits: dict[str, int]) -> list:
+    async def go():
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            return await claim_queues(conn, limits, "w1", 30)
+    return asyncio.run(go())
+
+
+def test_one_claim_takes_each_queues_free_slots_in_the_seeds_order(conn, db_url):
+    low = enqueue_many(conn, [{"kind": "test.noop", "priority": 0}] * 3)
+    high = enqueue(conn, "test.noop", {}, priority=5)
+    others = enqueue_many(conn, [{"kind": "test.context"}] * 4)  # queue "other"
+    claimed = claim(db_url, {"default": 2, "other": 3})
+    by_queue = {q: [j.id for j in claimed if j.queue == q] for q in ("default", "other")}
+    assert by_queue["default"] == [high.id, low[0].id]
+    assert by_queue["other"] == [j.id for j in others[:3]]
+    assert [j.id for j in claimed][0] == high.id  # across queues too: priority first
+    assert [j.queue for j in claim(db_url, {"default": 0, "other": 5})] == ["other"]  # the fourth
+
+
+def test_a_claim_leaves_a_paused_queue_alone_and_serves_the_others(conn, db_url):
+    enqueue(conn, "test.noop", {})
+    other = enqueue(conn, "test.context", {})
+    conn.execute("INSERT INTO dygo_queues (name, paused) VALUES ('default', true) "
+                 "ON CONFLICT (name) DO UPDATE SET paused = true")
+    assert [j.id for j in claim(db_url, {"default": 10, "other": 10})] == [other.id]
+
+
+def test_claim_walks_the_ready_index_never_the_whole_table(conn):
+    from store import queries
+
+    conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
+    params = {"queues": ["default", "other"], "limits": [100, 100], "owner": "w1", "ttl": 30}
+    for analyzed in (False, True):  # a fresh table (no statistics yet), then an analyzed one
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS, params))
+        assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, (analyzed, plan)
+        conn.execute("ANALYZE dygo_jobs")
+
+
+def test_claim_is_never_a_plan_cached_while_the_table_was_empty(db_url):
+    async def go() -> int:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            for _ in range(10):  # psycopg prepares a statement on its 5th execution
+                await claim_queues(conn, {"default": 10, "other": 10}, "w1", 30)
+            cursor = await conn.execute("SELECT count(*) FROM pg_prepared_statements "
+                                        "WHERE statement LIKE '%%FOR UPDATE SKIP LOCKED%%'")
+            return (await cursor.fetchone())[0]
+
+    assert asyncio.run(go()) == 0
+
+
+@pytest.mark.parametrize(("module", "function", "service"), [
+    ("store.leases", "renew", "lease-keeper"),
+    ("store.leases", "heartbeat", "maintainer"),
+])
+def test_a_service_that_dies_is_named_and_the_worker_stops_with_exit_1(conn, spawn, module, function, service):
+    process = spawn("worker", "--poll-interval", "60s", "--shutdown-timeout", "1s")
+    process.wait_for_line("started")
+    long = enqueue(conn, "test.record", {"seconds": 30})  # a lease to keep: the lease keeper renews it
+    wait_until(lambda: conn.execute("SELECT count(*) FROM test_runs").fetchone()[0] == 1, message="the long job")
+    job = enqueue(conn, "test.break_service", {"module": module, "function": function})
+    assert process.wait(timeout=30) == 1
+    stderr = process.stderr()
+    assert f"worker service {service} died (RuntimeError: injected: {module}.{function} is broken)" in stderr
+    assert f"stopped: service {service} died" in "".join(process.lines)
+    # The other services did their part on the way out: the breaking job was settled, the long one
+    # handed back at the shutdown timeout, the worker row removed.
+    assert conn.execute("SELECT state FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone()[0] == "succeeded"
+    assert conn.execute("SELECT state, attempt FROM dygo_jobs WHERE id = %s", (long.id,)).fetchone() == ("pending", 0)
+    assert conn.execute("SELECT count(*) FROM dygo_workers").fetchone()[0] == 0
+
+
+FIVE_QUEUES = """queues:
+  - name: default
+    concurrency: 8
+  - name: other
+    concurrency: 2
+  - name: mail
+    concurrency: 4
+  - name: reports
+    concurrency: 4
+  - name: webhooks
+    concurrency: 4
+"""
+
+
+def worker_connections(conn) -> int:
+    return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name LIKE 'dygo-worker%'").fetchone()[0]
+
+
+def test_worker_serving_five_queues_holds_at_most_three_connections(conn, db_url, spawn, tmp_path):
+    (tmp_path / "queues.yml").write_text(FIVE_QUEUES)
+    (tmp_path / "dygo.yml").write_text((TEST_CONFIG / "dygo.yml").read_text() + "retention_interval: 1s\n")
+    process = spawn("worker", "--poll-interval", "1s", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(tmp_path)))
+    process.wait_for_line("started")
+    idle = [worker_connections(conn) for _ in range(30) if not time.sleep(0.2)]  # 6 s: heartbeat, retention
+    conn.execute("INSERT INTO dygo_jobs (kind, queue, args) SELECT 'test.record', q, '{\"seconds\": 0.02}' "
+                 "FROM unnest(ARRAY['default', 'other', 'mail', 'reports', 'webhooks']) AS q, "
+                 "generate_series(1, 60)")
+    busy = []
+
+    def drained() -> bool:
+        busy.append(worker_connections(conn))
+        return conn.execute("SELECT count(*) FROM dygo_jobs WHERE state <> 'succeeded'").fetchone()[0] == 0
+
+    wait_until(drained, timeout=60, interval=0.05, message="300 jobs over 5 queues to succeed")
+    assert max(idle) <= 3 and max(busy) <= 3, (idle, busy)
+    assert min(busy) >= 2  # counted for real: the claim and the LISTEN connections at least
+    queues = conn.execute("SELECT DISTINCT queue FROM dygo_jobs j JOIN test_runs r ON r.job_id = j.id").fetchall()
+    assert len(queues) == 5
+
+
+def test_lease_keeper_with_nothing_to_renew_does_not_report_the_database_back(db_url):
+    from worker.database import Database
+    from worker.lease_keeper import LeaseKeeper
+
+    async def go() -> bool:
+        database = Database(db_url, "test:1:abc")
+        await database.pool.open(wait=True)
+        try:
+            database.outage.lost("a restart under way", OSError("server closed the connection"))
+            await LeaseKeeper(database, {}, 2.0).renew_once()
+            return database.outage.down
+        finally:
+            await database.pool.close()
+
+    assert asyncio.run(go())  # still down: only a statement that ran may end an outage

@@ -1,0 +1,93 @@
+"""The worker's connections to PostgreSQL: at most three, whatever the number of queues it serves.
+
+* claim   - the producer's own connection (worker/producer.py): one statement claims for every queue,
+            and a pool checkout would add ~0.2 ms to every wake-up
+* LISTEN  - the listener's session (worker/listener.py), on DATABASE_DIRECT_URL when one is given:
+            through a transaction pooler a session's notifications cannot be relied on
+* shared  - a pool of one for everything else, one statement or short transaction at a time: settles,
+            lease renewals, progress, timings, heartbeat, recovery, schedules, retention (each batch
+            commits on its own, so a pass never holds it long)
+
+Nothing here keeps session state across transactions (no session advisory lock, no SET, no
+server-side prepared statement behind a transaction pooler: store.db.connect_kwargs), so every
+DATABASE_URL connection works through PgBouncer in transaction pooling mode.
+
+One lost/back line pair per outage for all services (store/outage.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from store.db import connect_kwargs, direct_url, through_transaction_pooler
+from store.outage import OutageLog
+from worker.service import failure_backoff
+
+log = logging.getLogger("dygo.worker")
+
+MAX_CONNECTIONS = 3
+
+
+class Database:
+    def __init__(self, url: str, worker_id: str) -> None:
+        self.url = url
+        # application_name lets an operator (and the chaos suite) find this worker's backends.
+        self.options: dict[str, Any] = {"autocommit": True, "application_name": f"dygo-worker {worker_id}",
+                                        **connect_kwargs()}
+        # Where LISTEN goes: the direct URL when given; DATABASE_URL unless it goes through a
+        # transaction pooler; else nowhere (the worker polls, and says so when it starts).
+        self.listen_url = direct_url() or (None if through_transaction_pooler() else url)
+        self.listen_options: dict[str, Any] = {"autocommit": True,
+                                               "application_name": f"dygo-worker-listen {worker_id}"}
+        self.pool = AsyncConnectionPool(url, min_size=1, max_size=1, kwargs=self.options, open=False)
+        self.outage = OutageLog(log)
+
+    async def wait_until_reachable(self) -> None:
+        """At start, an unreachable database is retried with backoff and said once, as in an outage
+        later on: under a process manager the worker then starts working as soon as it is back."""
+        failures = 0
+        while True:
+            try:
+                conn = await self.connect()
+            except (psycopg.OperationalError, OSError) as exc:
+                failures += 1
+                self.outage.lost("start-up: cannot reach the database", exc)
+                await asyncio.sleep(failure_backoff(failures))
+                continue
+            await conn.close()
+            self.outage.back()
+            return
+
+    def connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]:
+        """The shared connection, for one statement or one short transaction."""
+        return self.pool.connection()
+
+    async def connect(self) -> psycopg.AsyncConnection:
+        """A connection of its own to DATABASE_URL (the producer's)."""
+        return await psycopg.AsyncConnection.connect(self.url, **self.options)
+
+    async def connect_listen(self) -> psycopg.AsyncConnection:
+        assert self.listen_url is not None
+        return await psycopg.AsyncConnection.connect(self.listen_url, **self.listen_options)
+
+    async def lost(self, where: str, exc: BaseException) -> None:
+        if self.outage.lost(where, exc):
+            # The pool's idle connection died with the server; dropped now, it would fail once more
+            # after the database is back, and be logged as a second outage.
+            await self._check_pool()
+
+    async def back(self) -> None:
+        if self.outage.back():
+            # Again at the end: a connection whose backend was still shutting down passed the first
+            # check, and died after it.
+            await self._check_pool()
+
+    async def _check_pool(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.pool.check(), 5.0)

@@ -1,0 +1,61 @@
+"""The listener: LISTENs for jobs that become pending and schedules that change, and wakes the producer
+(for the queue named in the payload) or the scheduler. On a lost connection it reconnects with backoff
+while the producer and scheduler go on polling; its reconnect wakes both, to catch up on anything sent
+while it was away.
+
+It needs a session of its own: DATABASE_DIRECT_URL when DATABASE_URL goes through a transaction
+pooler (worker/database.py); without one the worker runs poll-only and has no listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import psycopg
+
+from store import leases, schedules
+from worker.database import Database
+
+RETRY_MAX = 5.0  # capped low: its reconnect is what wakes every producer once the database is back
+
+
+class Listener:
+    name = "listener"
+
+    def __init__(self, database: Database, wake_queue: Callable[[str], None], wake_all: Callable[[], None],
+                 schedules_changed: asyncio.Event, poll_interval: float) -> None:
+        self.database = database
+        self.wake_queue = wake_queue
+        self.wake_all = wake_all
+        self.schedules_changed = schedules_changed
+        self.poll_interval = poll_interval
+        self.listening = asyncio.Event()  # set while LISTEN is in place (the worker's readiness waits for it)
+
+    async def run(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                async with await self.database.connect_listen() as conn:
+                    await leases.listen(conn)
+                    await schedules.listen(conn)
+                    delay = 0.5
+                    self.listening.set()
+                    if self.database.listen_url == self.database.url:
+                        # On DATABASE_DIRECT_URL, being back says nothing of the pooled DATABASE_URL
+                        # (PgBouncer refuses logins for server_login_retry after an outage): the
+                        # services that use it say when it is back.
+                        await self.database.back()
+                    self.wake_all()  # catch up on anything sent while not listening
+                    self.schedules_changed.set()
+                    async for notify in conn.notifies():
+                        if notify.channel == schedules.CHANNEL:
+                            self.schedules_changed.set()
+                        else:
+                            self.wake_queue(notify.payload)
+            except (psycopg.Error, OSError) as exc:
+                self.listening.clear()
+                await self.database.lost(f"LISTEN connection (polling every {self.poll_interval:g}s until it is back)",
+                                         exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)

@@ -1,0 +1,115 @@
+"""The maintainer: every HEARTBEAT_INTERVAL, the worker's heartbeat row, recovery of expired leases,
+forgetting workers gone silent, and every `retention_interval` a retention pass (one worker of the
+cluster at a time). Each is an object of its own with one pass callable alone (`run_once`).
+
+No leader is elected: recovery takes rows with SKIP LOCKED and retention a transaction-level advisory
+lock per batch, so any number of workers maintain at once without stepping on each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+
+import psycopg
+
+from store import leases, maintenance
+from store.config import Settings
+from worker.database import Database
+
+log = logging.getLogger("dygo.worker")
+
+HEARTBEAT_INTERVAL = 5.0
+STALE_AFTER = HEARTBEAT_INTERVAL * 12  # a worker silent this long is gone from the workers list
+
+
+class Heartbeat:
+    def __init__(self, database: Database, worker_id: str, queues: dict[str, int]) -> None:
+        self.database = database
+        self.worker_id = worker_id
+        self.queues = queues
+
+    async def run_once(self) -> None:
+        async with self.database.connection() as conn:
+            await leases.heartbeat(conn, self.worker_id, socket.gethostname(), os.getpid(), self.queues)
+
+    async def gone(self) -> None:
+        async with self.database.connection() as conn:
+            await leases.worker_gone(conn, self.worker_id)
+
+
+class Recovery:
+    """Expired leases back to their queue (or dead as poison). The producer runs a pass before its first
+    claim after start and after an outage, and at most every RECOVER_INTERVAL after a claim."""
+
+    def __init__(self, database: Database, max_reaps: int) -> None:
+        self.database = database
+        self.max_reaps = max_reaps
+        self.last = 0.0  # monotonic time of the last pass
+
+    async def run_once(self) -> None:
+        self.last = time.monotonic()
+        async with self.database.connection() as conn:
+            recovered = await leases.recover_expired(conn, self.max_reaps)
+        for job_id, state in recovered:
+            log.warning("job %s: lease expired, %s", job_id,
+                        "dead as poison (recovered too often)" if state == "dead" else "back to pending")
+
+
+class StaleWorkers:
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    async def run_once(self) -> None:
+        async with self.database.connection() as conn:
+            await leases.forget_stale_workers(conn, STALE_AFTER)
+
+
+class Retention:
+    """A retention pass every `retention_interval`; each batch takes the shared connection on its own."""
+
+    def __init__(self, database: Database, settings: Settings) -> None:
+        self.database = database
+        self.settings = settings
+        self.next_pass = 0.0  # monotonic time of the next pass
+        self.walk = maintenance.SucceededWalk()
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.next_pass
+
+    async def run_once(self) -> None:
+        self.next_pass = time.monotonic() + self.settings.retention_interval
+        retention = maintenance.Retention.from_settings(self.settings)
+        trimmed = await maintenance.trim(self.database.connection, retention, self.walk)
+        if trimmed is not None and trimmed.total():
+            log.info("retention: trimmed %s", trimmed.summary())
+
+
+class Maintainer:
+    name = "maintainer"
+
+    def __init__(self, heartbeat: Heartbeat, recovery: Recovery, stale: StaleWorkers, retention: Retention) -> None:
+        self.heartbeat = heartbeat
+        self.recovery = recovery
+        self.stale = stale
+        self.retention = retention
+        self.database = heartbeat.database
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            await self.run_once()
+
+    async def run_once(self) -> None:
+        try:
+            await self.heartbeat.run_once()
+            await self.recovery.run_once()
+            await self.stale.run_once()
+            if self.retention.due():
+                await self.retention.run_once()
+            await self.database.back()
+        except (psycopg.Error, OSError) as exc:
+            await self.database.lost("maintenance", exc)

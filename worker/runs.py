@@ -1,0 +1,80 @@
+"""The jobs this worker has claimed and not settled yet, and the handlers running them.
+
+`leased` is written by the producer (a claim adds) and the settler (a settle removes), and read by
+the lease keeper (what to renew), the progress writer (the lease tokens that fence its writes) and
+the drain at shutdown. It is keyed by lease token, not job id: a job whose lease ran out while this
+worker was cut off (a database restart, a long pause) can be recovered and claimed by this same
+worker again while its first run is still going; by id, the two runs overwrote each other's entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from uuid import UUID
+
+from store import tracing
+from store.leases import ClaimedJob, Unsuccessful
+from worker.executor import Executor
+from worker.progress import ProgressWriter
+from worker.settler import Settler
+from worker.telemetry import WorkerStats, outcome_name
+
+log = logging.getLogger("dygo.worker")
+
+UNTRACED = contextlib.nullcontext()
+
+
+class Runs:
+    def __init__(self, leased: dict[UUID, ClaimedJob], executor: Executor, settler: Settler,
+                 progress: ProgressWriter, stats: WorkerStats) -> None:
+        self.leased = leased
+        self.tasks: dict[UUID, asyncio.Task[None]] = {}  # handlers still running, by lease token
+        self.executor = executor
+        self.settler = settler
+        self.progress = progress
+        self.stats = stats
+        # Decided once: a TracerProvider is configured when the job modules are imported (or by
+        # opentelemetry-instrument), before a worker exists; untraced, a job pays nothing for tracing.
+        self.traced = tracing.active()
+
+    def start(self, job: ClaimedJob, finished: Callable[[ClaimedJob], None]) -> None:
+        """Run a claimed job's handler in a task; `finished` is called when it ends, whatever happened."""
+        self.stats.claimed_job(job.queue, job.kind, job.waited)
+        self.leased[job.lease_token] = job
+        self.tasks[job.lease_token] = asyncio.create_task(self._execute(job, finished))
+
+    async def _execute(self, job: ClaimedJob, finished: Callable[[ClaimedJob], None]) -> None:
+        try:
+            with tracing.execution_span(job) if self.traced else UNTRACED as span:
+                outcome, elapsed = await self.executor.run(job)
+                outcome.progress = self.progress.take(job.lease_token)  # stored by the settle
+                name = outcome_name(outcome)
+                tracing.record_outcome(span, name, getattr(outcome, "error", None))
+            self.stats.executed(job.queue, job.kind, name, elapsed)
+            self.settler.submit(outcome)
+        finally:
+            del self.tasks[job.lease_token]
+            finished(job)
+
+    async def wait(self) -> None:
+        """Until every running handler has ended (--once)."""
+        await asyncio.gather(*self.tasks.values())
+
+    async def drain(self, timeout: float) -> None:
+        """Let running jobs finish within `timeout`, then hand the rest straight back to their queue."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks.values()), timeout=timeout)
+        unfinished = [self.leased[token] for token in self.tasks]
+        running = list(self.tasks.values())
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        if unfinished:
+            log.warning("handing back %d unfinished job(s): %s", len(unfinished),
+                        ", ".join(str(j.id) for j in unfinished))
+            for job in unfinished:
+                self.settler.submit(Unsuccessful(job, "pending", refund_attempt=True,
+                                                 progress=self.progress.take(job.lease_token)))

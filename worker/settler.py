@@ -1,0 +1,81 @@
+"""The settler: records finished jobs, a whole batch per statement, fenced by lease token.
+
+Handlers put their outcomes in the outbox (`submit`); the settler's loop settles everything waiting
+in one round trip, so at high throughput a batch per round trip, not a round trip per job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+from uuid import UUID
+
+import psycopg
+
+from store import leases
+from store.leases import ClaimedJob, Outcome, Unsuccessful
+from worker.database import Database
+from worker.telemetry import WorkerStats, outcome_name
+
+log = logging.getLogger("dygo.worker")
+
+SETTLE_BATCH = 1000
+
+
+class Settler:
+    name = "settler"
+
+    def __init__(self, database: Database, leased: dict[UUID, ClaimedJob], stats: WorkerStats,
+                 requeued: Callable[[str, float], None] = lambda queue, delay: None) -> None:
+        self.database = database
+        # Told of each job this worker put back in its queue (retry, snooze): (queue, seconds until due).
+        # The producer keeps a timer for it; a poll-only worker gets no NOTIFY for it (issue 14.3).
+        self.requeued = requeued
+        self.leased = leased  # the worker's claimed-and-not-settled jobs (worker/runs.py): settled ones leave it
+        self.stats = stats
+        self.outbox: list[Outcome] = []  # finished, waiting to be settled; written by handlers and the drain
+        self.ready = asyncio.Event()
+        self.flushing = asyncio.Lock()  # one settle at a time: the loop's and shutdown's final one
+
+    def submit(self, outcome: Outcome) -> None:
+        self.outbox.append(outcome)
+        self.ready.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.ready.wait()
+            self.ready.clear()
+            # Shielded: cancelled at shutdown between the commit and its reply, a settled batch would
+            # stay in the outbox, be sent again by the final flush, be refused, and be reported as lost.
+            await asyncio.shield(self.flush())
+
+    async def flush(self) -> None:
+        """Settle everything in the outbox; on a database error keep it and retry (leases cover it)."""
+        async with self.flushing:
+            await self._flush_outbox()
+
+    async def _flush_outbox(self) -> None:
+        delay = 0.1
+        while self.outbox:
+            # Removed from the outbox only once settled, so a cancelled flush loses nothing.
+            batch = self.outbox[:SETTLE_BATCH]
+            try:
+                async with self.database.connection() as conn:
+                    settled = await leases.settle(conn, batch)
+                del self.outbox[:len(batch)]
+                await self.database.back()
+            except (psycopg.Error, OSError) as exc:
+                await self.database.lost(f"settling {len(batch)} job(s)", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            for outcome in batch:
+                self.leased.pop(outcome.job.lease_token, None)
+                if outcome.job.id not in settled:
+                    log.warning("job %s: lease lost before settling; its outcome was discarded", outcome.job.id)
+                elif isinstance(outcome, Unsuccessful) and outcome.state == "pending":
+                    self.requeued(outcome.job.queue, outcome.delay)
+            outcomes = Counter(outcome_name(o) for o in batch if o.job.id in settled)
+            self.stats.settled_batch(outcomes, len(batch) - outcomes.total())
