@@ -18,13 +18,12 @@ import time
 from collections.abc import Iterable
 
 import psycopg
+from dygo.app.db import DatabaseUnavailable, unavailable_response
+from dygo.app.errors import error_response
+from dygo.app.throttle import AuthThrottle
+from dygo.store.config import TOKEN_ENV, Settings
+from dygo.store.errors import ConfigError
 from starlette.types import ASGIApp, Receive, Scope, Send
-
-from app.db import DatabaseUnavailable, unavailable_response
-from app.errors import error_response
-from app.throttle import AuthThrottle
-from store.config import TOKEN_ENV, Settings
-from store.errors import ConfigError
 
 PROTECTED_PREFIX = "/api/"
 # Prometheus metrics name queues, kinds and worker hosts: a read token is needed, like /api/ GETs

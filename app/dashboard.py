@@ -18,22 +18,21 @@ from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlencode
 
 import psycopg
+from dygo.app import charts
+from dygo.app.auth import Tokens
+from dygo.app.db import Conn
+from dygo.app.errors import ApiError
+from dygo.app.jobs import decode_cursor, encode_cursor
+from dygo.app.session import FLASH_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Session, Signer, secret_key
+from dygo.app.system import WORKER_SEEN_WITHIN
+from dygo.app.throttle import AuthThrottle
+from dygo.store import admin, auth_state, inspect, schedules
+from dygo.store.durations import parse_duration
+from dygo.store.errors import Conflict, EnqueueError, NotFound
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-
-from app import charts
-from app.auth import Tokens
-from app.db import Conn
-from app.errors import ApiError
-from app.jobs import decode_cursor, encode_cursor
-from app.session import FLASH_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Session, Signer, secret_key
-from app.system import WORKER_SEEN_WITHIN
-from app.throttle import AuthThrottle
-from store import admin, auth_state, inspect, schedules
-from store.durations import parse_duration
-from store.errors import Conflict, EnqueueError, NotFound
 
 PREFIX = "/dashboard"
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"

@@ -37,12 +37,11 @@ from typing import Annotated
 import anyio
 import anyio.to_thread
 import psycopg
+from dygo.app.errors import error_response
+from dygo.store.db import connect_kwargs
+from dygo.store.outage import OutageLog
 from fastapi import Depends, Request, Response
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout, TooManyRequests
-
-from app.errors import error_response
-from store.db import connect_kwargs
-from store.outage import OutageLog
 
 log = logging.getLogger("dygo.serve")
 

@@ -23,10 +23,9 @@ import logging
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from dygo.app.errors import error_response
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from app.errors import error_response
 
 log = logging.getLogger("dygo.serve")
 

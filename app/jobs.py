@@ -6,13 +6,9 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
-from fastapi.responses import JSONResponse
-from pydantic import ValidationError
-
-from app.db import Conn, database
-from app.errors import ApiError, documented
-from app.schemas import (
+from dygo.app.db import Conn, database
+from dygo.app.errors import ApiError, documented
+from dygo.app.schemas import (
     DURATION_PATTERN,
     POSITIVE_DURATION_PATTERN,
     WAIT_PATTERN,
@@ -24,12 +20,15 @@ from app.schemas import (
     JobPage,
     JobState,
 )
-from store import admin, inspect, tracing
-from store.durations import parse_duration
-from store.enqueue import Enqueued as EnqueueResult
-from store.enqueue import JobRequest, aenqueue, aenqueue_many
-from store.errors import EnqueueError
-from store.registry import Registry
+from dygo.store import admin, inspect, tracing
+from dygo.store.durations import parse_duration
+from dygo.store.enqueue import Enqueued as EnqueueResult
+from dygo.store.enqueue import JobRequest, aenqueue, aenqueue_many
+from dygo.store.errors import EnqueueError
+from dygo.store.registry import Registry
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=documented(401, 403, 413, 503))
 

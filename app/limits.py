@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from dygo.app.errors import error_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from app.errors import error_response
 
 
 class BodyLimit:

@@ -15,33 +15,32 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+from dygo.app.auth import BearerAuth, Tokens, check_protection
+from dygo.app.dashboard import error_page, install_dashboard, is_dashboard
+from dygo.app.db import RETRY_AFTER_DOWN, Database, DatabaseUnavailable, unavailable_response
+from dygo.app.docs import install_docs
+from dygo.app.errors import ApiError, error_response
+from dygo.app.guard import HostRule, Perimeter
+from dygo.app.jobs import router as jobs_router
+from dygo.app.limits import BodyLimit
+from dygo.app.metrics import install_metrics
+from dygo.app.openapi import install_openapi
+from dygo.app.queues import router as queues_router
+from dygo.app.schedules import router as schedules_router
+from dygo.app.system import router as system_router
+from dygo.app.waiting import ResultWaiters
+from dygo.store import admin
+from dygo.store.config import Settings
+from dygo.store.db import direct_url, through_transaction_pooler
+from dygo.store.errors import Conflict, EnqueueError, NotFound
+from dygo.store.outage import OutageLog
+from dygo.store.registry import Registry
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
-
-from app.auth import BearerAuth, Tokens, check_protection
-from app.dashboard import error_page, install_dashboard, is_dashboard
-from app.db import RETRY_AFTER_DOWN, Database, DatabaseUnavailable, unavailable_response
-from app.docs import install_docs
-from app.errors import ApiError, error_response
-from app.guard import HostRule, Perimeter
-from app.jobs import router as jobs_router
-from app.limits import BodyLimit
-from app.metrics import install_metrics
-from app.openapi import install_openapi
-from app.queues import router as queues_router
-from app.schedules import router as schedules_router
-from app.system import router as system_router
-from app.waiting import ResultWaiters
-from store import admin
-from store.config import Settings
-from store.db import direct_url, through_transaction_pooler
-from store.errors import Conflict, EnqueueError, NotFound
-from store.outage import OutageLog
-from store.registry import Registry
 
 log = logging.getLogger("dygo.serve")
 

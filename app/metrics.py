@@ -10,16 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from dygo.app.db import SyncSlot
+from dygo.app.system import WORKER_SEEN_WITHIN
+from dygo.store import admin
+from dygo.store.metrics import snapshot
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from app.db import SyncSlot
-from app.system import WORKER_SEEN_WITHIN
-from store import admin
-from store.metrics import snapshot
 
 router = APIRouter(tags=["system"])
 

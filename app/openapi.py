@@ -12,14 +12,13 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
+from dygo.app.auth import PROTECTED_PREFIX
+from dygo.app.schemas import EnqueueOptions
+from dygo.store.registry import Registry
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field, create_model
 from pydantic.json_schema import models_json_schema
-
-from app.auth import PROTECTED_PREFIX
-from app.schemas import EnqueueOptions
-from store.registry import Registry
 
 # Components for the kinds get this prefix, so no args model can shadow one of the API's own.
 KIND_PREFIX = "kind."

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import psycopg
+from dygo.app.db import Conn, database
+from dygo.app.errors import ApiError, documented
+from dygo.app.jobs import api_duration
+from dygo.app.schemas import DURATION_PATTERN, PurgeReport, Queue, QueueList, QueueStats, RetryDeadReport, VacuumReport
+from dygo.store import admin
+from dygo.store.durations import parse_duration
 from fastapi import APIRouter, Path, Query, Request
-
-from app.db import Conn, database
-from app.errors import ApiError, documented
-from app.jobs import api_duration
-from app.schemas import DURATION_PATTERN, PurgeReport, Queue, QueueList, QueueStats, RetryDeadReport, VacuumReport
-from store import admin
-from store.durations import parse_duration
 
 router = APIRouter(prefix="/api/v1", tags=["queues"], responses=documented(401, 403, 503))
 

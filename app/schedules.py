@@ -5,12 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
+from dygo.app.db import Conn
+from dygo.app.errors import ErrorResponse, documented
+from dygo.store import schedules
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
-
-from app.db import Conn
-from app.errors import ErrorResponse, documented
-from store import schedules
 
 router = APIRouter(prefix="/api/v1/schedules", tags=["schedules"], responses=documented(401, 403, 503))
 

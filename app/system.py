@@ -6,13 +6,12 @@ import logging
 from typing import Any
 
 import psycopg
+from dygo.app.db import Conn, SyncSlot
+from dygo.app.errors import ApiError, documented, error_response
+from dygo.app.schemas import Health, NukeReport, Ready, WorkerList
+from dygo.store import admin
+from dygo.store.errors import SchemaError
 from fastapi import APIRouter, Request
-
-from app.db import Conn, SyncSlot
-from app.errors import ApiError, documented, error_response
-from app.schemas import Health, NukeReport, Ready, WorkerList
-from store import admin
-from store.errors import SchemaError
 
 log = logging.getLogger("dygo.serve")
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-
-from store import auth_state
+from dygo.store import auth_state
 
 LOGIN_ATTEMPTS = 5  # wrong tokens from one address within LOGIN_WINDOW before it is locked out
 LOGIN_WINDOW = 300.0  # seconds

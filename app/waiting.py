@@ -18,10 +18,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
-
-from store import results
-from store.db import connect_kwargs
-from store.outage import OutageLog
+from dygo.store import results
+from dygo.store.db import connect_kwargs
+from dygo.store.outage import OutageLog
 
 # Named for pg_stat_activity, like the worker's `dygo-worker-listen <id>`.
 LISTEN_APPLICATION_NAME = "dygo-serve-listen"

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from store import JobContext, job
+from dygo import JobContext, job
 
 
 @job("bench.noop")

@@ -38,11 +38,10 @@ from common import (
     summarise_profile,
     wait_for_rows,
 )
-
-from store.config import load_settings
-from store.enqueue import JobRequest, enqueue, enqueue_many
-from store.loading import load_jobs
-from store.migrate import migrate
+from dygo.store.config import load_settings
+from dygo.store.enqueue import JobRequest, enqueue, enqueue_many
+from dygo.store.loading import load_jobs
+from dygo.store.migrate import migrate
 
 KIND = "example.noop"
 QUEUE = "default"

@@ -173,8 +173,7 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
 def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_args: dict, jobs: int,
               timeout: float) -> Phase:
     import bench_jobs  # noqa: F401  (registers the kinds, as a producer that enqueues them would)
-
-    from store import enqueue_many  # the bench's own interpreter is dygo's .venv
+    from dygo.store import enqueue_many  # the bench's own interpreter is dygo's .venv
 
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
         conn.execute("DELETE FROM dygo_jobs")

@@ -38,8 +38,7 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_jobs  # noqa: E402, F401  (registers the kinds this script enqueues)
 from common import ROOT, WorkerProcess, log, paced, percentile, wait_until  # noqa: E402
-
-from store.enqueue import enqueue  # noqa: E402
+from dygo.store.enqueue import enqueue  # noqa: E402
 
 DATABASE = "bench_snapshot"
 TARGET = 1.5  # held p50 at most this multiple of clean p50

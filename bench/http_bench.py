@@ -105,7 +105,7 @@ class Server:
 
 def start_servers(url: str, pool_size: int) -> tuple[Server, Server, dict[str, str]]:
     sys.path.insert(0, str(ROOT))
-    from app.db import split_pool
+    from dygo.app.db import split_pool
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYGO_") and k != "WEB_CONCURRENCY"}
     env.update(DATABASE_URL=url, DYGO_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(ROOT), DYGO_SERVE_POOL_SIZE=str(pool_size))

@@ -26,13 +26,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvicorn  # noqa: E402
+from dygo.store.queries import INSERT_JOB  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from psycopg_pool import AsyncConnectionPool  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from dygo.logs import configure_logging  # noqa: E402
-from store.queries import INSERT_JOB  # noqa: E402
 
 # The reference's own statement (bench-only): the rows of INSERT_JOB, all in one statement.
 INSERT_JOBS = """

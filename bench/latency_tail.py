@@ -31,10 +31,10 @@ from psycopg.conninfo import make_conninfo
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from store import embedded  # noqa: E402
-from store.config import load_settings  # noqa: E402
-from store.enqueue import enqueue  # noqa: E402
-from store.loading import load_jobs  # noqa: E402
+from dygo.store import embedded  # noqa: E402
+from dygo.store.config import load_settings  # noqa: E402
+from dygo.store.enqueue import enqueue  # noqa: E402
+from dygo.store.loading import load_jobs  # noqa: E402
 
 DATABASE = "bench_latency_tail"
 

@@ -137,7 +137,7 @@ def parse_arguments() -> argparse.Namespace:
 def all_systems() -> list[System]:
     peer_python = PEER_VENV / "bin" / "python"
     return [
-        System("dygo", "dygo_bench.py", Path(sys.executable), ("store",)),
+        System("dygo", "dygo_bench.py", Path(sys.executable), ("dygo.store",)),
         System("pgqueuer", "peer_pgqueuer.py", peer_python, ("pgqueuer", "asyncpg", "uvloop")),
         System("procrastinate", "peer_procrastinate.py", peer_python, ("procrastinate", "psycopg")),
     ]

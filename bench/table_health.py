@@ -29,12 +29,11 @@ from pathlib import Path
 
 import psycopg
 from common import ROOT, CpuMeter, WorkerProcess, log, parent_pid, wait_until
+from dygo.store.config import load_settings
+from dygo.store.enqueue import JobRequest, enqueue_many
+from dygo.store.loading import load_jobs
+from dygo.store.migrate import migrate
 from psycopg.conninfo import make_conninfo
-
-from store.config import load_settings
-from store.enqueue import JobRequest, enqueue_many
-from store.loading import load_jobs
-from store.migrate import migrate
 
 KIND = "example.noop"
 QUEUE = "default"

@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from dygo.store import embedded
+
 from chaos.runner import REPO, SCENARIOS, Lab, Plan, as_json, run, table
-from store import embedded
 
 
 def main(argv: list[str] | None = None) -> int:

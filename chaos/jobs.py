@@ -14,10 +14,9 @@ import sys
 import time
 
 import psycopg
+from dygo.store import JobContext, job
+from dygo.store.db import connect_kwargs
 from pydantic import BaseModel
-
-from store import JobContext, job
-from store.db import connect_kwargs
 
 RECORD = "INSERT INTO chaos_runs (job_id, attempt, pid, lease_token) VALUES (%(id)s, %(attempt)s, %(pid)s, %(token)s)"
 

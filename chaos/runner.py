@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import psycopg
+from dygo.store import JobRequest, embedded, enqueue, enqueue_many
+from dygo.store.config import load_settings
+from dygo.store.loading import load_jobs
+from dygo.store.migrate import migrate
 from psycopg.conninfo import make_conninfo
 
 from chaos.jobs import MISBEHAVING  # also registers the chaos kinds here, which enqueue validates against
-from store import JobRequest, embedded, enqueue, enqueue_many
-from store.config import load_settings
-from store.loading import load_jobs
-from store.migrate import migrate
 
 if TYPE_CHECKING:
     from tests.pgbouncer import PgBouncer

@@ -1,11 +1,12 @@
 """dygo: durable background jobs for Python on PostgreSQL.
 
-The public face for a project's code: `from dygo import job, enqueue, JobContext, ...`. Everything
-here is re-exported from `store` (the modules stay where they are; `dygo init` projects import from
-here, so a later move of the modules changes no project's imports).
+The public face for a project's code: `from dygo import job, enqueue, JobContext, ...`, re-exported
+from `dygo.store`. The installed distribution imports under `dygo` only (`dygo.store`, `dygo.worker`,
+`dygo.app`; the repository keeps them as top-level folders, mapped in pyproject.toml), so it never
+shadows a project's own `app`, `jobs`, `store` or `worker` package.
 """
 
-from store import (
+from dygo.store import (
     Abort,
     ConfigError,
     Enqueued,
@@ -18,6 +19,7 @@ from store import (
     SchemaError,
     Snooze,
     aenqueue,
+    aenqueue_many,
     enqueue,
     enqueue_many,
     job,
@@ -30,6 +32,6 @@ from store import (
 
 __all__ = [
     "Abort", "ConfigError", "EnqueueError", "Enqueued", "JobContext", "JobRequest", "Reportable", "Retry",
-    "RetryAfter", "SchemaError", "Snooze", "aenqueue", "enqueue", "enqueue_many", "job", "make_context",
-    "registry", "result", "schedule", "wait_for_result",
+    "RetryAfter", "SchemaError", "Snooze", "aenqueue", "aenqueue_many", "enqueue", "enqueue_many", "job",
+    "make_context", "registry", "result", "schedule", "wait_for_result",
 ]

@@ -16,10 +16,10 @@ from typing import Any
 import psycopg
 
 from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, flush_then_exit, resolve_log_format
-from store.admin import STATES
-from store.config import ENVIRONMENTS, POOL_SIZE_ENV, Settings, load_settings, resolve_env
-from store.durations import parse_duration
-from store.errors import AdminError, ConfigError, DatabaseUnavailable, SchemaError
+from dygo.store.admin import STATES
+from dygo.store.config import ENVIRONMENTS, POOL_SIZE_ENV, Settings, load_settings, resolve_env
+from dygo.store.durations import parse_duration
+from dygo.store.errors import AdminError, ConfigError, DatabaseUnavailable, SchemaError
 
 EXIT_USAGE = 2
 
@@ -50,7 +50,7 @@ def positive_int(text: str) -> int:
 
 
 def pool_size(text: str) -> int:
-    from store.config import MIN_SERVE_POOL_SIZE
+    from dygo.store.config import MIN_SERVE_POOL_SIZE
 
     if not text.isdigit() or int(text) < MIN_SERVE_POOL_SIZE:
         raise argparse.ArgumentTypeError(f"must be an integer of at least {MIN_SERVE_POOL_SIZE}, got {text!r}")
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _database_message(exc: Exception) -> str:
-    from store.db import scrub
+    from dygo.store.db import scrub
 
     return scrub(" ".join(str(exc).split()), os.environ.get("DATABASE_URL", ""))
 
@@ -207,8 +207,8 @@ def _log_format(args: argparse.Namespace) -> str:
 
 
 def migrate_command(settings: Settings) -> int:
-    from store.db import database_url, direct_url
-    from store.migrate import migrate
+    from dygo.store.db import database_url, direct_url
+    from dygo.store.migrate import migrate
 
     # DDL and the migration lock want a session of their own: the direct URL when DATABASE_URL is a pooler.
     with psycopg.connect(direct_url() or database_url(settings)) as conn:
@@ -238,7 +238,7 @@ def _schema_wait() -> float:
 def _wait_for_schema(url: str, command: str) -> None:
     """Like the database, the schema may not be there yet when a process manager starts everything at once
     (the release phase's `dygo migrate` still running): wait for it up to DYGO_SCHEMA_WAIT, saying so once."""
-    from store.migrate import wait_for_schema
+    from dygo.store.migrate import wait_for_schema
 
     timeout = _schema_wait()
 
@@ -252,11 +252,11 @@ def _wait_for_schema(url: str, command: str) -> None:
 def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.auth import check_protection
-    from app.guard import HostRule
-    from app.main import create_app
-    from store.db import database_url
-    from store.loading import load_jobs
+    from dygo.app.auth import check_protection
+    from dygo.app.guard import HostRule
+    from dygo.app.main import create_app
+    from dygo.store.db import database_url
+    from dygo.store.loading import load_jobs
 
     if args.pool_size:
         settings = dataclasses.replace(settings, serve_pool_size=args.pool_size)
@@ -296,9 +296,9 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
 def web_process_app() -> Any:
     """The app of one of several web processes (WEB_CONCURRENCY > 1), from what serve_command put in the
     environment."""
-    from app.main import create_app
-    from store.db import database_url
-    from store.loading import load_jobs
+    from dygo.app.main import create_app
+    from dygo.store.db import database_url
+    from dygo.store.loading import load_jobs
 
     _die_with_supervisor()
     settings = load_settings()
@@ -328,10 +328,10 @@ def _auth_summary(settings: Settings) -> str:
 
 
 def worker_command(settings: Settings, args: argparse.Namespace) -> int:
-    from store.db import database_url
-    from store.loading import load_jobs
-    from worker.options import WorkerOptions
-    from worker.runtime import Worker
+    from dygo.store.db import database_url
+    from dygo.store.loading import load_jobs
+    from dygo.worker.options import WorkerOptions
+    from dygo.worker.runtime import Worker
 
     jobs = load_jobs(settings)
     names = args.queues or settings.queue_names
@@ -358,9 +358,9 @@ def worker_command(settings: Settings, args: argparse.Namespace) -> int:
 
 def schedules_command(settings: Settings) -> int:
     """The schedules as the workers last synced them, as a plain table; times in each schedule's zone."""
-    from store.db import database_url
-    from store.migrate import check_schema
-    from store.schedules import list_schedules
+    from dygo.store.db import database_url
+    from dygo.store.migrate import check_schema
+    from dygo.store.schedules import list_schedules
 
     with psycopg.connect(database_url(settings), autocommit=True) as conn:
         check_schema(conn)
@@ -379,11 +379,11 @@ def schedules_command(settings: Settings) -> int:
 
 def status_command(settings: Settings) -> int:
     """Queues x states, lag and pause, the live workers, then the failing kinds (today and yesterday)."""
-    from app.system import WORKER_SEEN_WITHIN
-    from store.admin import COUNTED_STATES, failing_kinds
-    from store.db import database_url
-    from store.metrics import snapshot
-    from store.migrate import check_schema
+    from dygo.app.system import WORKER_SEEN_WITHIN
+    from dygo.store.admin import COUNTED_STATES, failing_kinds
+    from dygo.store.db import database_url
+    from dygo.store.metrics import snapshot
+    from dygo.store.migrate import check_schema
 
     with psycopg.connect(database_url(settings), autocommit=True) as conn:
         check_schema(conn)
@@ -418,8 +418,8 @@ def status_command(settings: Settings) -> int:
 def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
     """`dygo jobs ...`: the same store functions as the API. Exit 1 when a job is missing or its
     state does not allow the action (the reason on stderr), after acting on every other id."""
-    from store.db import database_url
-    from store.migrate import check_schema
+    from dygo.store.db import database_url
+    from dygo.store.migrate import check_schema
 
     with psycopg.connect(database_url(settings), autocommit=True) as conn:
         check_schema(conn)
@@ -431,7 +431,7 @@ def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _list_jobs(conn: psycopg.Connection, args: argparse.Namespace) -> int:
-    from store import admin
+    from dygo.store import admin
 
     where = admin.JobFilter(queue=args.queue, kind=args.kind, state=args.state)
     order = "oldest" if args.oldest else "newest"
@@ -462,7 +462,7 @@ def _list_jobs(conn: psycopg.Connection, args: argparse.Namespace) -> int:
 def _show_job(conn: psycopg.Connection, job_id: int) -> int:
     import json
 
-    from store import inspect
+    from dygo.store import inspect
 
     job = inspect.get_job(conn, job_id)
     if job is None:
@@ -492,7 +492,7 @@ def _show_job(conn: psycopg.Connection, job_id: int) -> int:
 
 
 def _act_on_jobs(conn: psycopg.Connection, action: str, ids: list[int]) -> int:
-    from store import admin
+    from dygo.store import admin
 
     code = 0
     for job_id in dict.fromkeys(ids):
@@ -525,7 +525,7 @@ def _local_time(moment: datetime | None, timezone: str) -> str:
 
 
 def db_command(action: str) -> int:
-    from store import embedded
+    from dygo.store import embedded
 
     data_dir = Path(os.environ.get("DYGO_DATA_DIR", ".dygo"))
     if os.environ.get("DATABASE_URL"):

@@ -8,7 +8,7 @@ import time
 
 from pydantic import BaseModel, Field
 
-from store import Abort, JobContext, job
+from dygo import Abort, JobContext, job
 
 
 @job("example.noop")

@@ -1,10 +1,10 @@
 """dygo's shared core: configuration, job definitions, migrations and every SQL statement."""
 
-from store.enqueue import Enqueued, JobRequest, aenqueue, aenqueue_many, enqueue, enqueue_many
-from store.errors import Abort, ConfigError, EnqueueError, Reportable, Retry, RetryAfter, SchemaError, Snooze
-from store.registry import JobContext, job, make_context, registry
-from store.results import result, wait_for_result
-from store.schedules import schedule
+from dygo.store.enqueue import Enqueued, JobRequest, aenqueue, aenqueue_many, enqueue, enqueue_many
+from dygo.store.errors import Abort, ConfigError, EnqueueError, Reportable, Retry, RetryAfter, SchemaError, Snooze
+from dygo.store.registry import JobContext, job, make_context, registry
+from dygo.store.results import result, wait_for_result
+from dygo.store.schedules import schedule
 
 __all__ = [
     "Abort", "ConfigError", "EnqueueError", "Enqueued", "JobContext", "JobRequest", "Reportable", "Retry",

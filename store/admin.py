@@ -13,12 +13,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
+from dygo.store import queries, results
+from dygo.store.errors import Conflict, NotFound
+from dygo.store.migrate import check_version, schema_version
 from psycopg import sql
 from psycopg.rows import dict_row
-
-from store import queries, results
-from store.errors import Conflict, NotFound
-from store.migrate import check_version, schema_version
 
 # What a list can filter on; 'scheduled' is a pending job whose run_at is still ahead.
 STATES = ("scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled")

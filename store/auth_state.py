@@ -8,8 +8,7 @@ processes and restarts). Statements in store/queries.py.
 from __future__ import annotations
 
 import psycopg
-
-from store import queries
+from dygo.store import queries
 
 
 def start_session(conn: psycopg.Connection, sid: str, role: str, expires: float) -> None:

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from store.durations import parse_duration
-from store.errors import ConfigError
+from dygo.store.durations import parse_duration
+from dygo.store.errors import ConfigError
 
 KEBAB_CASE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 ENVIRONMENTS = ("development", "test", "production")

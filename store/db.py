@@ -7,10 +7,9 @@ import re
 from urllib.parse import unquote
 
 import psycopg
+from dygo.store.config import Settings
+from dygo.store.errors import ConfigError, DatabaseUnavailable
 from psycopg.conninfo import conninfo_to_dict
-
-from store.config import Settings
-from store.errors import ConfigError, DatabaseUnavailable
 
 
 def database_url(settings: Settings) -> str:
@@ -24,7 +23,7 @@ def database_url(settings: Settings) -> str:
             raise DatabaseUnavailable(f"DATABASE_URL is not a valid connection string: {scrub(str(exc), url)}; "
                                       "expected postgresql://user:password@host:port/database") from None
         return url
-    from store import embedded
+    from dygo.store import embedded
 
     return embedded.ensure_running(settings.data_dir)
 

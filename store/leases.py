@@ -14,10 +14,9 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-
-from store import queries
-from store.migrate import check_version
-from store.registry import Registry, registry
+from dygo.store import queries
+from dygo.store.migrate import check_version
+from dygo.store.registry import Registry, registry
 
 
 @dataclass(slots=True)

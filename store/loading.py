@@ -11,10 +11,10 @@ import os
 import sys
 from collections.abc import Iterable
 
-from store.config import Settings
-from store.errors import ConfigError
-from store.registry import Registry, registry
-from store.schedules import load_schedules
+from dygo.store.config import Settings
+from dygo.store.errors import ConfigError
+from dygo.store.registry import Registry, registry
+from dygo.store.schedules import load_schedules
 
 
 def load_jobs(settings: Settings, modules: Iterable[str] | None = None) -> Registry:

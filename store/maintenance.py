@@ -20,9 +20,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, fields
 
 import psycopg
-
-from store import queries
-from store.config import Settings
+from dygo.store import queries
+from dygo.store.config import Settings
 
 BATCH = 1000  # rows per delete statement
 MAX_BATCHES = 100  # per kind and pass: at most 100k rows of each kind a pass

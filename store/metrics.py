@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-
-from store import admin, queries, timings
+from dygo.store import admin, queries, timings
 
 
 @dataclass

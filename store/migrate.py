@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-
-from store import queries
-from store.errors import SchemaError
+from dygo.store import queries
+from dygo.store.errors import SchemaError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 

@@ -11,11 +11,10 @@ from datetime import datetime
 from typing import Any, get_type_hints
 from uuid import UUID
 
+from dygo.store.config import Settings
+from dygo.store.durations import parse_duration
+from dygo.store.errors import ConfigError, EnqueueError
 from pydantic import BaseModel, ValidationError
-
-from store.config import Settings
-from store.durations import parse_duration
-from store.errors import ConfigError, EnqueueError
 
 KIND_PATTERN = re.compile(r"^[A-Za-z0-9_]+(?:[.\-][A-Za-z0-9_]+)*$")
 DEFAULT_QUEUE = "default"
@@ -168,14 +167,14 @@ class Registry:
         $DYGO_CONFIG_DIR (default `config`), so that a producer which never loaded the configuration still
         enqueues only to queues a worker can run. EnqueueError when there is no such file to read."""
         if self.queues is None:
-            from store.config import default_config_dir, load_queues
+            from dygo.store.config import default_config_dir, load_queues
 
             try:
                 self.queues = list(load_queues(default_config_dir() / "queues.yml"))
             except ConfigError as exc:
                 raise EnqueueError(
                     "queues_unknown", f"cannot check the job's queue against the configured queues ({exc}): load "
-                    "the configuration first (store.loading.load_jobs(store.config.load_settings())), or set "
+                    "the configuration first (dygo.store.loading.load_jobs(dygo.store.config.load_settings())), or set "
                     "DYGO_CONFIG_DIR to the folder holding queues.yml", {"field": "queue"}) from None
         return self.queues
 

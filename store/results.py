@@ -19,12 +19,11 @@ import time
 from typing import Any
 
 import psycopg
+from dygo.store import queries
+from dygo.store.durations import parse_duration
+from dygo.store.errors import NotFound, WaitTimeout
+from dygo.store.inspect import get_job
 from psycopg.rows import dict_row
-
-from store import queries
-from store.durations import parse_duration
-from store.errors import NotFound, WaitTimeout
-from store.inspect import get_job
 
 CHANNEL = "dygo_finished"
 FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
@@ -75,8 +74,8 @@ def _seconds(timeout: str | float) -> float:
 def _conninfo(db: str | None) -> str:
     if db:
         return db
-    from store.config import load_settings
-    from store.db import database_url, direct_url
+    from dygo.store.config import load_settings
+    from dygo.store.db import database_url, direct_url
 
     # The wait LISTENs: through a transaction pooler it needs the direct URL (store/db.py).
     return direct_url() or database_url(load_settings())

@@ -22,13 +22,12 @@ from typing import Any
 
 import psycopg
 from croniter import CroniterError
+from dygo.store import cron, queries, tracing
+from dygo.store.config import Settings, _read_yaml
+from dygo.store.enqueue import PRIORITY_RANGE, Enqueued, aenqueue, enqueue
+from dygo.store.errors import ConfigError, Conflict, EnqueueError, NotFound
+from dygo.store.registry import KIND_PATTERN, Registry
 from psycopg.rows import dict_row
-
-from store import cron, queries, tracing
-from store.config import Settings, _read_yaml
-from store.enqueue import PRIORITY_RANGE, Enqueued, aenqueue, enqueue
-from store.errors import ConfigError, Conflict, EnqueueError, NotFound
-from store.registry import KIND_PATTERN, Registry
 
 MISSED_POLICIES = ("once", "skip")
 # Under `missed: skip`, an occurrence this late counts as missed rather than merely late: a worker

@@ -18,8 +18,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import psycopg
-
-from store import queries
+from dygo.store import queries
 
 # Upper bounds in seconds (Prometheus `le`); an observation equal to a bound counts in that bucket.
 BOUNDS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,

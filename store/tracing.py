@@ -27,7 +27,7 @@ except ImportError:  # the `otel` extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
-    from store.leases import ClaimedJob
+    from dygo.store.leases import ClaimedJob
 
 TRACER = "dygo"
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from dygo.store import embedded
+from dygo.store.config import load_settings
+from dygo.store.loading import load_jobs
+from dygo.store.migrate import migrate
 from psycopg.conninfo import make_conninfo
 
-from store import embedded
-from store.config import load_settings
-from store.loading import load_jobs
-from store.migrate import migrate
 from tests.pgbouncer import PgBouncer
 from tests.pgbouncer import missing_reason as pgbouncer_missing
 

@@ -8,10 +8,9 @@ import threading
 import time
 
 import psycopg
+from dygo.store import Abort, JobContext, Reportable, RetryAfter, Snooze, job
+from dygo.store.db import connect_kwargs
 from pydantic import BaseModel
-
-from store import Abort, JobContext, Reportable, RetryAfter, Snooze, job
-from store.db import connect_kwargs
 
 _local = threading.local()
 
@@ -241,7 +240,7 @@ async def sized_result(ctx: JobContext, args: Size) -> str:
 
 
 class Breakage(BaseModel):
-    module: str = "store.leases"
+    module: str = "dygo.store.leases"
     function: str = "renew"
 
 

@@ -11,9 +11,9 @@ import os
 
 import pytest
 import schemathesis
+from dygo.store import enqueue
 from hypothesis import HealthCheck, given, settings
 
-from store import enqueue
 from tests.conftest import ADMIN_TOKEN, TEST_CONFIG
 
 # DYGO_FUZZ_EXAMPLES=500 for a deeper run; DYGO_FUZZ_SEED picks the CLI run's seed (15 by default).

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from store import admin, enqueue, enqueue_many
-from store.admin import JobFilter
+from dygo.store import admin, enqueue, enqueue_many
+from dygo.store.admin import JobFilter
 
 
 def add(api, **body) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from dygo.store import enqueue
 
-from store import enqueue
 from tests.conftest import wait_until
 from tests.test_api_jobs import make_active
 

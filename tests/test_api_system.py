@@ -5,9 +5,9 @@ from __future__ import annotations
 import signal
 
 import psycopg
+from dygo.store import enqueue
 from psycopg.conninfo import conninfo_to_dict
 
-from store import enqueue
 from tests.conftest import wait_until
 
 

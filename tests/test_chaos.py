@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dygo.store import JobRequest, embedded, enqueue, enqueue_many
 
-from store import JobRequest, embedded, enqueue, enqueue_many
 from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parent.parent

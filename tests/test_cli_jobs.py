@@ -6,7 +6,8 @@ import re
 import subprocess
 import sys
 
-from store import enqueue
+from dygo.store import enqueue
+
 from tests.conftest import REPO, dygo_env
 
 

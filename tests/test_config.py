@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from dygo.store.config import load_queues, load_settings
+from dygo.store.durations import parse_duration
+from dygo.store.errors import ConfigError
 
-from store.config import load_queues, load_settings
-from store.durations import parse_duration
-from store.errors import ConfigError
 from tests.conftest import REPO
 
 

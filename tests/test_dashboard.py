@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from dygo.app.throttle import LOGIN_ATTEMPTS
 
-from app.throttle import LOGIN_ATTEMPTS
 from tests.conftest import ADMIN_TOKEN, READ_TOKEN, REPO, Api, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from app.session import Session, Signer
-from store import admin
+from dygo.app.session import Session, Signer
+from dygo.store import admin
 
 UUID_A, UUID_B = "0b1e2f7a-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "9f8e7d6c-5b4a-4321-9876-fedcba987654"
 

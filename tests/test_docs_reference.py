@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from dygo.store import config, schedules
+from dygo.store.config import load_settings
+from dygo.store.registry import registry
 
 from dygo.cli import build_parser
-from store import config, schedules
-from store.config import load_settings
-from store.registry import registry
 from tests.conftest import REPO, TEST_CONFIG
 
 REFERENCE = REPO / "docs" / "reference"
@@ -142,7 +142,7 @@ def _normalised(operation: str) -> str:
 
 
 def test_http_api_reference_has_a_row_for_every_openapi_operation_and_no_other() -> None:
-    from app.main import create_app  # the document is built without a database: the lifespan never runs
+    from dygo.app.main import create_app  # the document is built without a database: the lifespan never runs
 
     paths = create_app(load_settings(TEST_CONFIG), registry, "postgresql://unused.invalid/dygo").openapi()["paths"]
     real = {_normalised(f"{method.upper()} {path}") for path, methods in paths.items() for method in methods}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from dygo.store import embedded
 
-from store import embedded
 from tests.conftest import REPO
 
 

@@ -6,8 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-
-from store import EnqueueError, JobRequest, enqueue, enqueue_many
+from dygo.store import EnqueueError, JobRequest, enqueue, enqueue_many
 
 
 def row(conn, job_id: int) -> dict:
@@ -143,8 +142,8 @@ def test_bad_enqueue_names_the_field_and_writes_nothing(conn, kind, args, option
 PRODUCER = r"""
 import asyncio, json, sys
 import psycopg
-from store import EnqueueError, aenqueue, enqueue, enqueue_many
-from store.enqueue import aenqueue_many
+from dygo.store import EnqueueError, aenqueue, enqueue, enqueue_many
+from dygo.store.enqueue import aenqueue_many
 
 url, out = sys.argv[1], {}
 
@@ -221,7 +220,7 @@ def test_enqueue_without_any_queue_config_refuses_rather_than_guessing(conn, db_
 def run_async_batch(db_url: str, jobs: list, *, fail_after: bool = False) -> list:
     import asyncio
 
-    from store.enqueue import aenqueue_many
+    from dygo.store.enqueue import aenqueue_many
 
     async def go() -> list:
         async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:

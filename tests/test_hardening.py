@@ -16,10 +16,9 @@ from urllib.parse import quote
 import httpx
 import psycopg
 import pytest
-
-from store import enqueue
-from store.enqueue import JobRequest, enqueue_many
-from store.errors import EnqueueError
+from dygo.store import enqueue
+from dygo.store.enqueue import JobRequest, enqueue_many
+from dygo.store.errors import EnqueueError
 
 SQL_SIGNIFICANT = ["'", "''", "'; DROP TABLE dygo_jobs; --", '"', ";", "--", "/* */", "\\", "\\'", "%", "_",
                    "$1", "$$", "E'\\x00'", ")) OR 1=1 --"]

@@ -111,8 +111,9 @@ def test_init_twice_refuses_the_second_time(tmp_path: Path) -> None:
 
 
 def test_generated_dygo_yml_shows_every_setting_and_each_example_parses(tmp_path: Path) -> None:
+    from dygo.store.config import SETTING_PARSERS, load_settings
+
     from dygo.scaffold import DYGO_YML, QUEUES_YML
-    from store.config import SETTING_PARSERS, load_settings
 
     uncommented = "\n".join(line[2:] if re.match(r"^# ?\s*[a-z_]+:", line) else line
                             for line in DYGO_YML.splitlines())

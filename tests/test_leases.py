@@ -8,10 +8,9 @@ import json
 import uuid
 
 import psycopg
-
-from store import enqueue, enqueue_many
-from store.backoff import retry_delay
-from store.leases import Succeeded, Unsuccessful, claim, recover_expired, renew, settle
+from dygo.store import enqueue, enqueue_many
+from dygo.store.backoff import retry_delay
+from dygo.store.leases import Succeeded, Unsuccessful, claim, recover_expired, renew, settle
 
 
 def run(coro):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import signal
 
-from store import enqueue
+from dygo.store import enqueue
+
 from tests.conftest import dygo_env, wait_until
 
 EXECUTION_FIELDS = {"ts", "level", "logger", "message", "job_id", "kind", "queue", "attempt", "outcome", "duration_ms"}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from dygo.store import admin, enqueue, queries
 from prometheus_client.parser import text_string_to_metric_families
 
-from store import admin, enqueue, queries
 from tests.test_api_queues import fill_default_queue
 
 

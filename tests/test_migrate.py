@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from dygo.store.errors import SchemaError
+from dygo.store.migrate import available_migrations, check_version, latest_version
 from psycopg.conninfo import make_conninfo
 
-from store.errors import SchemaError
-from store.migrate import available_migrations, check_version, latest_version
 from tests.conftest import dygo_env
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from dygo.store import enqueue, enqueue_many
 
-from store import enqueue, enqueue_many
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
 from tests.pgbouncer import PgBouncer
 

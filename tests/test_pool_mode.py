@@ -1,9 +1,8 @@
 """DATABASE_DIRECT_URL / DYGO_POOL_MODE: how dygo knows DATABASE_URL goes through a transaction pooler."""
 
 import pytest
-
-from store import db
-from store.errors import ConfigError
+from dygo.store import db
+from dygo.store.errors import ConfigError
 
 
 def test_direct_url_says_database_url_is_a_transaction_pooler(monkeypatch: pytest.MonkeyPatch) -> None:

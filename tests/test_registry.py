@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from dygo.store import make_context
+from dygo.store.config import Queue, Settings
+from dygo.store.errors import ConfigError, EnqueueError
+from dygo.store.registry import Registry, job
 from pydantic import BaseModel
-
-from store import make_context
-from store.config import Queue, Settings
-from store.errors import ConfigError, EnqueueError
-from store.registry import Registry, job
 
 
 def settings_with(*names: str) -> Settings:

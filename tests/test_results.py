@@ -8,10 +8,10 @@ import time
 from datetime import datetime
 
 import pytest
+from dygo.store import enqueue, make_context
+from dygo.store.errors import NotFound, WaitTimeout
+from dygo.store.results import result, wait_for_result
 
-from store import enqueue, make_context
-from store.errors import NotFound, WaitTimeout
-from store.results import result, wait_for_result
 from tests.conftest import wait_until
 
 
@@ -105,7 +105,7 @@ def test_a_purge_or_bulk_delete_answers_the_waiters_of_the_deleted_jobs_with_404
     assert answer["status"] == 404 and answer["body"]["error"]["code"] == "job_not_found"
     assert answer["at"] - acted < 1.5
 
-    from store.admin import JobFilter, bulk_act
+    from dygo.store.admin import JobFilter, bulk_act
 
     deleted, kept = enqueue(conn, "test.record", {}, queue="other"), enqueue(conn, "test.record", {})
     thread, answer = _wait_in_background(api, deleted.id, wait="30s")
@@ -120,7 +120,7 @@ def test_a_purge_or_bulk_delete_answers_the_waiters_of_the_deleted_jobs_with_404
 
 
 def test_python_wait_for_result_raises_not_found_at_once_when_a_purge_deletes_the_job(conn, db_url):
-    from store.admin import purge_queue
+    from dygo.store.admin import purge_queue
 
     job = enqueue(conn, "test.record", {})
     raised: dict = {}
@@ -221,10 +221,9 @@ def test_a_result_above_max_result_bytes_is_replaced_by_a_note_and_the_job_still
 
 def test_one_statement_finishing_a_thousand_jobs_notifies_their_ids_in_a_few_chunks(conn, db_url):
     import psycopg
-
-    from store import enqueue_many
-    from store.admin import JobFilter, bulk_act
-    from store.results import CHANNEL, finished_ids
+    from dygo.store import enqueue_many
+    from dygo.store.admin import JobFilter, bulk_act
+    from dygo.store.results import CHANNEL, finished_ids
 
     ids = [r.id for r in enqueue_many(conn, [{"kind": "test.record"}] * 1000)]
     with psycopg.connect(db_url, autocommit=True) as listener:

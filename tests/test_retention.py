@@ -9,11 +9,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from dygo.store import enqueue, maintenance
+from dygo.store.config import load_settings
+from dygo.store.errors import ConfigError
+from dygo.store.maintenance import Retention, SucceededWalk, Trimmed
 
-from store import enqueue, maintenance
-from store.config import load_settings
-from store.errors import ConfigError
-from store.maintenance import Retention, SucceededWalk, Trimmed
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
 
 DAY = 86400.0

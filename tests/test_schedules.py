@@ -20,12 +20,12 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+from dygo.store.config import Queue, Settings, load_settings
+from dygo.store.cron import describe, next_fire
+from dygo.store.errors import ConfigError
+from dygo.store.registry import Registry, job, registry
+from dygo.store.schedules import Schedule, fire_due, load_schedules, occurrence_key, schedule, sync
 
-from store.config import Queue, Settings, load_settings
-from store.cron import describe, next_fire
-from store.errors import ConfigError
-from store.registry import Registry, job, registry
-from store.schedules import Schedule, fire_due, load_schedules, occurrence_key, schedule, sync
 from tests.conftest import REPO, TEST_CONFIG, dygo_env, wait_until
 
 NEW_YORK = ZoneInfo("America/New_York")

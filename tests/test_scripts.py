@@ -6,7 +6,8 @@ import json
 import os
 import subprocess
 
-from store import enqueue
+from dygo.store import enqueue
+
 from tests.conftest import ADMIN_TOKEN, READ_TOKEN, REPO
 
 SCRIPTS = REPO / "scripts"

@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from dygo.store.db import redact, scrub
 
-from store.db import redact, scrub
 from tests.conftest import ADMIN_TOKEN, READ_TOKEN, dygo_env, free_port
 
 PASSWORD = "Pw-4f9c2e7d1b"

@@ -13,8 +13,8 @@ import time
 
 import httpx
 import pytest
+from dygo.app.throttle import LOGIN_ATTEMPTS
 
-from app.throttle import LOGIN_ATTEMPTS
 from tests.conftest import ADMIN_TOKEN, READ_TOKEN, dygo_env, wait_until
 
 CROSS_SITE = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}

@@ -198,7 +198,7 @@ def test_a_bad_pool_size_or_web_concurrency_is_refused_before_starting(spawn, db
 def test_a_process_saturated_past_its_wait_limit_answers_503_saturated_and_logs_no_outage(serve, conn):
     import concurrent.futures
 
-    from app.db import POOL_TIMEOUT
+    from dygo.app.db import POOL_TIMEOUT
 
     api = serve("--pool-size", "2")  # the hot paths get one connection
     with concurrent.futures.ThreadPoolExecutor(2) as pool:

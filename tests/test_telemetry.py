@@ -5,10 +5,10 @@ from __future__ import annotations
 import socket
 
 import httpx
+from dygo.store import admin, enqueue
+from dygo.store.timings import BOUNDS
 from prometheus_client.parser import text_string_to_metric_families
 
-from store import admin, enqueue
-from store.timings import BOUNDS
 from tests.conftest import free_port, wait_until
 from tests.test_metrics import scrape, value
 

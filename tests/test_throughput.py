@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
-from store import admin, auth_state, enqueue
-from store.leases import Unsuccessful, recover_expired, settle
-from store.maintenance import MINUTE_STATS_KEEP, Retention
+from dygo.store import admin, auth_state, enqueue
+from dygo.store.leases import Unsuccessful, recover_expired, settle
+from dygo.store.maintenance import MINUTE_STATS_KEEP, Retention
+
 from tests.test_leases import aconnect, claim_now, run
 from tests.test_retention import run_trim
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from dygo.store import aenqueue, enqueue, enqueue_many
+from dygo.store.config import load_settings
+from dygo.store.registry import registry
+from dygo.store.schedules import load_schedules, sync
 
-from store import aenqueue, enqueue, enqueue_many
-from store.config import load_settings
-from store.registry import registry
-from store.schedules import load_schedules, sync
 from tests.conftest import REPO, TEST_CONFIG, dygo_env
 from tests.span_file import read_spans
 
@@ -108,8 +108,8 @@ def test_without_opentelemetry_installed_enqueue_and_worker_run_untraced(conn, d
     """A process where `import opentelemetry` fails, as when the `otel` extra is not installed."""
     blocked = "import sys; sys.modules['opentelemetry'] = None; "
     enqueue_script = blocked + (
-        "import os, psycopg; from store import enqueue, tracing; from store.config import load_settings; "
-        "from store.loading import load_jobs; load_jobs(load_settings()); assert not tracing.active(); "
+        "import os, psycopg; from dygo.store import enqueue, tracing; from dygo.store.config import load_settings; "
+        "from dygo.store.loading import load_jobs; load_jobs(load_settings()); assert not tracing.active(); "
         "conn = psycopg.connect(os.environ['DATABASE_URL'], autocommit=True); "
         "print(enqueue(conn, 'test.noop', {}, meta={'tenant': 'acme'}).id)")
     worker_script = blocked + "from dygo.cli import main; sys.exit(main(['worker', '--once']))"

@@ -7,8 +7,8 @@ import time
 
 import psycopg
 import pytest
+from dygo.store import enqueue, enqueue_many
 
-from store import enqueue, enqueue_many
 from tests.conftest import wait_until
 
 
@@ -289,7 +289,7 @@ def test_kind_max_attempts_applies_to_a_job_whose_producer_never_imported_the_ki
     import sys
 
     from tests.conftest import REPO, TEST_CONFIG
-    producer = ("import sys, psycopg\nfrom store import enqueue\n"
+    producer = ("import sys, psycopg\nfrom dygo import enqueue\n"
                 "with psycopg.connect(sys.argv[1], autocommit=True) as conn:\n"
                 "    print(enqueue(conn, 'test.fail', {}, queue='default').id)\n")
     done = subprocess.run([sys.executable, "-c", producer, db_url], cwd=tmp_path, capture_output=True, text=True,

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import httpx
+from dygo.store import enqueue
 
-from store import enqueue
 from tests.conftest import REPO, TEST_CONFIG, dygo_env, free_port, wait_until
 
 

@@ -24,9 +24,9 @@ import time
 
 import psycopg
 import pytest
+from dygo.store import enqueue, enqueue_many
+from dygo.store.leases import claim_queues
 
-from store import enqueue, enqueue_many
-from store.leases import claim_queues
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
 
 
@@ -58,7 +58,7 @@ def test_a_claim_leaves_a_paused_queue_alone_and_serves_the_others(conn, db_url)
 
 
 def test_claim_walks_the_ready_index_never_the_whole_table(conn):
-    from store import queries
+    from dygo.store import queries
 
     conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
     params = {"queues": ["default", "other"], "limits": [100, 100], "owner": "w1", "ttl": 30,
@@ -82,8 +82,8 @@ def test_claim_is_never_a_plan_cached_while_the_table_was_empty(db_url):
 
 
 @pytest.mark.parametrize(("module", "function", "service"), [
-    ("store.leases", "renew", "lease-keeper"),
-    ("store.leases", "heartbeat", "maintainer"),
+    ("dygo.store.leases", "renew", "lease-keeper"),
+    ("dygo.store.leases", "heartbeat", "maintainer"),
 ])
 def test_a_service_that_dies_is_named_and_the_worker_stops_with_exit_1(conn, spawn, module, function, service):
     process = spawn("worker", "--poll-interval", "60s", "--shutdown-timeout", "1s")
@@ -144,8 +144,8 @@ def test_worker_serving_five_queues_holds_at_most_three_connections(conn, db_url
 
 
 def test_lease_keeper_with_nothing_to_renew_does_not_report_the_database_back(db_url):
-    from worker.database import Database
-    from worker.lease_keeper import LeaseKeeper
+    from dygo.worker.database import Database
+    from dygo.worker.lease_keeper import LeaseKeeper
 
     async def go() -> bool:
         database = Database(db_url, "test:1:abc")

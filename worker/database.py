@@ -23,11 +23,10 @@ import logging
 from typing import Any
 
 import psycopg
+from dygo.store.db import connect_kwargs, direct_url, through_transaction_pooler
+from dygo.store.outage import OutageLog
+from dygo.worker.service import failure_backoff
 from psycopg_pool import AsyncConnectionPool
-
-from store.db import connect_kwargs, direct_url, through_transaction_pooler
-from store.outage import OutageLog
-from worker.service import failure_backoff
 
 log = logging.getLogger("dygo.worker")
 

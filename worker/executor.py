@@ -14,13 +14,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from store import tracing
-from store.backoff import retry_delay
-from store.config import Settings
-from store.durations import format_duration
-from store.errors import Abort, Reportable, RetryAfter, Snooze
-from store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
-from store.registry import JobContext, JobDefinition, Registry
+from dygo.store import tracing
+from dygo.store.backoff import retry_delay
+from dygo.store.config import Settings
+from dygo.store.durations import format_duration
+from dygo.store.errors import Abort, Reportable, RetryAfter, Snooze
+from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
+from dygo.store.registry import JobContext, JobDefinition, Registry
 
 log = logging.getLogger("dygo.worker")
 

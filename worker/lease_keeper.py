@@ -11,10 +11,9 @@ import logging
 from uuid import UUID
 
 import psycopg
-
-from store import leases
-from store.leases import ClaimedJob
-from worker.database import Database
+from dygo.store import leases
+from dygo.store.leases import ClaimedJob
+from dygo.worker.database import Database
 
 log = logging.getLogger("dygo.worker")
 

@@ -13,9 +13,8 @@ import asyncio
 from collections.abc import Callable
 
 import psycopg
-
-from store import leases, schedules
-from worker.database import Database
+from dygo.store import leases, schedules
+from dygo.worker.database import Database
 
 RETRY_MAX = 5.0  # capped low: its reconnect is what wakes every producer once the database is back
 

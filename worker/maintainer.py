@@ -15,10 +15,9 @@ import socket
 import time
 
 import psycopg
-
-from store import leases, maintenance
-from store.config import Settings
-from worker.database import Database
+from dygo.store import leases, maintenance
+from dygo.store.config import Settings
+from dygo.worker.database import Database
 
 log = logging.getLogger("dygo.worker")
 

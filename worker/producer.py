@@ -16,13 +16,12 @@ import time
 from collections import Counter
 
 import psycopg
-
-from store import leases
-from store.leases import ClaimedJob
-from worker.database import Database
-from worker.maintainer import Recovery
-from worker.runs import Runs
-from worker.service import failure_backoff, wait_for_event
+from dygo.store import leases
+from dygo.store.leases import ClaimedJob
+from dygo.worker.database import Database
+from dygo.worker.maintainer import Recovery
+from dygo.worker.runs import Runs
+from dygo.worker.service import failure_backoff, wait_for_event
 
 RECOVER_INTERVAL = 1.0  # at most this often after a claim, so recovery stays cheap under load
 

@@ -19,11 +19,10 @@ import time
 from uuid import UUID
 
 import psycopg
+from dygo.store import leases
+from dygo.store.leases import ClaimedJob, Progress
+from dygo.store.outage import OutageLog
 from psycopg_pool import AsyncConnectionPool
-
-from store import leases
-from store.leases import ClaimedJob, Progress
-from store.outage import OutageLog
 
 INTERVAL = 1.0
 

@@ -15,12 +15,12 @@ import logging
 from collections.abc import Callable
 from uuid import UUID
 
-from store import tracing
-from store.leases import ClaimedJob, Unsuccessful
-from worker.executor import Executor
-from worker.progress import ProgressWriter
-from worker.settler import Settler
-from worker.telemetry import WorkerStats, outcome_name
+from dygo.store import tracing
+from dygo.store.leases import ClaimedJob, Unsuccessful
+from dygo.worker.executor import Executor
+from dygo.worker.progress import ProgressWriter
+from dygo.worker.settler import Settler
+from dygo.worker.telemetry import WorkerStats, outcome_name
 
 log = logging.getLogger("dygo.worker")
 

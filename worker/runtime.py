@@ -23,25 +23,25 @@ import logging
 import signal
 from uuid import UUID
 
-from store import leases
-from store.config import Settings
-from store.leases import ClaimedJob
-from store.registry import Registry
-from worker.database import Database
-from worker.executor import Executor
-from worker.lease_keeper import LeaseKeeper
-from worker.lifecycle import say
-from worker.listener import Listener
-from worker.maintainer import Heartbeat, Maintainer, Recovery, Retention, StaleWorkers
-from worker.options import WorkerOptions, make_worker_id
-from worker.producer import Producer, QueueSlots
-from worker.progress import ProgressWriter
-from worker.runs import Runs
-from worker.scheduler import Scheduler
-from worker.service import Service
-from worker.settler import Settler
-from worker.telemetry import WorkerStats, serve_worker_metrics
-from worker.timings_writer import TimingsWriter
+from dygo.store import leases
+from dygo.store.config import Settings
+from dygo.store.leases import ClaimedJob
+from dygo.store.registry import Registry
+from dygo.worker.database import Database
+from dygo.worker.executor import Executor
+from dygo.worker.lease_keeper import LeaseKeeper
+from dygo.worker.lifecycle import say
+from dygo.worker.listener import Listener
+from dygo.worker.maintainer import Heartbeat, Maintainer, Recovery, Retention, StaleWorkers
+from dygo.worker.options import WorkerOptions, make_worker_id
+from dygo.worker.producer import Producer, QueueSlots
+from dygo.worker.progress import ProgressWriter
+from dygo.worker.runs import Runs
+from dygo.worker.scheduler import Scheduler
+from dygo.worker.service import Service
+from dygo.worker.settler import Settler
+from dygo.worker.telemetry import WorkerStats, serve_worker_metrics
+from dygo.worker.timings_writer import TimingsWriter
 
 log = logging.getLogger("dygo.worker")
 EXIT_SERVICE_DIED = 1

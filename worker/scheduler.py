@@ -11,11 +11,10 @@ import asyncio
 import logging
 
 import psycopg
-
-from store import schedules
-from store.registry import Registry
-from worker.database import Database
-from worker.service import failure_backoff, wait_for_event
+from dygo.store import schedules
+from dygo.store.registry import Registry
+from dygo.worker.database import Database
+from dygo.worker.service import failure_backoff, wait_for_event
 
 log = logging.getLogger("dygo.worker")
 

@@ -13,11 +13,10 @@ from collections.abc import Callable
 from uuid import UUID
 
 import psycopg
-
-from store import leases
-from store.leases import ClaimedJob, Outcome, Unsuccessful
-from worker.database import Database
-from worker.telemetry import WorkerStats, outcome_name
+from dygo.store import leases
+from dygo.store.leases import ClaimedJob, Outcome, Unsuccessful
+from dygo.worker.database import Database
+from dygo.worker.telemetry import WorkerStats, outcome_name
 
 log = logging.getLogger("dygo.worker")
 

@@ -13,14 +13,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from wsgiref.simple_server import make_server
 
+from dygo.store.errors import ConfigError
+from dygo.store.leases import Outcome, Succeeded
+from dygo.store.timings import Timings
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 from prometheus_client.registry import Collector
-
-from store.errors import ConfigError
-from store.leases import Outcome, Succeeded
-from store.timings import Timings
 
 OUTCOMES = ("succeeded", "failed", "snoozed", "dead")
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import psycopg
-
-from store import timings
-from worker.database import Database
-from worker.telemetry import WorkerStats
+from dygo.store import timings
+from dygo.worker.database import Database
+from dygo.worker.telemetry import WorkerStats
 
 INTERVAL = 5.0
 

@@ -1,0 +1,124 @@
+"""The installed distribution imports as `dygo` only: it lives beside a project's own packages.
+
+A project with its own `app`, `jobs`, `store` and `worker` packages installs dygo (not editable,
+from this repository) into a fresh virtualenv, imports both, and runs its jobs with `dygo worker`
+and `dygo serve` from that virtualenv.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import venv
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, free_port, wait_until
+
+PROJECT = {
+    "app/__init__.py": "NAME = 'the project app'\n",
+    "store/__init__.py": "NAME = 'the project store'\n",
+    "worker/__init__.py": "NAME = 'the project worker'\n",
+    "jobs/__init__.py": """
+        import app
+        import store
+        import worker
+
+        from dygo import JobContext, job
+
+
+        @job("project.hello")
+        def hello(ctx: JobContext, args: dict) -> dict:
+            return {"app": app.NAME, "store": store.NAME, "worker": worker.NAME, "who": args["who"]}
+        """,
+    "config/queues.yml": "queues:\n  - name: default\n    concurrency: 4\n",
+    "enqueue_one.py": """
+        import os
+        import sys
+
+        import psycopg
+
+        import app
+        import jobs  # noqa: F401  (the project's handlers, registered)
+        import store
+        from dygo import enqueue
+
+        assert app.NAME == "the project app" and store.NAME == "the project store"
+        assert not any(name in sys.modules for name in ("dygo.app", "dygo.worker")), "enqueue needs no server code"
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+            print(enqueue(conn, "project.hello", {"who": "me"}).id)
+        """,
+}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtualenv with this repository installed into it the way a user would: `pip install <repo>`."""
+    env_dir = tmp_path_factory.mktemp("venv")
+    venv.create(env_dir, with_pip=True)
+    done = subprocess.run([str(env_dir / "bin" / "pip"), "install", "--quiet", str(REPO)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return env_dir
+
+
+def test_installed_dygo_runs_a_project_that_has_its_own_app_jobs_store_and_worker(
+        installed: Path, tmp_path: Path, db_url: str) -> None:
+    project = tmp_path / "project"
+    for name, text in PROJECT.items():
+        path = project / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("DYGO_", "PYTHON"))}
+    env |= {"DATABASE_URL": db_url, "PYTHONPATH": str(project)}
+    python, dygo = str(installed / "bin" / "python"), str(installed / "bin" / "dygo")
+
+    def run(*command: str) -> str:
+        done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{command}: {done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    location = run(python, "-c", "import dygo.store, dygo.app, dygo.worker; print(dygo.store.__file__)")
+    assert str(installed) in location and str(REPO) not in location
+    job_id = run(python, "enqueue_one.py").strip()
+    run(dygo, "worker", "--once")
+
+    port = free_port()
+    serve = subprocess.Popen([dygo, "serve", "--port", str(port)], cwd=project, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            def answers() -> bool:
+                try:
+                    return client.get("/healthz").status_code == 200
+                except httpx.TransportError:
+                    assert serve.poll() is None, f"dygo serve exited: {serve.communicate()[1][-3000:]}"
+                    return False
+
+            wait_until(answers, message="the installed dygo serve to answer")
+            job = client.get(f"/api/v1/jobs/{job_id}").json()
+            assert job["state"] == "succeeded", job
+            assert job["result"] == {"app": "the project app", "store": "the project store",
+                                     "worker": "the project worker", "who": "me"}
+            dashboard = client.get(f"/dashboard/jobs/{job_id}")  # templates ship with the package
+            assert dashboard.status_code == 200 and "project.hello" in dashboard.text
+    finally:
+        serve.terminate()
+        serve.wait(10)
+
+
+def test_repository_code_is_never_loaded_under_a_second_top_level_name() -> None:
+    """One registry, one config: `store` and `dygo.store` would be two modules with two registries."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import sys
+        import dygo.cli, dygo.app.main, dygo.worker.runtime, dygo.store.registry  # noqa: F401
+        import tests.jobs  # noqa: F401
+        twice = sorted(name for name in sys.modules if name.split(".")[0] in ("store", "app", "worker"))
+        print(twice)
+        """)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
