@@ -37,7 +37,8 @@ DATA_DIR = ROOT / ".dygo" / "bench-fleet"
 DATABASE = "bench_fleet"
 MAX_CONNECTIONS = 500
 SAMPLE_INTERVAL = 0.1
-WORKERS_LIKE = "dygo-worker%"  # the pool and claim connections ("dygo-worker <id>") and LISTEN ("dygo-worker-listen <id>")
+# The claim and shared connections ("dygo-worker <id>") and LISTEN ("dygo-worker-listen <id>").
+WORKERS_LIKE = "dygo-worker%"
 
 
 @dataclass
