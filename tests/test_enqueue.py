@@ -62,21 +62,29 @@ def test_windowed_idempotency_key_survives_completion_until_it_expires(conn):
     assert not later.deduplicated and later.id != first.id
 
 
-def test_batch_is_copied_in_order_with_per_row_options(conn):
+@pytest.fixture(params=["enqueue_many", "aenqueue_many"])
+def batch(request, conn, db_url):
+    """The batch enqueue, sync and async: both keep the same rules."""
+    if request.param == "enqueue_many":
+        return lambda jobs: enqueue_many(conn, jobs)
+    return lambda jobs: run_async_batch(db_url, jobs)
+
+
+def test_batch_is_copied_in_order_with_per_row_options(conn, batch):
     requests = [JobRequest("test.noop", {}, priority=i % 3) for i in range(2500)]
     requests.append(JobRequest("test.record", {"seconds": 1}, delay="1h", queue="other"))
-    results = enqueue_many(conn, requests)
+    results = batch(requests)
     assert len(results) == 2501 and not any(r.deduplicated for r in results)
     assert [r.id for r in results] == sorted(r.id for r in results)
     assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 2501
     last = row(conn, results[-1].id)
     assert (last["queue"], last["args"], last["lead"]) == ("other", {"seconds": 1}, timedelta(hours=1))
-    assert row(conn, results[4].id)["priority"] == 1
+    assert last["run_at"] == results[-1].run_at and row(conn, results[4].id)["priority"] == 1
 
 
-def test_batch_with_keys_reports_deduplicated_rows(conn):
+def test_batch_with_keys_reports_deduplicated_rows(conn, batch):
     held = enqueue(conn, "test.noop", {}, idempotency_key="a")
-    results = enqueue_many(conn, [
+    results = batch([
         {"kind": "test.noop", "idempotency_key": "a"},
         {"kind": "test.noop", "idempotency_key": "b"},
         {"kind": "test.noop", "idempotency_key": "b"},
@@ -230,32 +238,6 @@ def run_async_batch(db_url: str, jobs: list, *, fail_after: bool = False) -> lis
                 await aenqueue_many(aconn, jobs)
                 raise RuntimeError("the caller's work failed")
     return asyncio.run(go())
-
-
-def test_async_batch_is_copied_in_order_with_per_row_options(conn, db_url):
-    requests = [JobRequest("test.noop", {}, priority=i % 3) for i in range(2500)]
-    requests.append(JobRequest("test.record", {"seconds": 1}, delay="1h", queue="other"))
-    results = run_async_batch(db_url, requests)
-    assert len(results) == 2501 and not any(r.deduplicated for r in results)
-    assert [r.id for r in results] == sorted(r.id for r in results)
-    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 2501
-    last = row(conn, results[-1].id)
-    assert (last["queue"], last["args"], last["lead"]) == ("other", {"seconds": 1}, timedelta(hours=1))
-    assert last["run_at"] == results[-1].run_at and row(conn, results[4].id)["priority"] == 1
-
-
-def test_async_batch_with_keys_reports_deduplicated_rows(conn, db_url):
-    held = enqueue(conn, "test.noop", {}, idempotency_key="a")
-    results = run_async_batch(db_url, [
-        {"kind": "test.noop", "idempotency_key": "a"},
-        {"kind": "test.noop", "idempotency_key": "b"},
-        {"kind": "test.noop", "idempotency_key": "b"},
-        {"kind": "test.noop"},
-        {"kind": "test.noop", "idempotency_key": "w", "idempotency_ttl": "1m"},
-    ])
-    assert [r.deduplicated for r in results] == [True, False, True, False, False]
-    assert results[0].id == held.id and results[2].id == results[1].id
-    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 4
 
 
 def test_async_batch_is_all_or_nothing(conn, db_url):
