@@ -82,7 +82,8 @@ class BearerAuth:
 
     Wrong bearer tokens count against the client's address in the shared throttle (app/throttle.py):
     after failed_token_limit within failed_token_window the address gets 429 until the oldest of them is that old,
-    even with the right token. Each request with a token reads the throttle (one primary-key lookup).
+    even with the right token. A right token is read in the throttle's table only when its address has
+    failures on record (or notifications cannot be relied on: app/throttle.py).
     """
 
     def __init__(self, app: ASGIApp, tokens: Tokens) -> None:

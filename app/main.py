@@ -23,6 +23,7 @@ from dygo.app.errors import ApiError, error_response
 from dygo.app.guard import HostRule, Perimeter
 from dygo.app.jobs import router as jobs_router
 from dygo.app.limits import BodyLimit
+from dygo.app.listening import Listener, Subscriber
 from dygo.app.metrics import install_metrics
 from dygo.app.openapi import install_openapi
 from dygo.app.queues import router as queues_router
@@ -61,15 +62,21 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
         folder = StatsFolder(db.pool, app.state.outage)
         folder.start()
         # LISTEN needs a session: the direct URL when one is given. Through a transaction pooler
-        # without one, waiting requests re-read their job every second instead of being woken.
+        # without one, notifications cannot be relied on: waiting requests re-read their job every
+        # second instead of being woken, and every bearer token is checked in the failed-token table.
         listen_url = direct_url() or database_url
-        poll = 1.0 if through_transaction_pooler() and direct_url() is None else None
-        app.state.waiters = ResultWaiters(listen_url, app.state.outage, poll=poll)
-        app.state.waiters.start()
+        unreliable = through_transaction_pooler() and direct_url() is None
+        app.state.waiters = ResultWaiters(poll=1.0 if unreliable else None)
+        # The throttle first: the waiters' LISTEN is then the connection's last statement (what
+        # pg_stat_activity shows), once the throttle has caught up.
+        subscribers: list[Subscriber] = [app.state.waiters] if unreliable else [app.state.auth_throttle,
+                                                                                 app.state.waiters]
+        listener = Listener(listen_url, app.state.outage, subscribers)
+        listener.start()
         try:
             yield
         finally:
-            await app.state.waiters.stop()
+            await listener.stop()
             folder.stop()
             await db.close()
 

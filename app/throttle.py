@@ -4,10 +4,22 @@ One count for both ways of presenting a token, API bearer tokens and the dashboa
 the database (store/auth_state.py), so every `dygo serve` process and a restart see the same count:
 with N processes behind a balancer an address still gets LOGIN_ATTEMPTS tries, not N times as many.
 While an address is locked out even the right token is refused: guessing must not pay off.
+
+A right token does not cost a database read (issue 12: that read was a second round trip on every
+single enqueue). Each recorded failure is notified with its address (store/auth_state.py), and every
+serve process listens (app/listening.py): the throttle keeps the addresses with failures heard of in
+the last window, the *suspects*, and reads the table only for them. An address whose newest failure is
+older than the window cannot be locked out, so a suspect is forgotten after a window of silence, or
+once a read finds it has no failures on record. Whenever notifications cannot be relied on (the LISTEN
+connection is down or not yet caught up, or it goes through a transaction pooler), every right token is
+read in the table, as before. Wrong tokens are always recorded in the table, so a flood of them is
+counted across processes whatever this process has heard.
 """
 
 from __future__ import annotations
 
+import itertools
+import time
 from typing import Any
 
 import psycopg
@@ -15,28 +27,47 @@ from dygo.store import auth_state
 
 LOGIN_ATTEMPTS = 5  # wrong tokens from one address within LOGIN_WINDOW before it is locked out
 LOGIN_WINDOW = 300.0  # seconds
+PRUNE_EVERY = 1024  # suspects added between two sweeps of the ones whose window has passed
 
 
 class AuthThrottle:
     """Wrong tokens per client address over a sliding window, in the database. The API's bearer check
     runs on the event loop with the hot async pool (`admit`, `failed`); the dashboard's sign-in, a sync
     endpoint, passes the connection its `Conn` dependency holds (`locked_until_on`, `failed_on`,
-    `succeeded_on`), so no thread ever waits for a connection (app/db.py)."""
+    `succeeded_on`), so no thread ever waits for a connection (app/db.py).
+
+    A subscriber of serve's Listener (app/listening.py) when notifications can be relied on."""
+
+    channels = (auth_state.AUTH_FAILURE_CHANNEL,)
 
     def __init__(self, state: Any, attempts: int = LOGIN_ATTEMPTS, window: float = LOGIN_WINDOW) -> None:
         self.state = state  # the app's state: its database (app/db.py) exists once the app has started
         self.attempts, self.window = attempts, window
+        # True while the listener is connected and has caught up: only then may a right token from an
+        # address that is not a suspect be admitted without a read. Written by the listener only.
+        self.listening_now = False
+        # address -> (mark, monotonic time its newest failure was heard of). Written by the listener and
+        # by this process's own failures; `admit` drops an entry only if its mark did not change meanwhile.
+        self.suspects: dict[str, tuple[int, float]] = {}
+        self._marks = itertools.count()
+        self._added = 0
 
     async def admit(self, address: str) -> float | None:
         """For a right token: None (and the address's failures forgotten), or when it may try again."""
+        if self.listening_now and not self._suspect(address):
+            return None
+        seen = self.suspects.get(address)
         async with self.state.db.connection() as conn:
             recorded, until = await auth_state.alocked_until(conn, address, self.attempts, self.window)
             if until is None and recorded:
                 await auth_state.aclear_failures(conn, address)
-            return until
+        if until is None and self.suspects.get(address) == seen:
+            self.suspects.pop(address, None)  # no failure since the read: nothing left to check
+        return until
 
     async def failed(self, address: str) -> float | None:
         """Count a wrong token; when the address may try again if this locked it out."""
+        self.suspect(address)  # before the write: a right token racing this one is read, not admitted
         async with self.state.db.connection() as conn:
             return await auth_state.afailed_attempt(conn, address, self.attempts, self.window)
 
@@ -45,7 +76,38 @@ class AuthThrottle:
         return auth_state.locked_until(conn, address, self.attempts, self.window)[1]
 
     def failed_on(self, conn: psycopg.Connection, address: str) -> float | None:
+        self.suspect(address)
         return auth_state.failed_attempt(conn, address, self.attempts, self.window)
 
     def succeeded_on(self, conn: psycopg.Connection, address: str) -> None:
         auth_state.clear_failures(conn, address)
+
+    # --- the suspects ---------------------------------------------------------------------------------
+
+    def suspect(self, address: str) -> None:
+        """A failure of `address` was recorded (here, or notified by any process)."""
+        self.suspects[address] = (next(self._marks), time.monotonic())
+        self._added += 1
+        if self._added >= PRUNE_EVERY:
+            self._added = 0
+            cutoff = time.monotonic() - self.window
+            for stale in [a for a, (_, heard) in self.suspects.items() if heard < cutoff]:
+                del self.suspects[stale]
+
+    def _suspect(self, address: str) -> bool:
+        if not auth_state.notified(address):
+            return True  # its failures are not notified: always read
+        entry = self.suspects.get(address)
+        # Heard of no later than it happened: once a window has passed since, none of its failures counts.
+        return entry is not None and entry[1] > time.monotonic() - self.window
+
+    async def listening(self, conn: psycopg.AsyncConnection) -> None:
+        for address in await auth_state.alisten_for_failures(conn):
+            self.suspect(address)
+        self.listening_now = True
+
+    def notified(self, channel: str, payload: str) -> None:
+        self.suspect(payload)
+
+    def deaf(self) -> None:
+        self.listening_now = False

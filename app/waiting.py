@@ -1,6 +1,6 @@
 """`GET /api/v1/jobs/{id}?wait=`: requests waiting for a job to finish, woken by LISTEN/NOTIFY.
 
-One LISTEN connection per serve process fans the `dygo_finished` notifications out to the
+Serve's one LISTEN connection (app/listening.py) fans the `dygo_finished` notifications out to the
 waiting requests (a future per request, keyed by job id), so a thousand waiting clients cost one
 connection and no polling. A bulk delete's empty payload wakes every waiter of the process to re-read
 its job once (store.results.notify_recheck). A request subscribes before it reads the job, so a job that finishes
@@ -19,33 +19,18 @@ from typing import Any
 
 import psycopg
 from dygo.store import results
-from dygo.store.db import connect_kwargs
-from dygo.store.outage import OutageLog
-
-# Named for pg_stat_activity, like the worker's `dygo-worker-listen <id>`.
-LISTEN_APPLICATION_NAME = "dygo-serve-listen"
-LISTEN_RETRY_MAX = 5.0
 
 
 class ResultWaiters:
-    def __init__(self, database_url: str, outage: OutageLog, poll: float | None = None) -> None:
-        self.database_url = database_url
+    """A subscriber of serve's Listener (app/listening.py) on the `dygo_finished` channel."""
+
+    channels = (results.CHANNEL,)
+
+    def __init__(self, poll: float | None = None) -> None:
         # Set when notifications cannot be relied on (LISTEN through a transaction pooler): each waiter
         # re-reads its job this often.
         self.poll = poll
-        self.outage = outage  # serve's one outage log: a lost LISTEN is logged like any other lost connection
         self.waiting: dict[int, set[asyncio.Future[None]]] = {}
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._listen(), name="dygo-result-waiters")
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        self._wake_all()
 
     async def wait(self, job_id: int, seconds: float,
                    read: Callable[[], Awaitable[dict[str, Any] | None]]) -> dict[str, Any] | None:
@@ -65,6 +50,20 @@ class ResultWaiters:
             finally:
                 self._forget(job_id, woken)
 
+    async def listening(self, conn: psycopg.AsyncConnection) -> None:
+        await results.listen(conn)
+        self._wake_all()  # re-read: a job may have finished while nobody listened
+
+    def notified(self, channel: str, payload: str) -> None:
+        if results.recheck_all(payload):
+            self._wake_all()  # a bulk delete: each waiter re-reads once (404 if gone)
+            return
+        for job_id in results.finished_ids(payload):
+            self._wake(job_id)
+
+    def deaf(self) -> None:
+        self._wake_all()  # each waiter re-reads now, and again when serve listens again
+
     def _forget(self, job_id: int, woken: asyncio.Future[None]) -> None:
         futures = self.waiting.get(job_id)
         if futures is not None:
@@ -80,29 +79,3 @@ class ResultWaiters:
     def _wake_all(self) -> None:
         for job_id in list(self.waiting):
             self._wake(job_id)
-
-    async def _listen(self) -> None:
-        delay = 0.5
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(self.database_url, autocommit=True,
-                                                             application_name=LISTEN_APPLICATION_NAME,
-                                                             **connect_kwargs())
-                async with conn:
-                    await results.listen(conn)
-                    delay = 0.5
-                    self.outage.back()
-                    self._wake_all()  # re-read: a job may have finished while nobody listened
-                    async for notify in conn.notifies():
-                        if results.recheck_all(notify.payload):
-                            self._wake_all()  # a bulk delete: each waiter re-reads once (404 if gone)
-                            continue
-                        for job_id in results.finished_ids(notify.payload):
-                            self._wake(job_id)
-            except (psycopg.Error, OSError) as exc:
-                self.outage.lost("result LISTEN connection; waiting requests re-read their job", exc)
-                self._wake_all()
-                await asyncio.sleep(delay)
-                # Capped low, like the worker's LISTEN: a job that finishes before the reconnect is only
-                # seen at its waiter's deadline.
-                delay = min(delay * 2, LISTEN_RETRY_MAX)

@@ -924,3 +924,10 @@ AUTH_LOCKED_UNTIL = f"""
 SELECT {_LOCKED_UNTIL.format(failures="failures")} FROM dygo_auth_failures WHERE address = %(address)s"""
 
 CLEAR_AUTH_FAILURES = "DELETE FROM dygo_auth_failures WHERE address = %s"
+
+# Each recorded failure names its address on this channel (delivered at commit), so every serve process
+# knows which addresses it must check in the table and can admit every other one without a read.
+LISTEN_FOR_AUTH_FAILURES = "LISTEN dygo_auth_failures"
+NOTIFY_AUTH_FAILURE = "SELECT pg_notify('dygo_auth_failures', %(address)s)"
+# Run right after LISTEN_FOR_AUTH_FAILURES: what was recorded before it, the notifications tell the rest.
+AUTH_FAILURE_ADDRESSES = "SELECT address FROM dygo_auth_failures"

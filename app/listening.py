@@ -1,0 +1,81 @@
+"""The one LISTEN connection of a `dygo serve` process, shared by everything that wants notifications.
+
+Subscribers (the result waiters of app/waiting.py, the failed-token throttle of app/throttle.py) each
+name their channels and get three calls: `listening(conn)` once the connection is up, on every
+(re)connect, to subscribe and catch up on what they may have missed; `notified(channel, payload)` for
+each notification on one of their channels; `deaf()` when the connection is lost, so that each can fall
+back to what is safe without notifications until `listening` is called again. The connection is
+re-established with backoff; a lost one is logged once in serve's outage log like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Protocol
+
+import psycopg
+from dygo.store.db import connect_kwargs
+from dygo.store.outage import OutageLog
+
+# Named for pg_stat_activity, like the worker's `dygo-worker-listen <id>`.
+LISTEN_APPLICATION_NAME = "dygo-serve-listen"
+LISTEN_RETRY_MAX = 5.0
+
+
+class Subscriber(Protocol):
+    channels: tuple[str, ...]
+
+    async def listening(self, conn: psycopg.AsyncConnection) -> None:
+        """Subscribe `conn` (autocommit) to the channels, and catch up; on every (re)connect."""
+
+    def notified(self, channel: str, payload: str) -> None: ...
+
+    def deaf(self) -> None:
+        """The connection is lost: notifications may be missed until the next `listening`."""
+
+
+class Listener:
+    def __init__(self, database_url: str, outage: OutageLog, subscribers: list[Subscriber]) -> None:
+        self.database_url = database_url
+        self.outage = outage
+        self.subscribers = subscribers
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._listen(), name="dygo-serve-listen")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        for subscriber in self.subscribers:
+            subscriber.deaf()
+
+    async def _listen(self) -> None:
+        routes = {channel: subscriber for subscriber in self.subscribers for channel in subscriber.channels}
+        delay = 0.5
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.database_url, autocommit=True,
+                                                             application_name=LISTEN_APPLICATION_NAME,
+                                                             **connect_kwargs())
+                async with conn:
+                    for subscriber in self.subscribers:
+                        await subscriber.listening(conn)
+                    delay = 0.5
+                    self.outage.back()
+                    async for notify in conn.notifies():
+                        subscriber = routes.get(notify.channel)
+                        if subscriber is not None:
+                            subscriber.notified(notify.channel, notify.payload)
+            except (psycopg.Error, OSError) as exc:
+                self.outage.lost("result LISTEN connection; waiting requests re-read their job, bearer "
+                                 "tokens are checked in the failed-token table", exc)
+                for subscriber in self.subscribers:
+                    subscriber.deaf()
+                await asyncio.sleep(delay)
+                # Capped low, like the worker's LISTEN: a job that finishes before the reconnect is only
+                # seen at its waiter's deadline.
+                delay = min(delay * 2, LISTEN_RETRY_MAX)

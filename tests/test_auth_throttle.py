@@ -1,0 +1,118 @@
+"""The failed-token throttle reads its table only for addresses with failures (app/throttle.py, issue 12).
+
+Real `dygo serve` processes. Whether a request reads `dygo_auth_failures` is seen by holding an ACCESS
+EXCLUSIVE lock on that table: a request that reads it waits for the lock, one that does not answers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from dygo.app.throttle import LOGIN_ATTEMPTS
+
+from tests.conftest import ADMIN_TOKEN, wait_until
+
+JOB = {"kind": "test.noop"}
+
+
+def caught_up(conn: psycopg.Connection) -> bool:
+    """serve's LISTEN connection has subscribed everything (the waiters' LISTEN comes last)."""
+    return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name = 'dygo-serve-listen' AND state = 'idle' "
+                        "AND query = 'LISTEN dygo_finished'").fetchone()[0] > 0
+
+
+@contextmanager
+def table_locked(db_url: str) -> Iterator[None]:
+    with psycopg.connect(db_url) as holder:
+        holder.execute("LOCK TABLE dygo_auth_failures IN ACCESS EXCLUSIVE MODE")
+        yield
+        holder.rollback()
+
+
+def from_address(address: str, token: str = ADMIN_TOKEN) -> dict[str, str]:
+    return {"X-Forwarded-For": address, "Authorization": f"Bearer {token}"}  # uvicorn trusts it from 127.0.0.1
+
+
+def in_background(api, headers: dict[str, str]) -> tuple[threading.Thread, dict[str, Any]]:
+    answer: dict[str, Any] = {}
+
+    def post() -> None:
+        answer["status"] = api.anon.post("/api/v1/jobs", json=JOB, headers=headers, timeout=30).status_code
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread, answer
+
+
+def test_a_right_token_from_an_address_without_failures_does_not_read_the_failure_table(serve, conn, db_url):
+    api = serve()
+    wait_until(lambda: caught_up(conn), message="serve to listen")
+    with table_locked(db_url):
+        reply = api.anon.post("/api/v1/jobs", json=JOB, headers=from_address("198.51.100.1"), timeout=5)
+        assert reply.status_code == 201, reply.text
+
+
+def test_failures_on_one_process_lock_the_address_out_of_another_at_once(serve, conn, db_url):
+    first, second = serve(), serve()
+    wait_until(lambda: caught_up(conn), message="serve to listen")
+    guesser = "203.0.113.9"
+    for n in range(LOGIN_ATTEMPTS):  # every failure on the first process: the second only hears of them
+        reply = first.anon.get("/api/v1/queues", headers=from_address(guesser, f"wrong-guess-{n:020d}"))
+        assert reply.status_code == (401 if n < LOGIN_ATTEMPTS - 1 else 429), reply.text
+    reply = second.anon.post("/api/v1/jobs", json=JOB, headers=from_address(guesser))
+    assert reply.status_code == 429, reply.text  # the right token too: guessing must not pay off
+    assert reply.json()["error"]["code"] == "too_many_failures"
+    assert second.anon.post("/api/v1/jobs", json=JOB, headers=from_address("203.0.113.10")).status_code == 201
+
+
+def test_an_address_whose_failures_are_cleared_is_no_longer_read(serve, conn, db_url):
+    first, second = serve(), serve()
+    wait_until(lambda: caught_up(conn), message="serve to listen")
+    address = "192.0.2.44"
+    assert first.anon.get("/api/v1/queues", headers=from_address(address, "wrong-token-0123456789")).status_code \
+        == 401
+    # The second process heard of the failure: it reads the table, finds the address not locked out,
+    # clears its failures (a right token forgets them) and stops suspecting it.
+    assert second.anon.post("/api/v1/jobs", json=JOB, headers=from_address(address)).status_code == 201
+    assert conn.execute("SELECT count(*) FROM dygo_auth_failures").fetchone()[0] == 0
+    with table_locked(db_url):
+        assert second.anon.post("/api/v1/jobs", json=JOB, headers=from_address(address), timeout=5).status_code \
+            == 201
+
+
+def test_while_its_listen_connection_is_down_serve_reads_every_token_in_the_failure_table(serve, conn, db_url):
+    api = serve()
+    wait_until(lambda: caught_up(conn), message="serve to listen")
+    with table_locked(db_url):
+        # The reconnected listener cannot catch up (reading the table waits for the lock): it is deaf.
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND application_name = 'dygo-serve-listen'")
+        wait_until(lambda: "database connection lost (result LISTEN connection" in api.process.stderr(),
+                   message="serve to notice")
+        thread, answer = in_background(api, from_address("198.51.100.2"))
+        thread.join(1.5)
+        assert thread.is_alive() and not answer, answer  # waiting for the table, as before this cache
+    thread.join(20)
+    assert answer["status"] == 201
+    wait_until(lambda: caught_up(conn), message="serve to listen again")
+    with table_locked(db_url):
+        assert api.anon.post("/api/v1/jobs", json=JOB, headers=from_address("198.51.100.2"), timeout=5).status_code \
+            == 201
+
+
+def test_behind_a_transaction_pooler_without_a_direct_url_serve_reads_every_token(serve, conn, db_url):
+    # Notifications through such a pooler cannot be relied on (the session is not serve's between
+    # transactions): the throttle does not trust them. DYGO_POOL_MODE says so without a pooler.
+    api = serve(DYGO_POOL_MODE="transaction")
+    wait_until(lambda: caught_up(conn), message="serve to listen")
+    with table_locked(db_url):
+        thread, answer = in_background(api, from_address("198.51.100.3"))
+        thread.join(1.5)
+        assert thread.is_alive() and not answer, answer
+    thread.join(20)
+    assert answer["status"] == 201
