@@ -202,26 +202,25 @@ def _refuse(conn: psycopg.Connection, job_id: int, action: str, allowed: tuple[s
 
 def list_queues(conn: psycopg.Connection, configured: Mapping[str, int]) -> list[dict[str, Any]]:
     """Every configured queue (and any other queue that still has jobs), with its counts by state."""
-    counted = conn.execute(queries.QUEUE_COUNTS).fetchall()
-    return _queue_list(configured, counted, conn.execute(queries.PAUSED_QUEUES).fetchall(),
-                       conn.execute(queries.QUEUE_SUCCEEDED_TODAY).fetchall())
+    return _queue_list(configured, conn.execute(queries.QUEUE_LIST).fetchall())
 
 
 async def alist_queues(conn: psycopg.AsyncConnection, configured: Mapping[str, int]) -> list[dict[str, Any]]:
     """`list_queues` for an AsyncConnection (the admin service's hot read)."""
-    counted = await (await conn.execute(queries.QUEUE_COUNTS)).fetchall()
-    paused = await (await conn.execute(queries.PAUSED_QUEUES)).fetchall()
-    succeeded = await (await conn.execute(queries.QUEUE_SUCCEEDED_TODAY)).fetchall()
-    return _queue_list(configured, counted, paused, succeeded)
+    return _queue_list(configured, await (await conn.execute(queries.QUEUE_LIST)).fetchall())
 
 
-def _queue_list(configured: Mapping[str, int], counted: list[Any], paused_rows: list[Any],
-                succeeded_rows: list[Any]) -> list[dict[str, Any]]:
+def _queue_list(configured: Mapping[str, int], rows: list[Any]) -> list[dict[str, Any]]:
     counts: dict[str, dict[str, int]] = {}
-    for queue, state, number in counted:
-        counts.setdefault(queue, dict.fromkeys(COUNTED_STATES, 0))[state] = number
-    paused = dict(paused_rows)
-    succeeded = dict(succeeded_rows)
+    paused: dict[str, Any] = {}
+    succeeded: dict[str, int] = {}
+    for part, queue, state, number, paused_at in rows:
+        if part == "count":
+            counts.setdefault(queue, dict.fromkeys(COUNTED_STATES, 0))[state] = number
+        elif part == "paused":
+            paused[queue] = paused_at
+        else:
+            succeeded[queue] = number
     names = list(configured) + sorted((set(counts) | set(paused)) - set(configured))
     return [{
         "name": name, "concurrency": configured.get(name), "paused": name in paused,

@@ -380,8 +380,6 @@ SELECT queue, 'active', count(*) FROM dygo_jobs WHERE state = 'active' GROUP BY 
 UNION ALL
 SELECT queue, state, count(*) FROM dygo_jobs WHERE state IN ('dead', 'paused', 'cancelled') GROUP BY 1, 2"""
 
-PAUSED_QUEUES = "SELECT name, paused_at FROM dygo_queues WHERE paused"
-
 # Jobs each queue finished successfully today (UTC): succeeded rows are history (kept for
 # completed_retention, no index counts them), so the count comes from the stats rollups, like the
 # throughput window: today's folded row plus the deltas not folded yet. A handful of small rows.
@@ -391,6 +389,15 @@ SELECT queue, sum(succeeded)::bigint FROM (
     UNION ALL
     SELECT queue, succeeded FROM dygo_stats_deltas WHERE day = (now() AT TIME ZONE 'UTC')::date) AS s
 GROUP BY queue"""
+
+# The queue list in one round trip (GET /api/v1/queues, the dashboard, /metrics): the three reads above as
+# rows tagged 'count' (queue, state, number), 'paused' (name, paused_at) and 'succeeded' (queue, number).
+QUEUE_LIST = f"""
+SELECT 'count', queue, state, number, NULL::timestamptz FROM ({QUEUE_COUNTS}) AS c(queue, state, number)
+UNION ALL
+SELECT 'paused', name, NULL, NULL, paused_at FROM dygo_queues WHERE paused
+UNION ALL
+SELECT 'succeeded', queue, NULL, number, NULL FROM ({QUEUE_SUCCEEDED_TODAY}) AS s(queue, number)"""
 PAUSE_QUEUE = """
 INSERT INTO dygo_queues AS q (name, paused, paused_at) VALUES (%s, true, now())
 ON CONFLICT (name) DO UPDATE SET paused = true, paused_at = CASE WHEN q.paused THEN q.paused_at ELSE now() END

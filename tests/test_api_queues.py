@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import psycopg
 import pytest
-from dygo.store import enqueue
+from dygo.store import admin, enqueue
 
 from tests.conftest import wait_until
 from tests.test_api_jobs import make_active
@@ -161,3 +163,41 @@ def test_queues_list_their_succeeded_count_of_today(api, conn):
     queues = {q["name"]: q for q in api.reader.get("/api/v1/queues").json()["queues"]}
     assert (queues["default"]["succeeded_today"], queues["other"]["succeeded_today"]) == (3, 0)
     assert api.reader.get("/api/v1/queues/default").json()["succeeded_today"] == 3
+
+
+class CountingConnection(psycopg.Connection):
+    """A real connection that counts the statements run through it."""
+
+    statements = 0
+
+    def execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.statements += 1
+        return super().execute(*args, **kwargs)
+
+
+class CountingAsyncConnection(psycopg.AsyncConnection):
+    statements = 0
+
+    async def execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.statements += 1
+        return await super().execute(*args, **kwargs)
+
+
+def test_the_queue_list_is_one_statement(conn, db_url):
+    fill_default_queue(conn)
+    admin.pause_queue(conn, "other")
+    configured = {"default": 8, "other": 2}
+    with CountingConnection.connect(db_url, autocommit=True) as counted:
+        queues = admin.list_queues(counted, configured)
+        assert counted.statements == 1
+
+    async def read_counted() -> tuple[list[dict], int]:
+        async with await CountingAsyncConnection.connect(db_url, autocommit=True) as aconn:
+            listed = await admin.alist_queues(aconn, configured)
+            return listed, aconn.statements
+
+    listed, statements = asyncio.run(read_counted())
+    assert statements == 1 and listed == queues
+    by_name = {q["name"]: q for q in queues}
+    assert by_name["default"]["counts"]["pending"] == 2 and not by_name["default"]["paused"]
+    assert by_name["other"]["paused"] and by_name["other"]["paused_at"] is not None
