@@ -17,8 +17,10 @@ For each endpoint (POST /api/v1/jobs with one job; POST /api/v1/jobs/batch with 
 each concurrency, `hey` runs --seconds against each server in turn (reference, dygo, reference, dygo:
 --rounds rounds each, interleaved so that drift on a shared machine hits both), after a short warm-up,
 with the job table truncated before each run. A line gives jobs/s (the median of the rounds), p50
-and p99 request latency (of the median round) and errors (every answer that is not a 2xx, and every
-transport error, over all rounds); dygo's line also gives its share of the reference's jobs/s.
+and p99 request latency (of the median round), errors (every answer that is not a 2xx, and every
+transport error, over all rounds) and the server process's CPU time per job (user + system from
+/proc/<pid>/stat around each run, median of the rounds: less moved by other work on the machine than
+jobs/s, though not immune); dygo's line also gives its share of the reference's jobs/s.
 The target (issue 12): dygo >= 80% of the reference at every concurrency, 0 errors.
 """
 
@@ -54,6 +56,7 @@ class Run:
     p50_ms: float
     p99_ms: float
     errors: int
+    cpu_seconds: float  # the server process's CPU time during the run
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Line:
     p99_ms: float
     errors: int
     rounds: list[float]  # jobs/s of each round
+    cpu_us_per_job: float  # the server's CPU time per job (median of the rounds)
 
 
 def free_port() -> int:
@@ -92,6 +96,11 @@ class Server:
                 return False
 
         wait_until(up, 30, f"{name} to listen on {port}")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (one process: WEB_CONCURRENCY is unset)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -121,12 +130,14 @@ def start_servers(url: str, pool_size: int) -> tuple[Server, Server, dict[str, s
     return dygo, reference, paths
 
 
-def hey(url: str, body: Path, concurrency: int, seconds: float, token: str | None) -> Run:
+def hey(url: str, body: Path, concurrency: int, seconds: float, token: str | None, server: Server | None = None) -> Run:
     command = ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", "application/json",
                "-D", str(body), "-t", "30"]
     if token:
         command += ["-H", f"Authorization: Bearer {token}"]
+    cpu = server.cpu_seconds() if server else 0.0
     out = subprocess.run([*command, url], capture_output=True, text=True, timeout=seconds + 90).stdout
+    cpu = server.cpu_seconds() - cpu if server else float("nan")
     codes = {int(code): int(n) for code, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
     transport = sum(int(n) for n, rest in re.findall(r"^\s+\[(\d+)\]\s+(.*)$", out, re.M)
                     if not re.match(r"\d+ responses", rest))
@@ -137,7 +148,7 @@ def hey(url: str, body: Path, concurrency: int, seconds: float, token: str | Non
     return Run(requests=ok, seconds=float(total.group(1)) if total else seconds,
                p50_ms=float(p50.group(1)) * 1000 if p50 else float("nan"),
                p99_ms=float(p99.group(1)) * 1000 if p99 else float("nan"),
-               errors=sum(n for code, n in codes.items() if not 200 <= code < 300) + transport)
+               errors=sum(n for code, n in codes.items() if not 200 <= code < 300) + transport, cpu_seconds=cpu)
 
 
 def truncate(url: str) -> None:
@@ -145,7 +156,8 @@ def truncate(url: str) -> None:
         conn.execute("TRUNCATE dygo_jobs")
 
 
-def measure(args: argparse.Namespace, url: str, paths: dict[str, str], bodies: dict[str, Path]) -> list[Line]:
+def measure(args: argparse.Namespace, url: str, paths: dict[str, str], bodies: dict[str, Path],
+            servers: dict[str, Server]) -> list[Line]:
     lines: list[Line] = []
     for endpoint in args.endpoints:
         per_request = 1 if endpoint == "one" else args.batch
@@ -156,21 +168,31 @@ def measure(args: argparse.Namespace, url: str, paths: dict[str, str], bodies: d
             for _ in range(args.rounds):
                 for server in ("reference", "dygo"):
                     truncate(url)
-                    run = hey(paths[f"{server} {endpoint}"], bodies[endpoint], concurrency, args.seconds, TOKEN)
+                    run = hey(paths[f"{server} {endpoint}"], bodies[endpoint], concurrency, args.seconds, TOKEN,
+                              servers[server])
                     runs[server].append(run)
                     log(f"{endpoint:5} c={concurrency:<3} {server:9} {run.requests * per_request / run.seconds:9,.0f} "
-                        f"jobs/s  p50 {run.p50_ms:7.1f} ms  p99 {run.p99_ms:7.1f} ms  errors {run.errors}")
+                        f"jobs/s  p50 {run.p50_ms:7.1f} ms  p99 {run.p99_ms:7.1f} ms  errors {run.errors}  "
+                        f"cpu {_cpu_per_job(run, per_request):5.0f} us/job")
             for server, done in runs.items():
                 rates = [r.requests * per_request / r.seconds for r in done]
                 middle = sorted(done, key=lambda r: r.requests * per_request / r.seconds)[len(done) // 2]
                 lines.append(Line(endpoint, concurrency, server, per_request, statistics.median(rates),
                                   middle.p50_ms, middle.p99_ms, sum(r.errors for r in done),
-                                  [round(r, 1) for r in rates]))
+                                  [round(r, 1) for r in rates],
+                                  statistics.median(_cpu_per_job(r, per_request) for r in done)))
     return lines
 
 
+def _cpu_per_job(run: Run, per_request: int) -> float:
+    """Microseconds of server CPU per job enqueued (answered 2xx) in the run."""
+    jobs = run.requests * per_request
+    return run.cpu_seconds / jobs * 1e6 if jobs else float("nan")
+
+
 def table(lines: list[Line], markdown: bool) -> str:
-    header = ["endpoint", "clients", "server", "jobs/s", "p50 ms", "p99 ms", "errors", "dygo / reference"]
+    header = ["endpoint", "clients", "server", "jobs/s", "p50 ms", "p99 ms", "errors", "server CPU us/job",
+              "dygo / reference"]
     reference = {(line.endpoint, line.concurrency): line.jobs_per_s for line in lines if line.server == "reference"}
     rows = []
     for line in lines:
@@ -179,7 +201,7 @@ def table(lines: list[Line], markdown: bool) -> str:
             share = f"{line.jobs_per_s / reference[(line.endpoint, line.concurrency)]:.0%}"
         name = "POST /jobs (1 job)" if line.endpoint == "one" else f"POST /jobs/batch ({line.jobs_per_request} jobs)"
         rows.append([name, str(line.concurrency), line.server, f"{line.jobs_per_s:,.0f}", f"{line.p50_ms:.1f}",
-                     f"{line.p99_ms:.1f}", str(line.errors), share])
+                     f"{line.p99_ms:.1f}", str(line.errors), f"{line.cpu_us_per_job:,.0f}", share])
     if markdown:
         out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         out += ["| " + " | ".join(row) + " |" for row in rows]
@@ -230,7 +252,7 @@ def main() -> int:
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     dygo, reference, paths = start_servers(url, args.pool_size)
     try:
-        lines = measure(args, url, paths, bodies)
+        lines = measure(args, url, paths, bodies, {"dygo": dygo, "reference": reference})
     finally:
         dygo.stop()
         reference.stop()
