@@ -91,8 +91,9 @@ class AuthThrottle:
         if self._added >= PRUNE_EVERY:
             self._added = 0
             cutoff = time.monotonic() - self.window
-            for stale in [a for a, (_, heard) in self.suspects.items() if heard < cutoff]:
-                del self.suspects[stale]
+            # A copy first: the dashboard's sign-in records failures from a threadpool thread.
+            for stale in [a for a, (_, heard) in list(self.suspects.items()) if heard < cutoff]:
+                self.suspects.pop(stale, None)
 
     def _suspect(self, address: str) -> bool:
         if not auth_state.notified(address):
