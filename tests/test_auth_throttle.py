@@ -7,12 +7,13 @@ EXCLUSIVE lock on that table: a request that reads it waits for the lock, one th
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from dygo.app.throttle import LOGIN_ATTEMPTS
+from dygo.app.throttle import LOGIN_ATTEMPTS, PRUNE_EVERY, AuthThrottle
 
 from tests.conftest import ADMIN_TOKEN, wait_until
 
@@ -116,3 +117,15 @@ def test_behind_a_transaction_pooler_without_a_direct_url_serve_reads_every_toke
         assert thread.is_alive() and not answer, answer
     thread.join(20)
     assert answer["status"] == 201
+
+
+def test_suspects_are_forgotten_once_their_window_has_passed():
+    throttle = AuthThrottle(state=None, window=0.05)
+    for n in range(PRUNE_EVERY - 1):
+        throttle.suspect(f"10.0.{n // 256}.{n % 256}")
+    assert throttle._suspect("10.0.0.1")
+    time.sleep(0.1)
+    # Its newest failure is older than the window: it cannot be locked out, so it is not read.
+    assert not throttle._suspect("10.0.0.1")
+    throttle.suspect("192.0.2.1")  # every PRUNE_EVERY failures heard of, the stale ones are swept
+    assert list(throttle.suspects) == ["192.0.2.1"]
