@@ -97,17 +97,31 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 # prepared, its generic plan was made once on the freshly migrated, empty table (a sequential scan for
 # the UPDATE is cheapest there) and kept until the first ANALYZE invalidated it, a minute later, while
 # the table grew to thousands of rows (issue 12 item 5). Planning costs far less than that scan.
+# Per-worker kind caps (worker/capacity.py): the walk skips the kinds at their cap in this worker
+# (%(full_kinds)s), so they hold up no other kind of the queue; `kept` then drops the rows of a kind beyond
+# its free slots (%(cap_kinds)s, %(cap_free)s: only kinds whose free slots are fewer than the claim could
+# take). The dropped rows stay pending, locked only until the statement ends. With no such kind the
+# first branch of `kept` runs alone: planned with the arrays' values, the other is never executed.
 CLAIM_JOBS = """
 WITH picked AS (
-    SELECT p.id FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
+    SELECT p.id, p.kind, p.priority, p.run_at FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
     CROSS JOIN LATERAL (
-        SELECT id FROM dygo_jobs
+        SELECT id, kind, priority, run_at FROM dygo_jobs
         WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND kind <> ALL(%(full_kinds)s::text[])
           AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
         ORDER BY priority DESC, run_at, id
         LIMIT w.slots
         FOR UPDATE SKIP LOCKED
     ) AS p
+), kept AS (
+    SELECT id FROM picked WHERE cardinality(%(cap_kinds)s::text[]) = 0
+    UNION ALL
+    SELECT r.id FROM (
+        SELECT id, kind, row_number() OVER (PARTITION BY kind ORDER BY priority DESC, run_at, id) AS n FROM picked
+    ) AS r
+    LEFT JOIN unnest(%(cap_kinds)s::text[], %(cap_free)s::integer[]) AS c(kind, free) ON c.kind = r.kind
+    WHERE cardinality(%(cap_kinds)s::text[]) > 0 AND (c.free IS NULL OR r.n <= c.free)
 ), claimed AS (
     UPDATE dygo_jobs AS j
     SET state = 'active', attempt = j.attempt + 1, started_at = now(),
@@ -115,7 +129,7 @@ WITH picked AS (
         max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
         lease_owner = %(owner)s, lease_token = gen_random_uuid(),
         lease_deadline = now() + make_interval(secs => %(ttl)s)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
     RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
               j.lease_token, j.lease_deadline, j.priority, j.run_at
 )
@@ -125,13 +139,16 @@ FROM claimed ORDER BY priority DESC, run_at, id"""
 
 # Seconds until the next pending job of each queue is due, on the database clock (negative: due
 # already; no row: none pending). One walk of dygo_jobs_ready per queue, in a LATERAL like the claim.
-# Paused queues are left out: their due jobs cannot be claimed, so they must not wake anyone.
+# Paused queues are left out: their due jobs cannot be claimed, so they must not wake anyone; so are
+# the kinds at their cap in this worker (%(full_kinds)s), which the claim skips: a queue holding only those
+# would otherwise be woken again at once, in a loop (with none, the OR folds away at planning).
 # Sent unprepared like CLAIM_JOBS, for the same reason.
 SECONDS_TO_NEXT_RUN = """
 SELECT w.queue, n.due_in FROM unnest(%(queues)s::text[]) AS w(queue)
 CROSS JOIN LATERAL (
     SELECT extract(epoch FROM min(run_at) - now())::float8 AS due_in FROM dygo_jobs
     WHERE state = 'pending' AND queue = w.queue
+      AND (cardinality(%(full_kinds)s::text[]) = 0 OR kind <> ALL(%(full_kinds)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
 ) AS n
 WHERE n.due_in IS NOT NULL"""
