@@ -171,3 +171,38 @@ def test_a_bad_max_concurrency_flag_exits_2_naming_the_flag(tmp_path):
     result = run_worker(tmp_path, "--max-concurrency", "0")
     assert result.returncode == 2, result.stderr
     assert "argument --max-concurrency: must be an integer greater than 0, got '0'" in result.stderr
+
+
+def test_a_queue_holding_only_jobs_of_a_kind_at_its_cap_is_not_claimed_for_in_a_loop(conn, spawn):
+    import signal
+
+    # While the first job runs, the two behind it are ready but of a kind at its cap: the claim skips them,
+    # and the idle timer must skip them too, or the worker claims (for nothing) every few milliseconds.
+    enqueue_many(conn, [{"kind": "test.capped", "args": {"seconds": 1.0}} for _ in range(3)])
+    worker = spawn("worker", "--queue", "default", "--concurrency", "10", "--poll-interval", "60s")
+    worker.wait_for_line("started")
+    wait_until(lambda: ended(conn, 3), timeout=30, message="the 3 jobs to end")
+    assert max_overlap(conn, ("test.capped",)) == 1
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0  # its connections closed: their statistics are flushed
+    walks = conn.execute("SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = 'dygo_jobs_ready'")
+    # A few walks per job (the claim that takes it, one that finds its kind full, the idle timer's), not
+    # one every few milliseconds for 3 s.
+    count = walks.fetchone()[0]
+    assert count < 60, count
+
+
+def test_the_process_cap_deals_its_free_slots_around_the_queues_starting_one_further_each_claim():
+    from dygo.worker.capacity import Capacity
+
+    capacity = Capacity({}, max_concurrency=3)
+    wanted = {"a": 8, "b": 8, "c": 2}
+    assert capacity.share(wanted) == {"a": 1, "b": 1, "c": 1}
+    capacity.started("x")
+    assert capacity.share(wanted) == {"b": 1, "c": 1}  # the second claim starts at b
+    capacity.started("x")
+    capacity.started("x")
+    assert capacity.share(wanted) == {}  # full: nothing to claim until a job ends
+    capacity.finished("x")
+    assert capacity.share({"a": 1}) == {"a": 1}
+    assert Capacity({}, None).share(wanted) == wanted  # no process cap: untouched
