@@ -206,3 +206,14 @@ def test_the_process_cap_deals_its_free_slots_around_the_queues_starting_one_fur
     capacity.finished("x")
     assert capacity.share({"a": 1}) == {"a": 1}
     assert Capacity({}, None).share(wanted) == wanted  # no process cap: untouched
+
+
+def test_a_job_module_with_a_bad_concurrency_stops_the_worker_with_exit_2_naming_the_kind(tmp_path):
+    (tmp_path / "badcap.py").write_text(
+        "from dygo import job\n\n\n@job('bad.cap', concurrency=0)\ndef handler(ctx, args):\n    return None\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "dygo", "worker"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "DYGO_CONFIG_DIR": str(config(tmp_path, "jobs: [badcap]\n")),
+             "PYTHONPATH": str(REPO), "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
+    assert result.returncode == 2, result.stderr
+    assert "badcap: job 'bad.cap': concurrency must be an integer of at least 1, got 0" in result.stderr
