@@ -94,8 +94,9 @@ async def claim_queues(conn: psycopg.AsyncConnection, limits: Mapping[str, int],
               "kind_attempts": kind_attempts, "max_attempts": default,
               "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
               "cap_kinds": list(trimmed), "cap_free": list(trimmed.values())}
+    statement = queries.CLAIM_JOBS_CAPPED if trimmed else queries.CLAIM_JOBS
     # Never prepared (queries.py, CLAIM_JOBS: planned on every call against the table as it is now).
-    cursor = await conn.execute(queries.CLAIM_JOBS, params, prepare=False)
+    cursor = await conn.execute(statement, params, prepare=False)
     return [ClaimedJob(*row) for row in await cursor.fetchall()]
 
 
