@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="process only this queue (repeatable; default: every configured queue)")
     worker.add_argument("--concurrency", type=positive_int, metavar="N",
                         help="jobs run at once per queue in this process (overrides queues.yml)")
+    worker.add_argument("--max-concurrency", type=positive_int, metavar="N",
+                        help="jobs run at once in this process, all queues together (default: max_concurrency "
+                        "in dygo.yml, else no cap)")
     worker.add_argument("--poll-interval", type=positive_duration, default=60.0, metavar="DURATION",
                         help="fallback poll when no notification arrives (default: 60s)")
     worker.add_argument("--poll-only", action="store_true", help="do not LISTEN; rely on polling and timers")
@@ -343,7 +346,8 @@ def worker_command(settings: Settings, args: argparse.Namespace) -> int:
     options = WorkerOptions(queues=queues, poll_interval=args.poll_interval, poll_only=args.poll_only,
                             once=args.once, shutdown_timeout=args.shutdown_timeout,
                             metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-                            cron=settings.cron if args.cron is None else args.cron, ready_file=args.ready_file)
+                            cron=settings.cron if args.cron is None else args.cron, ready_file=args.ready_file,
+                            max_concurrency=args.max_concurrency or settings.max_concurrency)
     jobs.freeze()
     url = database_url(settings)
     previous = signal.signal(signal.SIGTERM, flush_then_exit)  # a stop while waiting for the schema: exit 0

@@ -30,6 +30,8 @@ jobs: [jobs]
 # default_timeout: 5m         # handler deadline for kinds without `timeout` (0 = none)
 # default_max_attempts: 20    # attempts for kinds without `max_attempts`
 # claim_batch_size: 100       # most jobs one claim statement takes
+# default_concurrency: 4     # most jobs of one kind a worker runs at once, for kinds without `concurrency`
+# max_concurrency: 16         # most jobs a worker runs at once, all queues together (--max-concurrency)
 # max_batch_size: 1000        # most jobs in one POST /api/v1/jobs/batch
 # max_payload_bytes: 1MiB     # largest request body the API accepts
 # max_result_bytes: 64KiB     # largest handler result stored

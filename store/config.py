@@ -69,6 +69,10 @@ class Settings:
     # `?wait=` comes on top): DYGO_SERVE_POOL_SIZE, else serve_pool_size in dygo.yml, else this.
     serve_pool_size: int = 10
     cron: bool = True  # this worker fires due schedules (`cron: false` or `dygo worker --no-cron`: it does not)
+    # Per-worker caps (worker/capacity.py): the most jobs of one kind a worker process runs at once, for kinds
+    # whose @job sets no concurrency, and the most of all kinds together (--max-concurrency). None: no cap.
+    default_concurrency: int | None = None
+    max_concurrency: int | None = None
 
     @property
     def queue_names(self) -> list[str]:
@@ -232,6 +236,8 @@ SETTING_PARSERS = {
     "retention_interval": ("retention_interval", _positive_duration),
     "serve_pool_size": ("serve_pool_size", _serve_pool_size),
     "cron": ("cron", _boolean),
+    "default_concurrency": ("default_concurrency", _positive_int),
+    "max_concurrency": ("max_concurrency", _positive_int),
 }
 
 

@@ -78,24 +78,34 @@ async def claim(conn: psycopg.AsyncConnection, queue: str, limit: int, owner: st
 
 
 async def claim_queues(conn: psycopg.AsyncConnection, limits: Mapping[str, int], owner: str, ttl: float,
-                       jobs: Registry | None = None) -> list[ClaimedJob]:
+                       jobs: Registry | None = None, kind_free: Mapping[str, int] | None = None) -> list[ClaimedJob]:
     """Claim up to limits[queue] ready jobs of each queue in one statement, in claim order. A job enqueued
     without max_attempts gets it here, durably: its kind's in `jobs` (default: the process's registry, the
-    one `load_jobs` filled), else the default."""
+    one `load_jobs` filled), else the default. `kind_free`: the capped kinds' free slots in this worker; the
+    claim takes no more of a kind than that, and skips a kind with none."""
     wanted = {queue: n for queue, n in limits.items() if n > 0}
     if not wanted:
         return []
     kind_attempts, default = (jobs or registry).max_attempts_at_claim()
+    kind_free = kind_free or {}
+    most = sum(wanted.values())  # a kind with this many free slots cannot be trimmed: leave it out
+    trimmed = {kind: free for kind, free in kind_free.items() if 0 < free < most}
     params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl,
-              "kind_attempts": kind_attempts, "max_attempts": default}
+              "kind_attempts": kind_attempts, "max_attempts": default,
+              "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
+              "cap_kinds": list(trimmed), "cap_free": list(trimmed.values())}
+    statement = queries.CLAIM_JOBS_CAPPED if trimmed else queries.CLAIM_JOBS
     # Never prepared (queries.py, CLAIM_JOBS: planned on every call against the table as it is now).
-    cursor = await conn.execute(queries.CLAIM_JOBS, params, prepare=False)
+    cursor = await conn.execute(statement, params, prepare=False)
     return [ClaimedJob(*row) for row in await cursor.fetchall()]
 
 
-async def seconds_to_next_run(conn: psycopg.AsyncConnection, queues: list[str]) -> dict[str, float]:
-    """How long until the next pending job of each of `queues` is due; a queue with none is left out."""
-    cursor = await conn.execute(queries.SECONDS_TO_NEXT_RUN, {"queues": queues}, prepare=False)
+async def seconds_to_next_run(conn: psycopg.AsyncConnection, queues: list[str],
+                              skip_kinds: list[str] | None = None) -> dict[str, float]:
+    """How long until the next pending job of each of `queues` is due, leaving out `skip_kinds` (at their
+    cap in this worker); a queue with none is left out."""
+    params = {"queues": queues, "full_kinds": skip_kinds or []}
+    cursor = await conn.execute(queries.SECONDS_TO_NEXT_RUN, params, prepare=False)
     return {queue: due_in for queue, due_in in await cursor.fetchall()}
 
 

@@ -97,17 +97,28 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 # prepared, its generic plan was made once on the freshly migrated, empty table (a sequential scan for
 # the UPDATE is cheapest there) and kept until the first ANALYZE invalidated it, a minute later, while
 # the table grew to thousands of rows (issue 12 item 5). Planning costs far less than that scan.
-CLAIM_JOBS = """
+# Per-worker kind caps (worker/capacity.py): the walk skips the kinds at their cap in this worker
+# (%(full_kinds)s, empty when none), so they hold up no other kind of the queue. CLAIM_JOBS takes every
+# picked row. CLAIM_JOBS_CAPPED, sent when a capped kind has fewer free slots than the claim could take
+# (%(cap_kinds)s, %(cap_free)s), keeps no row of such a kind beyond its free slots (a window over the
+# locked candidates, before the UPDATE); the rows it drops stay pending, locked only until the statement
+# ends. One text, two statements: a worker without caps does not pay for planning the window (0.07 ms a
+# claim, bench/claim_caps.py).
+def _claim(kept: str) -> str:
+    return f"""
 WITH picked AS (
-    SELECT p.id FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
+    SELECT p.id, p.kind, p.priority, p.run_at FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
     CROSS JOIN LATERAL (
-        SELECT id FROM dygo_jobs
+        SELECT id, kind, priority, run_at FROM dygo_jobs
         WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND kind <> ALL(%(full_kinds)s::text[])
           AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
         ORDER BY priority DESC, run_at, id
         LIMIT w.slots
         FOR UPDATE SKIP LOCKED
     ) AS p
+), kept AS (
+    {kept}
 ), claimed AS (
     UPDATE dygo_jobs AS j
     SET state = 'active', attempt = j.attempt + 1, started_at = now(),
@@ -115,7 +126,7 @@ WITH picked AS (
         max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
         lease_owner = %(owner)s, lease_token = gen_random_uuid(),
         lease_deadline = now() + make_interval(secs => %(ttl)s)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
     RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
               j.lease_token, j.lease_deadline, j.priority, j.run_at
 )
@@ -123,15 +134,26 @@ SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_to
        extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8  -- start latency (store/timings.py)
 FROM claimed ORDER BY priority DESC, run_at, id"""
 
+
+CLAIM_JOBS = _claim("SELECT id FROM picked")
+CLAIM_JOBS_CAPPED = _claim("""SELECT r.id FROM (
+        SELECT id, kind, row_number() OVER (PARTITION BY kind ORDER BY priority DESC, run_at, id) AS n FROM picked
+    ) AS r
+    LEFT JOIN unnest(%(cap_kinds)s::text[], %(cap_free)s::integer[]) AS c(kind, free) ON c.kind = r.kind
+    WHERE c.free IS NULL OR r.n <= c.free""")
+
 # Seconds until the next pending job of each queue is due, on the database clock (negative: due
 # already; no row: none pending). One walk of dygo_jobs_ready per queue, in a LATERAL like the claim.
-# Paused queues are left out: their due jobs cannot be claimed, so they must not wake anyone.
+# Paused queues are left out: their due jobs cannot be claimed, so they must not wake anyone; so are
+# the kinds at their cap in this worker (%(full_kinds)s), which the claim skips: a queue holding only those
+# would otherwise be woken again at once, in a loop (with none, the OR folds away at planning).
 # Sent unprepared like CLAIM_JOBS, for the same reason.
 SECONDS_TO_NEXT_RUN = """
 SELECT w.queue, n.due_in FROM unnest(%(queues)s::text[]) AS w(queue)
 CROSS JOIN LATERAL (
     SELECT extract(epoch FROM min(run_at) - now())::float8 AS due_in FROM dygo_jobs
     WHERE state = 'pending' AND queue = w.queue
+      AND (cardinality(%(full_kinds)s::text[]) = 0 OR kind <> ALL(%(full_kinds)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
 ) AS n
 WHERE n.due_in IS NOT NULL"""

@@ -83,6 +83,7 @@ class JobDefinition:
     is_async: bool
     cron: str | None = None  # `@job(..., cron=...)`: a schedule named after the kind (store.schedules)
     cron_timezone: str = "UTC"
+    concurrency: int | None = None  # most of this kind one worker process runs at once; None: default_concurrency
 
     @property
     def queue_name(self) -> str:
@@ -154,6 +155,12 @@ class Registry:
     def freeze(self) -> None:
         self._frozen = True
 
+    def concurrency_caps(self, default: int | None) -> dict[str, int]:
+        """Kind -> the most of it one worker process runs at once: its `@job(concurrency=...)`, else `default`
+        (default_concurrency); kinds with neither are left out (no cap)."""
+        caps = {d.kind: d.concurrency if d.concurrency is not None else default for d in self._definitions.values()}
+        return {kind: cap for kind, cap in caps.items() if cap is not None}
+
     def max_attempts_at_claim(self) -> tuple[str, int]:
         """What a claim gives a job enqueued without max_attempts: (JSON object kind -> the registration's
         max_attempts, for the kinds that set one; the configured default)."""
@@ -202,12 +209,15 @@ def job(
     retry_backoff: str | float = "15s",
     cron: str | None = None,
     timezone: str = "UTC",
+    concurrency: int | None = None,
     registry: Registry = registry,
 ) -> Callable[[Handler], Handler]:
     """Declare a handler for `kind`. Handlers take `(ctx, args)` and may be `async def` or plain `def`.
 
     `cron` (with `timezone`) also schedules the kind, with default args, under the kind's name; use
-    `store.schedules.schedule` for args or other options. Both are validated when the jobs load."""
+    `store.schedules.schedule` for args or other options. Both are validated when the jobs load.
+    `concurrency` caps how many jobs of the kind one worker process runs at once (default:
+    `default_concurrency` in config/dygo.yml, else no cap)."""
 
     def decorate(handler: Handler) -> Handler:
         source = getattr(handler, "__module__", "?")
@@ -217,6 +227,10 @@ def job(
             raise ConfigError(source, f"job {kind!r}", "queue must be a queue name")
         if max_attempts is not None and (isinstance(max_attempts, bool) or max_attempts < 1):
             raise ConfigError(source, f"job {kind!r}", "max_attempts must be an integer of at least 1")
+        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                        or concurrency < 1):
+            raise ConfigError(source, f"job {kind!r}",
+                              f"concurrency must be an integer of at least 1, got {concurrency!r}")
         try:
             timeout_s = None if timeout is None else parse_duration(timeout, field="timeout")
             backoff_s = parse_duration(retry_backoff, field="retry_backoff")
@@ -226,6 +240,7 @@ def job(
             kind=kind, handler=handler, queue=queue, timeout=timeout_s, max_attempts=max_attempts,
             priority=priority, retry_backoff=backoff_s, args_model=_args_model(handler),
             is_async=inspect.iscoroutinefunction(handler), cron=cron, cron_timezone=timezone,
+            concurrency=concurrency,
         ))
         return handler
 

@@ -261,3 +261,11 @@ if os.environ.get("DYGO_TEST_SPANS_FILE"):  # tests/test_tracing.py: this proces
     from tests.span_file import install_file_exporter
 
     install_file_exporter(os.environ["DYGO_TEST_SPANS_FILE"])
+
+
+@job("test.capped", concurrency=1)
+async def capped(ctx: JobContext, args: Sleep) -> None:
+    """Like test.span, async, capped at one at a time per worker (tests/test_flow_caps.py)."""
+    await asyncio.to_thread(record, ctx, "start")
+    await asyncio.sleep(args.seconds)
+    await asyncio.to_thread(record, ctx, "end")

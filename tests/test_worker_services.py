@@ -62,7 +62,7 @@ def test_claim_walks_the_ready_index_never_the_whole_table(conn):
 
     conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
     params = {"queues": ["default", "other"], "limits": [100, 100], "owner": "w1", "ttl": 30,
-              "kind_attempts": "{}", "max_attempts": 20}
+              "kind_attempts": "{}", "max_attempts": 20, "full_kinds": []}
     for analyzed in (False, True):  # a fresh table (no statistics yet), then an analyzed one
         plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS, params))
         assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, (analyzed, plan)

@@ -20,6 +20,7 @@ class WorkerOptions:
     metrics_host: str = "127.0.0.1"
     cron: bool = True  # fire due schedules (--no-cron, `cron: false`: this worker leaves them to others)
     ready_file: Path | None = None  # created once ready, removed at stop (--ready-file)
+    max_concurrency: int | None = None  # handlers of all queues together (--max-concurrency, max_concurrency)
 
 
 def make_worker_id() -> str:

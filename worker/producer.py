@@ -6,6 +6,12 @@ is claimed for while it is *armed*: something says it may have ready jobs (a NOT
 timer, a claim that came back full, the start). A claim that comes back short disarms it until a
 NOTIFY or its timer: the next pending job's run_at (a retry this worker scheduled itself, a delayed
 job) or the poll interval, whichever is first.
+
+The per-worker caps (worker/capacity.py) shape each claim: the process cap trims the wanted counts, and
+the capped kinds' free slots go into the statement, which skips a kind at its cap and takes no more of a
+kind than its free slots. A claim that comes back short because a kind reached its cap during it leaves
+its queues armed (the next claim skips that kind); a job of a kind that was at its cap arms its queue
+when it ends.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections import Counter
 import psycopg
 from dygo.store import leases
 from dygo.store.leases import ClaimedJob
+from dygo.worker.capacity import Capacity
 from dygo.worker.database import Database
 from dygo.worker.maintainer import Recovery
 from dygo.worker.runs import Runs
@@ -49,9 +56,11 @@ class Producer:
     name = "producer"
 
     def __init__(self, database: Database, slots: dict[str, QueueSlots], runs: Runs, recovery: Recovery,
-                 worker_id: str, lease_ttl: float, batch_size: int, poll_interval: float) -> None:
+                 worker_id: str, lease_ttl: float, batch_size: int, poll_interval: float,
+                 capacity: Capacity | None = None) -> None:
         self.database = database
         self.slots = slots
+        self.capacity = capacity or Capacity({}, None)
         self.runs = runs
         self.recovery = recovery
         self.worker_id = worker_id
@@ -79,7 +88,10 @@ class Producer:
         self.wake.set()
 
     def finished(self, job: ClaimedJob) -> None:
-        self.slots[job.queue].running -= 1
+        slots = self.slots[job.queue]
+        slots.running -= 1
+        if self.capacity.finished(job.kind):
+            slots.armed = True  # its kind was skipped while at its cap: jobs of it may be waiting
         self.wake.set()
 
     def requeued(self, name: str, delay: float) -> None:
@@ -120,6 +132,7 @@ class Producer:
                     self.recover_first = False
                 for name in wanted:  # a NOTIFY during the claim arms it again
                     self.slots[name].armed = False
+                full_before = len(self.capacity.full_kinds())
                 claimed = await self.claim(self.conn, wanted)
                 failures = 0
                 await self.database.back()
@@ -132,7 +145,12 @@ class Producer:
                 for name, n in wanted.items():
                     if counts[name] == n:
                         self.slots[name].armed = True  # there may be more ready right now
-                if short:
+                if short and len(self.capacity.full_kinds()) > full_before:
+                    # A kind reached its cap in this claim, so rows of it were left behind (or it took the
+                    # place of others): claim again, skipping it. Bounded: each pass fills another kind.
+                    for name in short:
+                        self.slots[name].armed = True
+                elif short:
                     await self._set_timers(self.conn, short)
             except (psycopg.Error, OSError) as exc:
                 self.recover_first = True
@@ -158,7 +176,7 @@ class Producer:
                 slots.armed, slots.due_at = True, math.inf
             if slots.armed and slots.free >= slots.batch_threshold():
                 wanted[slots.name] = min(slots.free, self.batch_size)
-        return wanted
+        return self.capacity.share(wanted) if wanted else wanted
 
     def _until_next_timer(self) -> float:
         due = min((s.due_at for s in self.slots.values()), default=math.inf)
@@ -166,7 +184,7 @@ class Producer:
 
     async def _set_timers(self, conn: psycopg.AsyncConnection, queues: list[str]) -> None:
         """Arm each queue again when its next pending job is due, or after the poll interval."""
-        due = await leases.seconds_to_next_run(conn, queues)
+        due = await leases.seconds_to_next_run(conn, queues, self.capacity.full_kinds())
         now = time.monotonic()
         for name in queues:
             wait = self.poll_interval
@@ -176,8 +194,10 @@ class Producer:
 
     async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int]) -> list[ClaimedJob]:
         """Claim up to wanted[queue] jobs per queue in one statement and start them."""
-        claimed = await leases.claim_queues(conn, wanted, self.worker_id, self.lease_ttl)
+        kind_free = self.capacity.kind_free() if self.capacity.capped else None
+        claimed = await leases.claim_queues(conn, wanted, self.worker_id, self.lease_ttl, kind_free=kind_free)
         for job in claimed:
             self.slots[job.queue].running += 1
+            self.capacity.started(job.kind)
             self.runs.start(job, self.finished)
         return claimed

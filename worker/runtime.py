@@ -27,6 +27,7 @@ from dygo.store import leases
 from dygo.store.config import Settings
 from dygo.store.leases import ClaimedJob
 from dygo.store.registry import Registry
+from dygo.worker.capacity import Capacity
 from dygo.worker.database import Database
 from dygo.worker.executor import Executor
 from dygo.worker.lease_keeper import LeaseKeeper
@@ -55,6 +56,7 @@ class Worker:
         self.stats = WorkerStats()
         leased: dict[UUID, ClaimedJob] = {}  # worker/runs.py says who writes and reads it
         self.slots = {name: QueueSlots(name, n) for name, n in options.queues.items()}
+        self.capacity = Capacity(jobs.concurrency_caps(settings.default_concurrency), options.max_concurrency)
         self.progress = ProgressWriter(self.database.pool, leased, self.database.outage)
         self.settler = Settler(self.database, leased, self.stats, requeued=lambda queue, delay: (
             self.producer.requeued(queue, delay)))
@@ -63,7 +65,7 @@ class Worker:
         self.heartbeat = Heartbeat(self.database, self.id, options.queues)
         self.recovery = Recovery(self.database, settings.max_reaps)
         self.producer = Producer(self.database, self.slots, self.runs, self.recovery, self.id, settings.lease_ttl,
-                                 settings.claim_batch_size, options.poll_interval)
+                                 settings.claim_batch_size, options.poll_interval, self.capacity)
         self.scheduler = Scheduler(self.database, jobs, options.poll_interval)
         self.timings = TimingsWriter(self.database, self.stats)
         self.listening = not options.poll_only and self.database.listen_url is not None
@@ -107,7 +109,8 @@ class Worker:
         await self.recovery.run_once()
         progress = self.progress.start()
         async with self.database.connection() as conn:
-            claimed = await self.producer.claim(conn, {s.name: s.concurrency for s in self.slots.values()})
+            claimed = await self.producer.claim(conn, self.capacity.share(
+                {s.name: s.concurrency for s in self.slots.values()}))
         await self.runs.wait()
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
@@ -129,7 +132,8 @@ class Worker:
         gc.freeze()
         queues = ", ".join(f"{s.name}({s.concurrency})" for s in self.slots.values())
         cron = "" if self.options.cron else "; cron off"
-        say(f"dygo worker {self.id} started: queues {queues}; {self._mode()}, "
+        cap = "" if self.options.max_concurrency is None else f"at most {self.options.max_concurrency} jobs at once; "
+        say(f"dygo worker {self.id} started: queues {queues}; {cap}{self._mode()}, "
             f"poll every {self.options.poll_interval:g}s{cron}", event="started", worker=self.id,
             queues=self.options.queues)
         tasks = [asyncio.create_task(service.run(), name=service.name) for service in self.services]
