@@ -93,10 +93,14 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 # number of workers claim at once. A paused queue (dygo_queues) yields nothing: one primary-key
 # probe per queue, evaluated once per claim. The UPDATE finds each picked row by primary key
 # (`= ANY(ARRAY(...))`); the rows come back in claim order across the queues, the order jobs start in.
+# Each queue that comes back short gets one more row (id NULL): the seconds until its next scheduled job
+# is due (next_due), so the producer sets its timer without a second statement.
 # Sent unprepared (store/leases.py), so planned on every call with the table's size at that moment:
 # prepared, its generic plan was made once on the freshly migrated, empty table (a sequential scan for
 # the UPDATE is cheapest there) and kept until the first ANALYZE invalidated it, a minute later, while
-# the table grew to thousands of rows (issue 12 item 5). Planning costs far less than that scan.
+# the table grew to thousands of rows (issue 12 item 5). Planning costs far less than that scan. Even
+# planned afresh, the UPDATE's lookup by id is a sequential scan while the table has a few pages, so it
+# runs after INDEX_SCANS_ONLY.
 CLAIM_JOBS = """
 WITH picked AS (
     SELECT p.id FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
@@ -118,23 +122,34 @@ WITH picked AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
               j.lease_token, j.lease_deadline, j.priority, j.run_at
+), next_due AS (
+    -- Only for queues that came back short, and only jobs still to come: the statement's snapshot sees the
+    -- jobs it just claimed as pending, and a due job skipped as locked is another worker's. `run_at > now()`
+    -- is an index condition, so the entries of claimed jobs are passed over without a visit to their rows
+    -- (a held snapshot keeps them all). Paused queues are left out: they must not wake anyone.
+    SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
+    FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
+    CROSS JOIN LATERAL (
+        SELECT min(run_at) AS run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+    ) AS n
+    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue) AND n.run_at IS NOT NULL
 )
 SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,
-       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8  -- start latency (store/timings.py)
-FROM claimed ORDER BY priority DESC, run_at, id"""
+       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8,  -- start latency (store/timings.py)
+       NULL::float8 AS due_in, priority, run_at
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, NULL FROM next_due
+ORDER BY due_in NULLS FIRST, priority DESC, run_at, id"""
 
-# Seconds until the next pending job of each queue is due, on the database clock (negative: due
-# already; no row: none pending). One walk of dygo_jobs_ready per queue, in a LATERAL like the claim.
-# Paused queues are left out: their due jobs cannot be claimed, so they must not wake anyone.
-# Sent unprepared like CLAIM_JOBS, for the same reason.
-SECONDS_TO_NEXT_RUN = """
-SELECT w.queue, n.due_in FROM unnest(%(queues)s::text[]) AS w(queue)
-CROSS JOIN LATERAL (
-    SELECT extract(epoch FROM min(run_at) - now())::float8 AS due_in FROM dygo_jobs
-    WHERE state = 'pending' AND queue = w.queue
-      AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-) AS n
-WHERE n.due_in IS NOT NULL"""
+# Sent in the same string as a worker statement that finds job rows by id (leases._on_indexes): a
+# freshly migrated table of a few pages is cheapest to read whole, so the planner took a sequential scan
+# for the claim's and the settle's UPDATE until the table grew (2,785 in a held-snapshot run's first
+# seconds, issue 12 item 5). Priced out, every lookup stays on its index whatever the statistics say.
+# LOCAL: it ends with the statement's transaction, so a pooled server connection is left as it was.
+INDEX_SCANS_ONLY = "SET LOCAL enable_seqscan = off"
 
 # Every worker statement that locks several job rows (renew, settle, progress) locks them first, in id
 # order, in this CTE: in the order of their arrays, a settle holding S and wanting U and a renewal holding

@@ -17,7 +17,7 @@ from collections import Counter
 
 import psycopg
 from dygo.store import leases
-from dygo.store.leases import ClaimedJob
+from dygo.store.leases import Claim, ClaimedJob
 from dygo.worker.database import Database
 from dygo.worker.maintainer import Recovery
 from dygo.worker.runs import Runs
@@ -120,20 +120,20 @@ class Producer:
                     self.recover_first = False
                 for name in wanted:  # a NOTIFY during the claim arms it again
                     self.slots[name].armed = False
-                claimed = await self.claim(self.conn, wanted)
+                claim = await self.claim(self.conn, wanted)
                 failures = 0
                 await self.database.back()
                 # Recovery comes right after a claim rather than before it, to keep its round trip
                 # off the path from a wake-up to a started job; what it recovers wakes us again.
                 if time.monotonic() - self.recovery.last >= RECOVER_INTERVAL:
                     await self.recovery.run_once()
-                counts = Counter(job.queue for job in claimed)
+                counts = Counter(job.queue for job in claim.jobs)
                 short = [name for name, n in wanted.items() if counts[name] < n]
                 for name, n in wanted.items():
                     if counts[name] == n:
                         self.slots[name].armed = True  # there may be more ready right now
                 if short:
-                    await self._set_timers(self.conn, short)
+                    self._set_timers(short, claim.due_in)
             except (psycopg.Error, OSError) as exc:
                 self.recover_first = True
                 for name in wanted:
@@ -164,9 +164,9 @@ class Producer:
         due = min((s.due_at for s in self.slots.values()), default=math.inf)
         return self.poll_interval if due == math.inf else max(0.0, due - time.monotonic())
 
-    async def _set_timers(self, conn: psycopg.AsyncConnection, queues: list[str]) -> None:
-        """Arm each queue again when its next pending job is due, or after the poll interval."""
-        due = await leases.seconds_to_next_run(conn, queues)
+    def _set_timers(self, queues: list[str], due: dict[str, float]) -> None:
+        """Arm each queue again when its next scheduled job is due (the claim said when), or after the poll
+        interval."""
         now = time.monotonic()
         for name in queues:
             wait = self.poll_interval
@@ -174,10 +174,10 @@ class Producer:
                 wait = min(wait, max(due[name], 0.0) + 0.005)
             self.slots[name].due_at = now + wait
 
-    async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int]) -> list[ClaimedJob]:
+    async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int]) -> Claim:
         """Claim up to wanted[queue] jobs per queue in one statement and start them."""
-        claimed = await leases.claim_queues(conn, wanted, self.worker_id, self.lease_ttl)
-        for job in claimed:
+        claim = await leases.claim_with_next_due(conn, wanted, self.worker_id, self.lease_ttl)
+        for job in claim.jobs:
             self.slots[job.queue].running += 1
             self.runs.start(job, self.finished)
-        return claimed
+        return claim
