@@ -64,6 +64,7 @@ Outcome = Succeeded | Unsuccessful
 class Claim:
     jobs: list[ClaimedJob]  # in claim order
     due_in: dict[str, float]  # queue -> seconds until its next scheduled job, for queues that came back short
+    clock: datetime | None = None  # the database's now() for the claim (None: nothing was claimed for)
 
 
 async def check_schema(conn: psycopg.AsyncConnection) -> None:
@@ -90,20 +91,24 @@ async def claim_queues(conn: psycopg.AsyncConnection, limits: Mapping[str, int],
 
 
 async def claim_with_next_due(conn: psycopg.AsyncConnection, limits: Mapping[str, int], owner: str, ttl: float,
-                              jobs: Registry | None = None) -> Claim:
+                              jobs: Registry | None = None,
+                              since: Mapping[str, datetime | None] | None = None) -> Claim:
     """Claim up to limits[queue] ready jobs of each queue in one statement, in claim order, and learn, in the
     same statement, when the next scheduled job of each queue that came back short is due. A job enqueued
     without max_attempts gets it here, durably: its kind's in `jobs` (default: the process's registry, the
-    one `load_jobs` filled), else the default."""
+    one `load_jobs` filled), else the default. A queue's walk starts at its run_at in `since`, if any
+    (queries.CLAIM_JOBS: the producer's way past the entries of claimed jobs a held snapshot keeps)."""
     wanted = {queue: n for queue, n in limits.items() if n > 0}
     if not wanted:
         return Claim([], {})
     kind_attempts, default = (jobs or registry).max_attempts_at_claim()
     params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl,
-              "kind_attempts": kind_attempts, "max_attempts": default}
+              "kind_attempts": kind_attempts, "max_attempts": default,
+              "since": [(since or {}).get(queue) for queue in wanted]}
     rows = await (await _on_indexes(conn, queries.CLAIM_JOBS, params)).fetchall()
     return Claim([ClaimedJob(*row[:11]) for row in rows if row[0] is not None],
-                 {row[2]: row[11] for row in rows if row[0] is None})
+                 {row[2]: row[11] for row in rows if row[0] is None and row[11] is not None},
+                 rows[0][12] if rows else None)
 
 
 async def _on_indexes(conn: psycopg.AsyncConnection, query: str, params: Mapping[str, Any]) -> psycopg.AsyncCursor:

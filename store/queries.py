@@ -94,7 +94,14 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 # probe per queue, evaluated once per claim. The UPDATE finds each picked row by primary key
 # (`= ANY(ARRAY(...))`); the rows come back in claim order across the queues, the order jobs start in.
 # Each queue that comes back short gets one more row (id NULL): the seconds until its next scheduled job
-# is due (next_due), so the producer sets its timer without a second statement.
+# is due (NULL: none), so the producer sets its timer without a second statement; every row has the
+# statement's clock.
+# A queue's walk may start at a `since` run_at (NULL: from the head). Its entries of claimed jobs stay in
+# the index until a vacuum removes them, and while something holds a snapshot back every walk from the
+# head visits each of their rows (13.6 ms for 23,000 of them, issue 12 item 5): the producer passes, after
+# a claim that came back short at time T (every job then due and visible was taken), T less a margin for
+# enqueues that commit late, and walks from the head at least once a second for jobs put back in line
+# with an earlier run_at (hand-backs, recovered leases, resumed jobs) or committed later than the margin.
 # Sent unprepared (store/leases.py), so planned on every call with the table's size at that moment:
 # prepared, its generic plan was made once on the freshly migrated, empty table (a sequential scan for
 # the UPDATE is cheapest there) and kept until the first ANALYZE invalidated it, a minute later, while
@@ -103,10 +110,12 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 # runs after INDEX_SCANS_ONLY.
 CLAIM_JOBS = """
 WITH picked AS (
-    SELECT p.id FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
+    SELECT p.id
+    FROM unnest(%(queues)s::text[], %(limits)s::integer[], %(since)s::timestamptz[]) AS w(queue, slots, since)
     CROSS JOIN LATERAL (
         SELECT id FROM dygo_jobs
         WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND run_at >= coalesce(w.since, '-infinity')
           AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
         ORDER BY priority DESC, run_at, id
         LIMIT w.slots
@@ -134,20 +143,20 @@ WITH picked AS (
         WHERE state = 'pending' AND queue = w.queue AND run_at > now()
           AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
     ) AS n
-    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue) AND n.run_at IS NOT NULL
+    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
 )
 SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,
        extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8,  -- start latency (store/timings.py)
-       NULL::float8 AS due_in, priority, run_at
+       NULL::float8 AS due_in, now() AS clock, priority, run_at
 FROM claimed
 UNION ALL
-SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, NULL FROM next_due
-ORDER BY due_in NULLS FIRST, priority DESC, run_at, id"""
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, now(), NULL, NULL FROM next_due
+ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 # Sent in the same string as a worker statement that finds job rows by id (leases._on_indexes): a
 # freshly migrated table of a few pages is cheapest to read whole, so the planner took a sequential scan
-# for the claim's and the settle's UPDATE until the table grew (2,785 in a held-snapshot run's first
-# seconds, issue 12 item 5). Priced out, every lookup stays on its index whatever the statistics say.
+# for the claim's and the settle's UPDATE until the table grew (in a run at 200 jobs/s, 621 of them in
+# its first 4 s, issue 12 item 5). Priced out, every lookup stays on its index whatever the statistics say.
 # LOCAL: it ends with the statement's transaction, so a pooled server connection is left as it was.
 INDEX_SCANS_ONLY = "SET LOCAL enable_seqscan = off"
 

@@ -20,11 +20,12 @@ readiness (test_worker_options.py test_worker_says_it_is_ready_on_stdout_by_file
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import psycopg
 import pytest
-from dygo.store import enqueue, enqueue_many
+from dygo.store import enqueue, enqueue_many, maintenance
 from dygo.store.leases import (
     Succeeded,
     Unsuccessful,
@@ -71,7 +72,7 @@ def test_claim_walks_the_ready_index_never_the_whole_table(conn):
 
     conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
     params = {"queues": ["default", "other"], "limits": [100, 100], "owner": "w1", "ttl": 30,
-              "kind_attempts": "{}", "max_attempts": 20}
+              "kind_attempts": "{}", "max_attempts": 20, "since": [None, None]}
     for analyzed in (False, True):  # a fresh table (no statistics yet), then an analyzed one
         plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS, params))
         assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, (analyzed, plan)
@@ -117,6 +118,10 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
             assert len(await recover_expired(c, 3)) == 5
             last = await claim_with_next_due(c, {"default": 30}, "w3", 30)
             assert len(last.jobs) == 10  # the 5 never claimed and the 5 recovered
+            await asyncio.sleep(1.1)  # past a retention of 1 s: the history and the jobs settled above go
+            trimmed = await maintenance.trim(lambda: contextlib.nullcontext(c), maintenance.Retention(1, 1, 1, 1),
+                                             maintenance.SucceededWalk())
+            assert trimmed is not None and (trimmed.succeeded, trimmed.dead) == (201, 1)
             await c.execute("SELECT pg_stat_force_next_flush()")  # this backend's counters, before we read
             await c.execute("SELECT 1")
             return last.due_in
@@ -124,6 +129,38 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
     due_in = asyncio.run(cycle())
     assert seq_scans_of_the_job_table(conn) == before
     assert 590 < due_in["default"] <= 600  # the retry, due before the job enqueued for in an hour
+
+
+def claim_walk_buffers(conn, since) -> int:
+    """Pages the claim's walk of dygo_jobs_ready touched (EXPLAIN ANALYZE, rolled back)."""
+    from dygo.store import queries
+
+    params = {"queues": ["default"], "limits": [10], "owner": "w1", "ttl": 30, "kind_attempts": "{}",
+              "max_attempts": 20, "since": [since]}
+    with conn.transaction(force_rollback=True):
+        [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries.CLAIM_JOBS, params).fetchall()
+
+    def walks(node):
+        if node.get("Index Name") == "dygo_jobs_ready" and "run_at <= now()" in node.get("Index Cond", ""):
+            yield node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+        for child in node.get("Plans", []):
+            yield from walks(child)
+
+    [buffers] = walks(plan[0]["Plan"])
+    return buffers
+
+
+def test_a_walk_from_since_passes_over_the_jobs_claimed_under_a_held_snapshot(conn, db_url):
+    with psycopg.connect(db_url) as holder:
+        holder.execute("SELECT pg_current_xact_id()")  # an xid: every row version newer than it is kept
+        conn.execute("INSERT INTO dygo_jobs (kind, queue, run_at) "
+                     "SELECT 'test.noop', 'default', now() - interval '1 minute' FROM generate_series(1, 3000)")
+        conn.execute("UPDATE dygo_jobs SET state = 'succeeded'")  # 3,000 entries at the head, dead but kept
+        since = conn.execute("SELECT now() - interval '1 second'").fetchone()[0]
+        enqueue(conn, "test.noop", {})
+        from_head, from_since = claim_walk_buffers(conn, None), claim_walk_buffers(conn, since)
+        holder.rollback()
+    assert from_head > 50 and from_since < 10, (from_head, from_since)
 
 
 def test_a_short_claim_says_when_each_queues_next_job_is_due_in_the_same_statement(conn, db_url):

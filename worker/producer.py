@@ -6,6 +6,11 @@ is claimed for while it is *armed*: something says it may have ready jobs (a NOT
 timer, a claim that came back full, the start). A claim that comes back short disarms it until a
 NOTIFY or its timer: the next pending job's run_at (a retry this worker scheduled itself, a delayed
 job) or the poll interval, whichever is first.
+
+After a claim that came back short, a queue's next walk of the ready index starts at that claim's
+time less LATE_COMMIT_MARGIN rather than at the head, where a held snapshot keeps an entry for every
+job claimed since (store/queries.py CLAIM_JOBS). A walk from the head comes at least once every
+HEAD_WALK_INTERVAL while the queue is busy, for jobs put back in line with an earlier run_at.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import math
 import time
 from collections import Counter
+from datetime import datetime, timedelta
 
 import psycopg
 from dygo.store import leases
@@ -24,6 +30,11 @@ from dygo.worker.runs import Runs
 from dygo.worker.service import failure_backoff, wait_for_event
 
 RECOVER_INTERVAL = 1.0  # at most this often after a claim, so recovery stays cheap under load
+# A job stays unseen by walks that start after its run_at: one enqueued in a transaction that commits this
+# much later than it began, or one put back in line by another worker (a hand-back or a recovered lease
+# keeps its run_at) waits for the next walk from the head.
+LATE_COMMIT_MARGIN = timedelta(seconds=0.5)
+HEAD_WALK_INTERVAL = 1.0
 
 
 class QueueSlots:
@@ -35,6 +46,9 @@ class QueueSlots:
         self.running = 0
         self.armed = True  # it may have ready jobs: claim for it when it has free slots
         self.due_at = math.inf  # monotonic time its timer arms it (inf: armed already, no timer)
+        self.since: datetime | None = None  # where its next walk starts (None: at the head)
+        self.head_walked = -math.inf  # monotonic time of its last walk from the head
+        self.from_head = True  # whether its last walk started at the head
 
     @property
     def free(self) -> int:
@@ -75,7 +89,7 @@ class Producer:
 
     def wake_all(self) -> None:
         for slots in self.slots.values():
-            slots.armed = True
+            slots.armed, slots.since = True, None  # whatever was missed meanwhile may sit anywhere in line
         self.wake.set()
 
     def finished(self, job: ClaimedJob) -> None:
@@ -87,6 +101,7 @@ class Producer:
         slots = self.slots.get(name)
         if slots is not None:
             slots.due_at = min(slots.due_at, time.monotonic() + max(delay, 0.0) + 0.005)
+            slots.since = None  # a hand-back keeps its run_at: behind where the walk would start
             self.wake.set()  # the idle wait takes the new timer into account
 
     def stop(self) -> None:
@@ -120,7 +135,7 @@ class Producer:
                     self.recover_first = False
                 for name in wanted:  # a NOTIFY during the claim arms it again
                     self.slots[name].armed = False
-                claim = await self.claim(self.conn, wanted)
+                claim = await self.claim(self.conn, wanted, self._walks_from(wanted))
                 failures = 0
                 await self.database.back()
                 # Recovery comes right after a claim rather than before it, to keep its round trip
@@ -132,12 +147,14 @@ class Producer:
                 for name, n in wanted.items():
                     if counts[name] == n:
                         self.slots[name].armed = True  # there may be more ready right now
+                    elif claim.clock is not None:  # every job due and visible then was taken
+                        self.slots[name].since = claim.clock - LATE_COMMIT_MARGIN
                 if short:
                     self._set_timers(short, claim.due_in)
             except (psycopg.Error, OSError) as exc:
                 self.recover_first = True
                 for name in wanted:
-                    self.slots[name].armed = True
+                    self.slots[name].armed, self.slots[name].since = True, None
                 if self.conn is not None:
                     await self.conn.close()
                     self.conn = None
@@ -160,6 +177,20 @@ class Producer:
                 wanted[slots.name] = min(slots.free, self.batch_size)
         return wanted
 
+    def _walks_from(self, wanted: dict[str, int]) -> dict[str, datetime | None]:
+        """Where each queue's walk starts: its `since`, or the head when that is due."""
+        now = time.monotonic()
+        since = {}
+        for name in wanted:
+            slots = self.slots[name]
+            if slots.since is not None and now - slots.head_walked >= HEAD_WALK_INTERVAL:
+                slots.since = None
+            slots.from_head = slots.since is None
+            if slots.from_head:
+                slots.head_walked = now
+            since[name] = slots.since
+        return since
+
     def _until_next_timer(self) -> float:
         due = min((s.due_at for s in self.slots.values()), default=math.inf)
         return self.poll_interval if due == math.inf else max(0.0, due - time.monotonic())
@@ -169,14 +200,18 @@ class Producer:
         interval."""
         now = time.monotonic()
         for name in queues:
+            slots = self.slots[name]
             wait = self.poll_interval
             if name in due:
                 wait = min(wait, max(due[name], 0.0) + 0.005)
-            self.slots[name].due_at = now + wait
+            if not slots.from_head:  # this walk started past the head: one from the head follows soon
+                wait = min(wait, max(slots.head_walked + HEAD_WALK_INTERVAL - now, 0.0))
+            slots.due_at = now + wait
 
-    async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int]) -> Claim:
+    async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int],
+                    since: dict[str, datetime | None] | None = None) -> Claim:
         """Claim up to wanted[queue] jobs per queue in one statement and start them."""
-        claim = await leases.claim_with_next_due(conn, wanted, self.worker_id, self.lease_ttl)
+        claim = await leases.claim_with_next_due(conn, wanted, self.worker_id, self.lease_ttl, since=since)
         for job in claim.jobs:
             self.slots[job.queue].running += 1
             self.runs.start(job, self.finished)
