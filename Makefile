@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint docs bench bench-http bench-dashboard bench-fleet bench-snapshot chaos chaos-pgbouncer stop-db browsers pgbouncer
+.PHONY: run test setup lint docs bench bench-http bench-dashboard bench-fleet bench-snapshot bench-table-size chaos chaos-pgbouncer stop-db browsers pgbouncer
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -83,6 +83,10 @@ bench-fleet: setup
 # sequential scans of dygo_jobs, clean against held (bench/README.md).
 bench-snapshot: setup
 	$(BIN)/python bench/held_snapshot.py
+
+# Claim p50/p99 and enqueue/s with 10k, 1M and 10M rows in dygo_jobs (10M: minutes; bench/README.md).
+bench-table-size: setup
+	$(BIN)/python bench/table_size.py
 
 # The fault-injection suite in full (10,000 jobs per scenario, several minutes); a short version of
 # each scenario runs inside `make test` (tests/test_chaos.py). See docs/operations/reliability.md.

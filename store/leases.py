@@ -60,6 +60,13 @@ class Unsuccessful:
 Outcome = Succeeded | Unsuccessful
 
 
+@dataclass(slots=True)
+class Claim:
+    jobs: list[ClaimedJob]  # in claim order
+    due_in: dict[str, float]  # queue -> seconds until its next scheduled job, for queues that came back short
+    clock: datetime | None = None  # the database's now() for the claim (None: nothing was claimed for)
+
+
 async def check_schema(conn: psycopg.AsyncConnection) -> None:
     exists = (await (await conn.execute(queries.HAS_MIGRATIONS_TABLE)).fetchone())[0]
     version = (await (await conn.execute(queries.SCHEMA_VERSION)).fetchone())[0] if exists else None
@@ -79,34 +86,48 @@ async def claim(conn: psycopg.AsyncConnection, queue: str, limit: int, owner: st
 
 async def claim_queues(conn: psycopg.AsyncConnection, limits: Mapping[str, int], owner: str, ttl: float,
                        jobs: Registry | None = None, kind_free: Mapping[str, int] | None = None) -> list[ClaimedJob]:
-    """Claim up to limits[queue] ready jobs of each queue in one statement, in claim order. A job enqueued
+    """Claim up to limits[queue] ready jobs of each queue in one statement, in claim order (claim_with_next_due)."""
+    return (await claim_with_next_due(conn, limits, owner, ttl, jobs, kind_free=kind_free)).jobs
+
+
+async def claim_with_next_due(conn: psycopg.AsyncConnection, limits: Mapping[str, int], owner: str, ttl: float,
+                              jobs: Registry | None = None, since: Mapping[str, datetime | None] | None = None,
+                              kind_free: Mapping[str, int] | None = None) -> Claim:
+    """Claim up to limits[queue] ready jobs of each queue in one statement, in claim order, and learn, in the
+    same statement, when the next scheduled job of each queue that came back short is due. A job enqueued
     without max_attempts gets it here, durably: its kind's in `jobs` (default: the process's registry, the
-    one `load_jobs` filled), else the default. `kind_free`: the capped kinds' free slots in this worker; the
-    claim takes no more of a kind than that, and skips a kind with none."""
+    one `load_jobs` filled), else the default. A queue's walk starts at its run_at in `since`, if any
+    (queries.CLAIM_JOBS: the producer's way past the entries of claimed jobs a held snapshot keeps).
+    `kind_free`: the capped kinds' free slots in this worker; the claim takes no more of a kind than that,
+    and skips a kind with none."""
     wanted = {queue: n for queue, n in limits.items() if n > 0}
     if not wanted:
-        return []
+        return Claim([], {})
     kind_attempts, default = (jobs or registry).max_attempts_at_claim()
     kind_free = kind_free or {}
     most = sum(wanted.values())  # a kind with this many free slots cannot be trimmed: leave it out
     trimmed = {kind: free for kind, free in kind_free.items() if 0 < free < most}
     params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl,
               "kind_attempts": kind_attempts, "max_attempts": default,
+              "since": [(since or {}).get(queue) for queue in wanted],
               "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
               "cap_kinds": list(trimmed), "cap_free": list(trimmed.values())}
     statement = queries.CLAIM_JOBS_CAPPED if trimmed else queries.CLAIM_JOBS
-    # Never prepared (queries.py, CLAIM_JOBS: planned on every call against the table as it is now).
-    cursor = await conn.execute(statement, params, prepare=False)
-    return [ClaimedJob(*row) for row in await cursor.fetchall()]
+    rows = await (await _on_indexes(conn, statement, params)).fetchall()
+    return Claim([ClaimedJob(*row[:11]) for row in rows if row[0] is not None],
+                 {row[2]: row[11] for row in rows if row[0] is None and row[11] is not None},
+                 rows[0][12] if rows else None)
 
 
-async def seconds_to_next_run(conn: psycopg.AsyncConnection, queues: list[str],
-                              skip_kinds: list[str] | None = None) -> dict[str, float]:
-    """How long until the next pending job of each of `queues` is due, leaving out `skip_kinds` (at their
-    cap in this worker); a queue with none is left out."""
-    params = {"queues": queues, "full_kinds": skip_kinds or []}
-    cursor = await conn.execute(queries.SECONDS_TO_NEXT_RUN, params, prepare=False)
-    return {queue: due_in for queue, due_in in await cursor.fetchall()}
+async def _on_indexes(conn: psycopg.AsyncConnection, query: str, params: Mapping[str, Any]) -> psycopg.AsyncCursor:
+    """Run `query` after queries.INDEX_SCANS_ONLY, in one string and one round trip: the parameters are bound
+    client-side (a string of two statements cannot take server-side parameters), which also means the
+    statement is never prepared (queries.py, CLAIM_JOBS: planned on every call against the table as it
+    is). Returns the cursor on the query's result."""
+    cursor = psycopg.AsyncClientCursor(conn)
+    await cursor.execute(f"{queries.INDEX_SCANS_ONLY};\n{query}", params, prepare=False)
+    cursor.nextset()
+    return cursor
 
 
 async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: float) -> set[int]:
@@ -114,7 +135,7 @@ async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: floa
     if not jobs:
         return set()
     params = {"ids": [j.id for j in jobs], "tokens": [j.lease_token for j in jobs], "ttl": ttl}
-    return {row[0] for row in await (await conn.execute(queries.RENEW_LEASES, params)).fetchall()}
+    return {row[0] for row in await (await _on_indexes(conn, queries.RENEW_LEASES, params)).fetchall()}
 
 
 async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[int]:
@@ -126,6 +147,9 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[
     # are then held already, and this transaction never holds one row while waiting for a lower one.
     batch = [o.job.id for o in outcomes]
     async with conn.transaction():
+        # Its own statement (a round trip inside the transaction), not _on_indexes: a settle's arrays grow
+        # with the batch, and binding them client-side cost the worker ~20% more CPU per job (bench/run.py).
+        await conn.execute(queries.INDEX_SCANS_ONLY)
         if successes:
             params = {
                 "lock": batch,
@@ -164,7 +188,7 @@ def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str
 
 async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int) -> list[tuple[int, str]]:
     """Return (id, new state) for every job whose lease had expired."""
-    cursor = await conn.execute(queries.RECOVER_EXPIRED_LEASES, {"max_reaps": max_reaps})
+    cursor = await _on_indexes(conn, queries.RECOVER_EXPIRED_LEASES, {"max_reaps": max_reaps})
     return [(row[0], row[1]) for row in await cursor.fetchall()]
 
 
@@ -191,4 +215,4 @@ async def report_progress(conn: psycopg.AsyncConnection,
         "fractions": [fraction for _, (fraction, _) in reports],
         "messages": [message for _, (_, message) in reports],
     }
-    return {row[0] for row in await (await conn.execute(queries.REPORT_PROGRESS, params)).fetchall()}
+    return {row[0] for row in await (await _on_indexes(conn, queries.REPORT_PROGRESS, params)).fetchall()}

@@ -121,6 +121,8 @@ async def _locked_batch(connections: Connections, statement: str, params: dict[s
     async with connections() as conn, conn.transaction():
         if not (await (await conn.execute(queries.RETENTION_LOCK)).fetchone())[0]:
             raise LockTaken
+        # A trim deletes by id: on a small table the planner would read it whole (queries.INDEX_SCANS_ONLY).
+        await conn.execute(queries.INDEX_SCANS_ONLY)
         row = await (await conn.execute(statement, params)).fetchone()
     trimmed.batches += 1
     return row[0], (row[1] if len(row) > 1 else None)

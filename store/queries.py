@@ -93,10 +93,21 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 # number of workers claim at once. A paused queue (dygo_queues) yields nothing: one primary-key
 # probe per queue, evaluated once per claim. The UPDATE finds each picked row by primary key
 # (`= ANY(ARRAY(...))`); the rows come back in claim order across the queues, the order jobs start in.
+# Each queue that comes back short gets one more row (id NULL): the seconds until its next scheduled job
+# is due (NULL: none), so the producer sets its timer without a second statement; every row has the
+# statement's clock.
+# A queue's walk may start at a `since` run_at (NULL: from the head). Its entries of claimed jobs stay in
+# the index until a vacuum removes them, and while something holds a snapshot back every walk from the
+# head visits each of their rows (13.6 ms for 23,000 of them, issue 12 item 5): the producer passes, after
+# a claim that came back short at time T (every job then due and visible was taken), T less a margin for
+# enqueues that commit late, and walks from the head at least once a second for jobs put back in line
+# with an earlier run_at (hand-backs, recovered leases, resumed jobs) or committed later than the margin.
 # Sent unprepared (store/leases.py), so planned on every call with the table's size at that moment:
 # prepared, its generic plan was made once on the freshly migrated, empty table (a sequential scan for
 # the UPDATE is cheapest there) and kept until the first ANALYZE invalidated it, a minute later, while
-# the table grew to thousands of rows (issue 12 item 5). Planning costs far less than that scan.
+# the table grew to thousands of rows (issue 12 item 5). Planning costs far less than that scan. Even
+# planned afresh, the UPDATE's lookup by id is a sequential scan while the table has a few pages, so it
+# runs after INDEX_SCANS_ONLY.
 # Per-worker kind caps (worker/capacity.py): the walk skips the kinds at their cap in this worker
 # (%(full_kinds)s, empty when none), so they hold up no other kind of the queue. CLAIM_JOBS takes every
 # picked row. CLAIM_JOBS_CAPPED, sent when a capped kind has fewer free slots than the claim could take
@@ -107,11 +118,13 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 def _claim(kept: str) -> str:
     return f"""
 WITH picked AS (
-    SELECT p.id, p.kind, p.priority, p.run_at FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
+    SELECT p.id, p.kind, p.priority, p.run_at
+    FROM unnest(%(queues)s::text[], %(limits)s::integer[], %(since)s::timestamptz[]) AS w(queue, slots, since)
     CROSS JOIN LATERAL (
         SELECT id, kind, priority, run_at FROM dygo_jobs
         WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
           AND kind <> ALL(%(full_kinds)s::text[])
+          AND run_at >= coalesce(w.since, '-infinity')
           AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
         ORDER BY priority DESC, run_at, id
         LIMIT w.slots
@@ -129,10 +142,27 @@ WITH picked AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
     RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
               j.lease_token, j.lease_deadline, j.priority, j.run_at
+), next_due AS (
+    -- Only for queues that came back short, and only jobs still to come: the statement's snapshot sees the
+    -- jobs it just claimed as pending, and a due job skipped as locked is another worker's. `run_at > now()`
+    -- is an index condition, so the entries of claimed jobs are passed over without a visit to their rows
+    -- (a held snapshot keeps them all). Paused queues are left out: they must not wake anyone.
+    SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
+    FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
+    CROSS JOIN LATERAL (
+        SELECT min(run_at) AS run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+    ) AS n
+    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
 )
 SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,
-       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8  -- start latency (store/timings.py)
-FROM claimed ORDER BY priority DESC, run_at, id"""
+       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8,  -- start latency (store/timings.py)
+       NULL::float8 AS due_in, now() AS clock, priority, run_at
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, now(), NULL, NULL FROM next_due
+ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 
 CLAIM_JOBS = _claim("SELECT id FROM picked")
@@ -142,21 +172,12 @@ CLAIM_JOBS_CAPPED = _claim("""SELECT r.id FROM (
     LEFT JOIN unnest(%(cap_kinds)s::text[], %(cap_free)s::integer[]) AS c(kind, free) ON c.kind = r.kind
     WHERE c.free IS NULL OR r.n <= c.free""")
 
-# Seconds until the next pending job of each queue is due, on the database clock (negative: due
-# already; no row: none pending). One walk of dygo_jobs_ready per queue, in a LATERAL like the claim.
-# Paused queues are left out: their due jobs cannot be claimed, so they must not wake anyone; so are
-# the kinds at their cap in this worker (%(full_kinds)s), which the claim skips: a queue holding only those
-# would otherwise be woken again at once, in a loop (with none, the OR folds away at planning).
-# Sent unprepared like CLAIM_JOBS, for the same reason.
-SECONDS_TO_NEXT_RUN = """
-SELECT w.queue, n.due_in FROM unnest(%(queues)s::text[]) AS w(queue)
-CROSS JOIN LATERAL (
-    SELECT extract(epoch FROM min(run_at) - now())::float8 AS due_in FROM dygo_jobs
-    WHERE state = 'pending' AND queue = w.queue
-      AND (cardinality(%(full_kinds)s::text[]) = 0 OR kind <> ALL(%(full_kinds)s::text[]))
-      AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-) AS n
-WHERE n.due_in IS NOT NULL"""
+# Sent in the same string as a worker statement that finds job rows by id (leases._on_indexes): a
+# freshly migrated table of a few pages is cheapest to read whole, so the planner took a sequential scan
+# for the claim's and the settle's UPDATE until the table grew (in a run at 200 jobs/s, 621 of them in
+# its first 4 s, issue 12 item 5). Priced out, every lookup stays on its index whatever the statistics say.
+# LOCAL: it ends with the statement's transaction, so a pooled server connection is left as it was.
+INDEX_SCANS_ONLY = "SET LOCAL enable_seqscan = off"
 
 # Every worker statement that locks several job rows (renew, settle, progress) locks them first, in id
 # order, in this CTE: in the order of their arrays, a settle holding S and wanting U and a renewal holding

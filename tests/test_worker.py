@@ -147,6 +147,20 @@ def test_scheduled_job_starts_when_due_without_a_notification(conn, worker):
     assert 0 <= late < 0.5
 
 
+def test_a_job_put_in_line_before_where_claims_start_is_claimed_at_the_next_walk_from_the_head(conn, worker):
+    # After a claim that came back short, the worker's claims start at that claim's time, past the
+    # entries of jobs claimed before it (worker/producer.py). A job whose run_at is earlier, as a hand-back,
+    # a recovered lease or a back-dated enqueue has, is found by the walk from the head that follows
+    # within a second; the poll interval is 60 s, so nothing else would find it in time.
+    first = enqueue(conn, "test.noop", {})
+    wait_for_state(conn, first.id, "succeeded", timeout=10)
+    time.sleep(0.2)
+    job_id = conn.execute("INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('test.noop', 'default', "
+                          "now() - interval '1 hour') RETURNING id").fetchone()[0]
+    row = wait_for_state(conn, job_id, "succeeded", timeout=10)
+    assert (row["started_at"] - row["enqueued_at"]).total_seconds() < 2.5
+
+
 def test_poll_only_worker_finds_jobs_by_polling(conn, spawn):
     process = spawn("worker", "--poll-only", "--poll-interval", "500ms")
     assert "polling only" in process.wait_for_line("started")

@@ -20,12 +20,22 @@ readiness (test_worker_options.py test_worker_says_it_is_ready_on_stdout_by_file
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import psycopg
 import pytest
-from dygo.store import enqueue, enqueue_many
-from dygo.store.leases import claim_queues
+from dygo.store import enqueue, enqueue_many, maintenance
+from dygo.store.leases import (
+    Succeeded,
+    Unsuccessful,
+    claim_queues,
+    claim_with_next_due,
+    recover_expired,
+    renew,
+    report_progress,
+    settle,
+)
 
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
 
@@ -62,7 +72,7 @@ def test_claim_walks_the_ready_index_never_the_whole_table(conn):
 
     conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
     params = {"queues": ["default", "other"], "limits": [100, 100], "owner": "w1", "ttl": 30,
-              "kind_attempts": "{}", "max_attempts": 20, "full_kinds": []}
+              "kind_attempts": "{}", "max_attempts": 20, "full_kinds": [], "since": [None, None]}
     for analyzed in (False, True):  # a fresh table (no statistics yet), then an analyzed one
         plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS, params))
         assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, (analyzed, plan)
@@ -79,6 +89,99 @@ def test_claim_is_never_a_plan_cached_while_the_table_was_empty(db_url):
             return (await cursor.fetchone())[0]
 
     assert asyncio.run(go()) == 0
+
+
+def seq_scans_of_the_job_table(conn) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'dygo_jobs'").fetchone()[0]
+
+
+def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_analyze(conn, db_url):
+    # A freshly migrated table of a few pages that was never analysed: finding a few rows by id is
+    # cheapest by a sequential scan there, and the planner took one for the claim's and the settle's
+    # UPDATE until the table grew (issue 12 item 5). Every worker statement here must use its index.
+    conn.execute("INSERT INTO dygo_jobs (kind, queue, state, finished_at) "
+                 "SELECT 'test.noop', 'default', 'succeeded', now() FROM generate_series(1, 200)")
+    enqueue_many(conn, [{"kind": "test.noop"}] * 20)
+    enqueue(conn, "test.noop", {}, delay="1h")
+    before = seq_scans_of_the_job_table(conn)
+
+    async def cycle() -> dict[str, float]:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            jobs = (await claim_with_next_due(c, {"default": 10, "other": 5}, "w1", 30)).jobs
+            await renew(c, jobs, 60)
+            await report_progress(c, [(jobs[0], (0.5, "half way"))])
+            await settle(c, [Succeeded(jobs[0], None), Unsuccessful(jobs[1], "pending", delay=600, error="boom"),
+                             Unsuccessful(jobs[2], "dead", error="bust")])
+            await claim_with_next_due(c, {"default": 5}, "w2", 0.001)  # leases that expire at once
+            await asyncio.sleep(0.05)
+            assert len(await recover_expired(c, 3)) == 5
+            last = await claim_with_next_due(c, {"default": 30}, "w3", 30)
+            assert len(last.jobs) == 10  # the 5 never claimed and the 5 recovered
+            await asyncio.sleep(1.1)  # past a retention of 1 s: the history and the jobs settled above go
+            trimmed = await maintenance.trim(lambda: contextlib.nullcontext(c), maintenance.Retention(1, 1, 1, 1),
+                                             maintenance.SucceededWalk())
+            assert trimmed is not None and (trimmed.succeeded, trimmed.dead) == (201, 1)
+            await c.execute("SELECT pg_stat_force_next_flush()")  # this backend's counters, before we read
+            await c.execute("SELECT 1")
+            return last.due_in
+
+    due_in = asyncio.run(cycle())
+    assert seq_scans_of_the_job_table(conn) == before
+    assert 590 < due_in["default"] <= 600  # the retry, due before the job enqueued for in an hour
+
+
+def claim_walk_buffers(conn, since) -> int:
+    """Pages the claim's walk of dygo_jobs_ready touched (EXPLAIN ANALYZE, rolled back)."""
+    from dygo.store import queries
+
+    params = {"queues": ["default"], "limits": [10], "owner": "w1", "ttl": 30, "kind_attempts": "{}",
+              "max_attempts": 20, "since": [since]}
+    with conn.transaction(force_rollback=True):
+        [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries.CLAIM_JOBS, params).fetchall()
+
+    def walks(node):
+        if node.get("Index Name") == "dygo_jobs_ready" and "run_at <= now()" in node.get("Index Cond", ""):
+            yield node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+        for child in node.get("Plans", []):
+            yield from walks(child)
+
+    [buffers] = walks(plan[0]["Plan"])
+    return buffers
+
+
+def test_a_walk_from_since_passes_over_the_jobs_claimed_under_a_held_snapshot(conn, db_url):
+    with psycopg.connect(db_url) as holder:
+        holder.execute("SELECT pg_current_xact_id()")  # an xid: every row version newer than it is kept
+        conn.execute("INSERT INTO dygo_jobs (kind, queue, run_at) "
+                     "SELECT 'test.noop', 'default', now() - interval '1 minute' FROM generate_series(1, 3000)")
+        conn.execute("UPDATE dygo_jobs SET state = 'succeeded'")  # 3,000 entries at the head, dead but kept
+        since = conn.execute("SELECT now() - interval '1 second'").fetchone()[0]
+        enqueue(conn, "test.noop", {})
+        from_head, from_since = claim_walk_buffers(conn, None), claim_walk_buffers(conn, since)
+        holder.rollback()
+    assert from_head > 50 and from_since < 10, (from_head, from_since)
+
+
+def test_a_short_claim_says_when_each_queues_next_job_is_due_in_the_same_statement(conn, db_url):
+    enqueue(conn, "test.noop", {})
+    enqueue(conn, "test.noop", {}, delay="30s")
+    enqueue(conn, "test.noop", {}, delay="90s", priority=5)
+    enqueue_many(conn, [{"kind": "test.context"}] * 3)  # queue "other"
+    enqueue(conn, "test.context", {}, delay="10s")
+    conn.execute("INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('test.noop', 'mail', now() + interval '1 hour')")
+
+    async def go():
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            return await claim_with_next_due(c, {"default": 5, "other": 2, "mail": 1, "reports": 1}, "w1", 30)
+
+    claim = asyncio.run(go())
+    assert sorted(job.queue for job in claim.jobs) == ["default", "other", "other"]
+    # Short queues only, with the earliest future run_at whatever its priority (the job just claimed is
+    # not counted, though the statement's snapshot still sees it pending); a full queue ("other") and a
+    # queue with nothing pending ("reports") have no entry.
+    assert set(claim.due_in) == {"default", "mail"}
+    assert 28 < claim.due_in["default"] <= 30 and 3590 < claim.due_in["mail"] <= 3600
 
 
 @pytest.mark.parametrize(("module", "function", "service"), [

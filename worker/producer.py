@@ -12,6 +12,12 @@ the capped kinds' free slots go into the statement, which skips a kind at its ca
 kind than its free slots. A claim that comes back short because a kind reached its cap during it leaves
 its queues armed (the next claim skips that kind); a job of a kind that was at its cap arms its queue
 when it ends.
+
+After a claim that came back short, a queue's next walk of the ready index starts at that claim's
+time less LATE_COMMIT_MARGIN rather than at the head, where a held snapshot keeps an entry for every
+job claimed since (store/queries.py CLAIM_JOBS). A walk from the head comes at least once every
+HEAD_WALK_INTERVAL while the queue is busy, for jobs put back in line with an earlier run_at. While a
+kind is at its cap its skipped jobs stay behind such a start, so no start is kept then.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ import asyncio
 import math
 import time
 from collections import Counter
+from datetime import datetime, timedelta
 
 import psycopg
 from dygo.store import leases
-from dygo.store.leases import ClaimedJob
+from dygo.store.leases import Claim, ClaimedJob
 from dygo.worker.capacity import Capacity
 from dygo.worker.database import Database
 from dygo.worker.maintainer import Recovery
@@ -31,6 +38,11 @@ from dygo.worker.runs import Runs
 from dygo.worker.service import failure_backoff, wait_for_event
 
 RECOVER_INTERVAL = 1.0  # at most this often after a claim, so recovery stays cheap under load
+# A job stays unseen by walks that start after its run_at: one enqueued in a transaction that commits this
+# much later than it began, or one put back in line by another worker (a hand-back or a recovered lease
+# keeps its run_at) waits for the next walk from the head.
+LATE_COMMIT_MARGIN = timedelta(seconds=0.5)
+HEAD_WALK_INTERVAL = 1.0
 
 
 class QueueSlots:
@@ -42,6 +54,9 @@ class QueueSlots:
         self.running = 0
         self.armed = True  # it may have ready jobs: claim for it when it has free slots
         self.due_at = math.inf  # monotonic time its timer arms it (inf: armed already, no timer)
+        self.since: datetime | None = None  # where its next walk starts (None: at the head)
+        self.head_walked = -math.inf  # monotonic time of its last walk from the head
+        self.from_head = True  # whether its last walk started at the head
 
     @property
     def free(self) -> int:
@@ -84,14 +99,15 @@ class Producer:
 
     def wake_all(self) -> None:
         for slots in self.slots.values():
-            slots.armed = True
+            slots.armed, slots.since = True, None  # whatever was missed meanwhile may sit anywhere in line
         self.wake.set()
 
     def finished(self, job: ClaimedJob) -> None:
         slots = self.slots[job.queue]
         slots.running -= 1
         if self.capacity.finished(job.kind):
-            slots.armed = True  # its kind was skipped while at its cap: jobs of it may be waiting
+            # Its kind was skipped while at its cap: jobs of it may be waiting, anywhere in line.
+            slots.armed, slots.since = True, None
         self.wake.set()
 
     def requeued(self, name: str, delay: float) -> None:
@@ -99,6 +115,7 @@ class Producer:
         slots = self.slots.get(name)
         if slots is not None:
             slots.due_at = min(slots.due_at, time.monotonic() + max(delay, 0.0) + 0.005)
+            slots.since = None  # a hand-back keeps its run_at: behind where the walk would start
             self.wake.set()  # the idle wait takes the new timer into account
 
     def stop(self) -> None:
@@ -133,29 +150,32 @@ class Producer:
                 for name in wanted:  # a NOTIFY during the claim arms it again
                     self.slots[name].armed = False
                 full_before = len(self.capacity.full_kinds())
-                claimed = await self.claim(self.conn, wanted)
+                claim = await self.claim(self.conn, wanted, self._walks_from(wanted))
                 failures = 0
                 await self.database.back()
                 # Recovery comes right after a claim rather than before it, to keep its round trip
                 # off the path from a wake-up to a started job; what it recovers wakes us again.
                 if time.monotonic() - self.recovery.last >= RECOVER_INTERVAL:
                     await self.recovery.run_once()
-                counts = Counter(job.queue for job in claimed)
+                counts = Counter(job.queue for job in claim.jobs)
                 short = [name for name, n in wanted.items() if counts[name] < n]
                 for name, n in wanted.items():
                     if counts[name] == n:
                         self.slots[name].armed = True  # there may be more ready right now
+                    elif claim.clock is not None and not self.capacity.full_kinds():
+                        # Every job due and visible then was taken (none skipped for a kind at its cap).
+                        self.slots[name].since = claim.clock - LATE_COMMIT_MARGIN
                 if short and len(self.capacity.full_kinds()) > full_before:
                     # A kind reached its cap in this claim, so rows of it were left behind (or it took the
                     # place of others): claim again, skipping it. Bounded: each pass fills another kind.
                     for name in short:
                         self.slots[name].armed = True
                 elif short:
-                    await self._set_timers(self.conn, short)
+                    self._set_timers(short, claim.due_in)
             except (psycopg.Error, OSError) as exc:
                 self.recover_first = True
                 for name in wanted:
-                    self.slots[name].armed = True
+                    self.slots[name].armed, self.slots[name].since = True, None
                 if self.conn is not None:
                     await self.conn.close()
                     self.conn = None
@@ -178,26 +198,45 @@ class Producer:
                 wanted[slots.name] = min(slots.free, self.batch_size)
         return self.capacity.share(wanted) if wanted else wanted
 
+    def _walks_from(self, wanted: dict[str, int]) -> dict[str, datetime | None]:
+        """Where each queue's walk starts: its `since`, or the head when that is due."""
+        now = time.monotonic()
+        since = {}
+        for name in wanted:
+            slots = self.slots[name]
+            if slots.since is not None and now - slots.head_walked >= HEAD_WALK_INTERVAL:
+                slots.since = None
+            slots.from_head = slots.since is None
+            if slots.from_head:
+                slots.head_walked = now
+            since[name] = slots.since
+        return since
+
     def _until_next_timer(self) -> float:
         due = min((s.due_at for s in self.slots.values()), default=math.inf)
         return self.poll_interval if due == math.inf else max(0.0, due - time.monotonic())
 
-    async def _set_timers(self, conn: psycopg.AsyncConnection, queues: list[str]) -> None:
-        """Arm each queue again when its next pending job is due, or after the poll interval."""
-        due = await leases.seconds_to_next_run(conn, queues, self.capacity.full_kinds())
+    def _set_timers(self, queues: list[str], due: dict[str, float]) -> None:
+        """Arm each queue again when its next scheduled job is due (the claim said when), or after the poll
+        interval."""
         now = time.monotonic()
         for name in queues:
+            slots = self.slots[name]
             wait = self.poll_interval
             if name in due:
                 wait = min(wait, max(due[name], 0.0) + 0.005)
-            self.slots[name].due_at = now + wait
+            if not slots.from_head:  # this walk started past the head: one from the head follows soon
+                wait = min(wait, max(slots.head_walked + HEAD_WALK_INTERVAL - now, 0.0))
+            slots.due_at = now + wait
 
-    async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int]) -> list[ClaimedJob]:
+    async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int],
+                    since: dict[str, datetime | None] | None = None) -> Claim:
         """Claim up to wanted[queue] jobs per queue in one statement and start them."""
         kind_free = self.capacity.kind_free() if self.capacity.capped else None
-        claimed = await leases.claim_queues(conn, wanted, self.worker_id, self.lease_ttl, kind_free=kind_free)
-        for job in claimed:
+        claim = await leases.claim_with_next_due(conn, wanted, self.worker_id, self.lease_ttl, since=since,
+                                                 kind_free=kind_free)
+        for job in claim.jobs:
             self.slots[job.queue].running += 1
             self.capacity.started(job.kind)
             self.runs.start(job, self.finished)
-        return claimed
+        return claim

@@ -109,8 +109,8 @@ class Worker:
         await self.recovery.run_once()
         progress = self.progress.start()
         async with self.database.connection() as conn:
-            claimed = await self.producer.claim(conn, self.capacity.share(
-                {s.name: s.concurrency for s in self.slots.values()}))
+            claimed = (await self.producer.claim(conn, self.capacity.share(
+                {s.name: s.concurrency for s in self.slots.values()}))).jobs
         await self.runs.wait()
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
