@@ -139,7 +139,7 @@ def test_capped_claim_still_walks_the_ready_index(conn):
     conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
     params = {"queues": ["default", "other"], "limits": [100, 100], "owner": "w1", "ttl": 30,
               "kind_attempts": "{}", "max_attempts": 20, "full_kinds": ["test.capped"],
-              "cap_kinds": ["test.span"], "cap_free": [3]}
+              "cap_kinds": ["test.span"], "cap_free": [3], "since": [None, None]}
     plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS_CAPPED, params))
     assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, plan
 

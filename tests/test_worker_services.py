@@ -136,7 +136,7 @@ def claim_walk_buffers(conn, since) -> int:
     from dygo.store import queries
 
     params = {"queues": ["default"], "limits": [10], "owner": "w1", "ttl": 30, "kind_attempts": "{}",
-              "max_attempts": 20, "since": [since]}
+              "max_attempts": 20, "since": [since], "full_kinds": []}
     with conn.transaction(force_rollback=True):
         [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries.CLAIM_JOBS, params).fetchall()
 
