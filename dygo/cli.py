@@ -329,11 +329,13 @@ def _auth_summary(settings: Settings) -> str:
 
 def worker_command(settings: Settings, args: argparse.Namespace) -> int:
     from dygo.store.db import database_url
+    from dygo.store.limits import check_kinds
     from dygo.store.loading import load_jobs
     from dygo.worker.options import WorkerOptions
     from dygo.worker.runtime import Worker
 
     jobs = load_jobs(settings)
+    check_kinds(settings.limits, jobs, str(settings.config_dir / "queues.yml"))
     names = args.queues or settings.queue_names
     unknown = [name for name in names if name not in settings.queues]
     if unknown:

@@ -86,6 +86,23 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 
 # --- Claim, lease, settle ------------------------------------------------------------------------
 
+# What the claim does to the picked rows (CTE `picked` of ids), shared by CLAIM_JOBS and the claim under
+# cluster-wide limits (store/limits.py CLAIM_PICKED), so both start a job the same way.
+_CLAIM_PICKED = """claimed AS (
+    UPDATE dygo_jobs AS j
+    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
+        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
+        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
+        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
+        lease_deadline = now() + make_interval(secs => %(ttl)s)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
+              j.lease_token, j.lease_deadline, j.priority, j.run_at
+)
+SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,
+       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8  -- start latency (store/timings.py)
+FROM claimed ORDER BY priority DESC, run_at, id"""
+
 # One statement claims for every queue a worker serves: each (queue, free slots) pair of the arrays
 # walks the dygo_jobs_ready partial index (queue, priority DESC, run_at, id) in a LATERAL of its own,
 # so each queue gets at most its own free slots in the seed's order, and one round trip serves any
@@ -108,20 +125,7 @@ WITH picked AS (
         LIMIT w.slots
         FOR UPDATE SKIP LOCKED
     ) AS p
-), claimed AS (
-    UPDATE dygo_jobs AS j
-    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
-        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
-        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
-        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
-        lease_deadline = now() + make_interval(secs => %(ttl)s)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
-              j.lease_token, j.lease_deadline, j.priority, j.run_at
-)
-SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,
-       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8  -- start latency (store/timings.py)
-FROM claimed ORDER BY priority DESC, run_at, id"""
+), """ + _CLAIM_PICKED
 
 # Seconds until the next pending job of each queue is due, on the database clock (negative: due
 # already; no row: none pending). One walk of dygo_jobs_ready per queue, in a LATERAL like the claim.

@@ -261,3 +261,31 @@ if os.environ.get("DYGO_TEST_SPANS_FILE"):  # tests/test_tracing.py: this proces
     from tests.span_file import install_file_exporter
 
     install_file_exporter(os.environ["DYGO_TEST_SPANS_FILE"])
+
+
+def _conn() -> psycopg.Connection:
+    conn = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = _local.conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, **connect_kwargs())
+    return conn
+
+
+def _mark(ctx: JobContext, note: str) -> None:
+    _conn().execute("INSERT INTO test_runs (job_id, attempt, pid, note) VALUES (%s, %s, %s, %s)",
+                    (ctx.id, ctx.attempt, os.getpid(), note))
+
+
+@job("test.limited")
+def limited(ctx: JobContext, args: Sleep) -> None:
+    """Under a cluster-wide limit (tests/test_limits.py): a 'start' row when the handler starts and an
+    'end' row as it returns, each timed by the database clock from inside the handler."""
+    _mark(ctx, "start")
+    time.sleep(args.seconds)
+    _mark(ctx, "end")
+
+
+@job("test.limited_other")
+def limited_other(ctx: JobContext, args: Sleep) -> None:
+    _mark(ctx, "start")
+    time.sleep(args.seconds)
+    _mark(ctx, "end")

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 
 import psycopg
-from dygo.store import leases
+from dygo.store import leases, limits
 from dygo.store.leases import ClaimedJob
 from dygo.worker.database import Database
 from dygo.worker.maintainer import Recovery
@@ -64,6 +64,8 @@ class Producer:
         # The seed: a worker recovers expired leases before it claims. Its first claim after start and
         # after an outage follows a recovery pass; afterwards recovery follows claims, off the wake-up path.
         self.recover_first = True
+        # Queues the last claim held back on a cluster-wide limit: seconds until worth claiming again.
+        self.held: dict[str, float] = {}
 
     # --- signals, from the listener, finished jobs and the worker ---------------------------------
 
@@ -128,10 +130,11 @@ class Producer:
                 if time.monotonic() - self.recovery.last >= RECOVER_INTERVAL:
                     await self.recovery.run_once()
                 counts = Counter(job.queue for job in claimed)
-                short = [name for name, n in wanted.items() if counts[name] < n]
+                short = [name for name, n in wanted.items() if counts[name] < n and name not in self.held]
                 for name, n in wanted.items():
                     if counts[name] == n:
                         self.slots[name].armed = True  # there may be more ready right now
+                self._hold(self.held)
                 if short:
                     await self._set_timers(self.conn, short)
             except (psycopg.Error, OSError) as exc:
@@ -160,6 +163,16 @@ class Producer:
                 wanted[slots.name] = min(slots.free, self.batch_size)
         return wanted
 
+    def _hold(self, held: dict[str, float]) -> None:
+        """Queues a limit held back claim again when it may admit more (their ready jobs are due already,
+        so the next-run timer would spin); a settle's NOTIFY may wake them sooner."""
+        now = time.monotonic()
+        for name, wait in held.items():
+            if wait <= 0:
+                self.slots[name].armed = True
+            else:
+                self.slots[name].due_at = min(self.slots[name].due_at, now + min(wait, self.poll_interval))
+
     def _until_next_timer(self) -> float:
         due = min((s.due_at for s in self.slots.values()), default=math.inf)
         return self.poll_interval if due == math.inf else max(0.0, due - time.monotonic())
@@ -175,8 +188,10 @@ class Producer:
             self.slots[name].due_at = now + wait
 
     async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int]) -> list[ClaimedJob]:
-        """Claim up to wanted[queue] jobs per queue in one statement and start them."""
-        claimed = await leases.claim_queues(conn, wanted, self.worker_id, self.lease_ttl)
+        """Claim up to wanted[queue] jobs per queue (one statement unless a cluster-wide limit concerns them:
+        store/limits.py) and start them."""
+        result = await limits.claim(conn, wanted, self.worker_id, self.lease_ttl)
+        claimed, self.held = result.jobs, result.held
         for job in claimed:
             self.slots[job.queue].running += 1
             self.runs.start(job, self.finished)
