@@ -4,6 +4,8 @@ enforced by real `dygo worker` processes claiming at once; times come from insid
 from __future__ import annotations
 
 import shutil
+import signal
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -98,3 +100,38 @@ def test_a_queue_concurrency_limit_counts_every_kind_of_the_queue(conn, db_url, 
     spans = [(start, end) for _, start, end in runs(conn) + runs(conn, "test.limited_other")]
     assert len(spans) == 80
     assert max_overlap(spans) == 4
+
+
+LIMIT_TWO = """queues:
+  - name: default
+    concurrency: 20
+  - name: other
+    concurrency: 2
+kinds:
+  - kind: test.limited
+    concurrency_limit: 2
+"""
+
+
+def test_slots_held_by_a_sigkilled_worker_come_back_when_its_leases_expire(conn, db_url, spawn, tmp_path):
+    folder = config_dir(tmp_path, LIMIT_TWO)
+    [doomed] = start_workers(spawn, db_url, folder, 1)
+    enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 60}}] * 2)
+    wait_until(lambda: len(runs(conn)) == 2, message="both long jobs to start")
+    # Ahead of the long ones once those are recovered, so the slots they free go to these.
+    short = enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 0.05}, "priority": 10}] * 3)
+    [survivor] = start_workers(spawn, db_url, folder, 1)
+    time.sleep(0.5)
+    assert conn.execute("SELECT count(*) FROM dygo_jobs WHERE state = 'active'").fetchone()[0] == 2
+    assert len(runs(conn)) == 2  # the survivor holds back: the limit is full
+    doomed.signal(signal.SIGKILL)
+    killed_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    ids = [job.id for job in short]
+    done = "SELECT count(*) FROM dygo_jobs WHERE id = ANY(%s) AND state = 'succeeded'"
+    wait_until(lambda: conn.execute(done, (ids,)).fetchone()[0] == 3, timeout=20, message="the short jobs to run")
+    starts = [start for job_id, start, _ in runs(conn) if job_id in ids]
+    # Not before the killed jobs' leases (lease_ttl 2s, renewed until the kill) expired and were recovered.
+    assert min(starts) > killed_at
+    lease_gap = (min(starts) - killed_at).total_seconds()
+    assert 0.3 < lease_gap < 10, lease_gap
+    assert survivor.process.poll() is None
