@@ -176,3 +176,36 @@ def test_a_rate_limit_of_50_per_second_admits_500_starts_in_10_seconds_and_never
     # The handlers start after their claims, by a pick-up lag that on this shared machine reached 0.7 s
     # (the claim's started_at is taken before it waits for the limit's lock, so that lag is an upper
     # bound): the rule is checked on the claims' clock above, and on the handlers' clock over 10 s.
+
+
+PER_TENANT = """queues:
+  - name: default
+    concurrency: 20
+  - name: other
+    concurrency: 2
+kinds:
+  - kind: test.limited
+    concurrency_limit: 2
+    key: meta.tenant
+"""
+
+
+def test_a_per_key_limit_lets_a_small_tenant_start_while_a_large_tenants_backlog_waits(conn, db_url, spawn,
+                                                                                      tmp_path):
+    folder = config_dir(tmp_path, PER_TENANT)
+    start_workers(spawn, db_url, folder, 4)
+    enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 0.2}, "meta": {"tenant": "a"}}] * 10_000)
+    wait_until(lambda: len(runs(conn)) >= 4, message="tenant a's first jobs to run")
+    enqueued = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+    small = enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 0.2}, "meta": {"tenant": "b"}}] * 10)
+    ids = {job.id for job in small}
+    done = "SELECT count(*) FROM dygo_jobs WHERE id = ANY(%s) AND state = 'succeeded'"
+    wait_until(lambda: conn.execute(done, (list(ids),)).fetchone()[0] == 10, timeout=30,
+               message="tenant b's 10 jobs to run")
+    spans = runs(conn)
+    b = [(start, end) for job_id, start, end in spans if job_id in ids]
+    a = [(start, end) for job_id, start, end in spans if job_id not in ids and end is not None]
+    # b's first starts at once, and its 10 run two at a time: 5 x 0.2 s, with claim turn-around.
+    assert (min(start for start, _ in b) - enqueued).total_seconds() < 2.0
+    assert (max(end for _, end in b) - enqueued).total_seconds() < 5.0
+    assert max_overlap(b) == 2 and max_overlap(a) == 2
