@@ -256,12 +256,14 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     from dygo.app.guard import HostRule
     from dygo.app.main import create_app
     from dygo.store.db import database_url
+    from dygo.store.limits import check_kinds
     from dygo.store.loading import load_jobs
 
     if args.pool_size:
         settings = dataclasses.replace(settings, serve_pool_size=args.pool_size)
     processes = web_concurrency()
     jobs = load_jobs(settings)
+    check_kinds(settings.limits, jobs, str(settings.config_dir / "queues.yml"))
     host = args.host or os.environ.get("DYGO_HOST") or ("0.0.0.0" if os.environ.get("PORT") else "127.0.0.1")
     port = args.port or int(os.environ.get("PORT", "8000"))
     # Before any database work: an unprotected API outside development on localhost is refused.
