@@ -20,7 +20,6 @@ clock at the claim (clock_timestamp(), read after the lock, so the log's times f
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,7 +28,7 @@ from typing import Any
 
 import psycopg
 from dygo.store import queries
-from dygo.store.config import Limit, parse_rate
+from dygo.store.config import Limit, parse_concurrency_limit, parse_limit_key, parse_rate
 from dygo.store.errors import ConfigError
 from dygo.store.leases import ClaimedJob, claim_queues
 from dygo.store.registry import Registry, registry
@@ -342,7 +341,17 @@ class LimitUse:
     rate_limit: str | None  # e.g. "50/s"
     in_use: dict[str, int]  # active jobs per key value ('' for an unkeyed limit)
     started: dict[str, int]  # starts in the current window per key value
-    waiting: int  # ready pending jobs of the queue or kind (held back while the limit is full)
+    ready: dict[str, int]  # ready pending jobs per key value
+    rate_count: int | None = None
+
+    def full(self, key: str) -> bool:
+        return ((self.concurrency_limit is not None and self.in_use.get(key, 0) >= self.concurrency_limit)
+                or (self.rate_count is not None and self.started.get(key, 0) >= self.rate_count))
+
+    @property
+    def waiting(self) -> int:
+        """Ready jobs held back because their limit (for their key) is full: waiting on a limit, not stuck."""
+        return sum(n for key, n in self.ready.items() if self.full(key))
 
     def as_dict(self) -> dict[str, Any]:
         return {"scope": self.scope, "name": self.name, "key": f"meta.{self.key}" if self.key else None,
@@ -358,7 +367,13 @@ def format_rate(count: int | None, window: float | None) -> str | None:
     return f"{count}/{unit}" if unit else f"{count}/{window:g}s"
 
 
+# Each limit in force with its use per key: active jobs, starts in the window, ready pending jobs.
+# For the API, the dashboard, /metrics and `dygo status` (not the claim: it counts under its lock).
 USE_ALL = """
+WITH l AS (
+    SELECT scope, name, key, concurrency_limit, rate_count, rate_window FROM dygo_limits
+    WHERE concurrency_limit IS NOT NULL OR rate_count IS NOT NULL
+)
 SELECT l.scope, l.name, l.key, l.concurrency_limit, l.rate_count, l.rate_window,
        coalesce((SELECT jsonb_object_agg(k, n) FROM (
            SELECT coalesce(j.meta ->> l.key, '') AS k, count(*) AS n FROM dygo_jobs j
@@ -369,20 +384,19 @@ SELECT l.scope, l.name, l.key, l.concurrency_limit, l.rate_count, l.rate_window,
            WHERE s.scope = l.scope AND s.name = l.name AND l.rate_window IS NOT NULL
              AND s.at > clock_timestamp() - make_interval(secs => l.rate_window)
            GROUP BY 1) r), '{}'::jsonb),
-       (SELECT count(*) FROM dygo_jobs j
-        WHERE j.state = 'pending' AND j.run_at <= now()
-          AND l.name = CASE l.scope WHEN 'queue' THEN j.queue ELSE j.kind END)::integer
-FROM dygo_limits l
-WHERE l.concurrency_limit IS NOT NULL OR l.rate_count IS NOT NULL
-ORDER BY l.scope DESC, l.name"""
+       coalesce((SELECT jsonb_object_agg(k, n) FROM (
+           SELECT coalesce(j.meta ->> l.key, '') AS k, count(*) AS n FROM dygo_jobs j
+           WHERE j.state = 'pending' AND j.run_at <= now()
+             AND l.name = CASE l.scope WHEN 'queue' THEN j.queue ELSE j.kind END
+           GROUP BY 1) p), '{}'::jsonb)
+FROM l ORDER BY l.scope DESC, l.name"""
 
 
 def _use(row: tuple[Any, ...]) -> LimitUse:
-    scope, name, key, concurrency, count, window, active, started, waiting = row
-    active = json.loads(active) if isinstance(active, str) else active
-    started = json.loads(started) if isinstance(started, str) else started
+    scope, name, key, concurrency, count, window, active, started, ready = row
     return LimitUse(scope, name, key, concurrency, format_rate(count, window),
-                    {k: int(v) for k, v in active.items()}, {k: int(v) for k, v in started.items()}, waiting)
+                    {k: int(v) for k, v in active.items()}, {k: int(v) for k, v in started.items()},
+                    {k: int(v) for k, v in ready.items()}, count)
 
 
 def limits_in_use(conn: psycopg.Connection) -> list[LimitUse]:
@@ -404,11 +418,10 @@ ON CONFLICT (scope, name) DO UPDATE SET
 def set_limit(conn: psycopg.Connection, scope: str, name: str, concurrency_limit: int | None,
               rate_limit: str | None, key: str | None, queues: Sequence[str]) -> None:
     """Put a limit in force now (None for both: no limit), and wake `queues`' workers to claim under it.
-    Raises ValueError naming the field and the rule."""
+    Raises ValueError naming the field and the rule. Kept over restarts until config/queues.yml's
+    value for it changes (sync)."""
     if scope not in ("queue", "kind"):
         raise ValueError(f"scope {scope!r} must be queue or kind")
-    from dygo.store.config import parse_concurrency_limit, parse_limit_key
-
     if concurrency_limit is not None:
         parse_concurrency_limit(concurrency_limit)
     count, window = parse_rate(rate_limit) if rate_limit is not None else (None, None)

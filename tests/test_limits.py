@@ -209,3 +209,68 @@ def test_a_per_key_limit_lets_a_small_tenant_start_while_a_large_tenants_backlog
     assert (min(start for start, _ in b) - enqueued).total_seconds() < 2.0
     assert (max(end for _, end in b) - enqueued).total_seconds() < 5.0
     assert max_overlap(b) == 2 and max_overlap(a) == 2
+
+
+def running_at(spans: list[tuple[datetime, datetime]], at: datetime) -> int:
+    return sum(1 for start, end in spans if start <= at < end)
+
+
+def test_a_limit_changed_through_the_api_applies_to_running_workers_within_a_second(conn, db_url, spawn, serve,
+                                                                                   tmp_path):
+    folder = config_dir(tmp_path, LIMIT_TWO)
+    start_workers(spawn, db_url, folder, 3)
+    api = serve(DYGO_CONFIG_DIR=str(folder))
+    enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 0.3}}] * 400)
+    wait_until(lambda: len(runs(conn)) >= 6, message="jobs to run under the file's limit")
+    clock = "SELECT clock_timestamp()"
+
+    raised = api.admin.put("/api/v1/limits/kind/test.limited", json={"concurrency_limit": 5})
+    assert raised.status_code == 200, raised.text
+    raised_at = conn.execute(clock).fetchone()[0]
+    assert raised.json()["concurrency_limit"] == 5
+    time.sleep(1.5)
+    spans = [(start, end) for _, start, end in runs(conn) if end is not None]
+    before = [span for span in spans if span[0] < raised_at]
+    assert max_overlap(before) == 2
+    beyond_two = [start for start, _ in spans if start > raised_at and running_at(spans, start) > 2]
+    assert beyond_two and (min(beyond_two) - raised_at).total_seconds() < 1.0
+
+    lowered = api.admin.put("/api/v1/limits/kind/test.limited", json={"concurrency_limit": 1})
+    assert lowered.status_code == 200
+    lowered_at = conn.execute(clock).fetchone()[0]
+    time.sleep(2.5)
+    spans = [(start, end) for _, start, end in runs(conn) if end is not None]
+    # Jobs running at the change finish (0.3 s); from a second on, each new start runs alone.
+    late = [start for start, _ in spans if (start - lowered_at).total_seconds() > 1.0]
+    assert late and all(running_at(spans, start) == 1 for start in late)
+
+    listed = api.reader.get("/api/v1/queues").json()["limits"]
+    assert [(lim["scope"], lim["name"], lim["concurrency_limit"]) for lim in listed] == [("kind", "test.limited", 1)]
+    assert listed[0]["in_use"] <= 1 and listed[0]["waiting"] > 0
+    assert api.reader.put("/api/v1/limits/kind/test.limited", json={"concurrency_limit": 3}).status_code == 403
+    bad = api.admin.put("/api/v1/limits/kind/test.limited", json={"rate_limit": "5 per day"})
+    assert bad.status_code == 422 and "rate_limit" in bad.text
+    assert api.admin.put("/api/v1/limits/kind/test.nope", json={"concurrency_limit": 3}).status_code == 404
+
+
+def test_a_restart_keeps_a_runtime_change_unless_the_files_value_changed(conn, db_url):
+    import asyncio
+
+    from dygo.store import limits
+    from dygo.store.config import Limit
+
+    async def sync(concurrency: int) -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
+            await limits.sync(aconn, [Limit("kind", "test.limited", concurrency_limit=concurrency)])
+
+    def in_force() -> int | None:
+        return conn.execute("SELECT concurrency_limit FROM dygo_limits WHERE name = 'test.limited'").fetchone()[0]
+
+    asyncio.run(sync(2))
+    limits.set_limit(conn, "kind", "test.limited", 5, None, None, ["default"])
+    asyncio.run(sync(2))  # a restart, the file as it was
+    assert in_force() == 5
+    asyncio.run(sync(3))  # the file changed
+    assert in_force() == 3
+    limits.set_limit(conn, "kind", "test.limited", None, None, None, ["default"])
+    assert limits.limits_in_use(conn) == []
