@@ -416,6 +416,14 @@ def status_command(settings: Settings) -> int:
                       *((row["kind"], str(row["dead"]), str(row["failed"])) for row in failing)])
     else:
         print("failing kinds: none today or yesterday")
+    if snap.limits:
+        print()
+        print("limits (cluster-wide):")
+        _print_table([("SCOPE", "NAME", "KEY", "CONCURRENCY", "IN USE", "RATE", "STARTED", "WAITING"),
+                      *((u.scope, u.name, f"meta.{u.key}" if u.key else "-",
+                         str(u.concurrency_limit) if u.concurrency_limit is not None else "-",
+                         str(sum(u.in_use.values())), u.rate_limit or "-", str(sum(u.started.values())),
+                         str(u.waiting)) for u in snap.limits)])
     return 0
 
 

@@ -274,3 +274,32 @@ def test_a_restart_keeps_a_runtime_change_unless_the_files_value_changed(conn, d
     assert in_force() == 3
     limits.set_limit(conn, "kind", "test.limited", None, None, None, ["default"])
     assert limits.limits_in_use(conn) == []
+
+
+def test_limits_in_use_and_jobs_waiting_on_them_show_in_metrics_status_and_the_queues_api(conn, db_url, spawn,
+                                                                                          serve, tmp_path):
+    from tests.test_metrics import scrape, value
+
+    folder = config_dir(tmp_path, LIMIT_TWO.replace("concurrency_limit: 2", "concurrency_limit: 2\n"
+                                                    "    rate_limit: 100/m"))
+    start_workers(spawn, db_url, folder, 1)
+    api = serve(DYGO_CONFIG_DIR=str(folder))
+    enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 30}}] * 5)
+    wait_until(lambda: len(runs(conn)) == 2, message="two jobs to run")
+    samples = scrape(api.reader)
+    assert value(samples, "dygo_limit", queue="", kind="test.limited", limit="concurrency") == 2
+    assert value(samples, "dygo_limit", queue="", kind="test.limited", limit="rate") == 100
+    assert value(samples, "dygo_limit_in_use", queue="", kind="test.limited", limit="concurrency") == 2
+    assert value(samples, "dygo_limit_in_use", queue="", kind="test.limited", limit="rate") == 2
+    assert value(samples, "dygo_limit_waiting", queue="", kind="test.limited") == 3
+    [listed] = api.reader.get("/api/v1/queues").json()["limits"]
+    used = (listed["in_use"], listed["started_in_window"], listed["waiting"], listed["rate_limit"])
+    assert used == (2, 2, 3, "100/m")
+    # Held back, not spent: the waiting jobs are pending with no attempt.
+    assert conn.execute("SELECT count(*) FROM dygo_jobs WHERE state = 'pending' AND attempt = 0").fetchone()[0] == 3
+
+    cli = spawn("status", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(folder)))
+    assert cli.wait() == 0, cli.stderr()
+    lines = [line.split() for line in cli.lines]
+    assert ["SCOPE", "NAME", "KEY", "CONCURRENCY", "IN", "USE", "RATE", "STARTED", "WAITING"] in lines
+    assert ["kind", "test.limited", "-", "2", "2", "100/m", "2", "3"] in lines
