@@ -37,6 +37,8 @@ RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
 _KEY_PATH = re.compile(r"^meta\.([A-Za-z0-9_.-]+)$")
 LIMIT_KEYS = ("concurrency_limit", "rate_limit", "key")
+MAX_RATE_COUNT = 1_000_000_000  # a PostgreSQL integer holds it; beyond, say "N/s" instead of "N/h"
+MAX_CONCURRENCY_LIMIT = 1_000_000
 
 
 def parse_rate(value: Any) -> tuple[int, float]:
@@ -47,12 +49,16 @@ def parse_rate(value: Any) -> tuple[int, float]:
     count = int(match.group(1))
     if count <= 0:
         raise ValueError(f"rate_limit {value!r} must allow at least 1 start per window")
+    if count > MAX_RATE_COUNT:
+        raise ValueError(f"rate_limit {value!r} allows more than {MAX_RATE_COUNT:,} starts per window")
     return count, RATE_UNITS[match.group(2)]
 
 
 def parse_concurrency_limit(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"concurrency_limit must be an integer greater than 0, got {value!r}")
+    if value > MAX_CONCURRENCY_LIMIT:
+        raise ValueError(f"concurrency_limit must be at most {MAX_CONCURRENCY_LIMIT:,}, got {value!r}")
     return value
 
 

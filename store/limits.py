@@ -165,30 +165,35 @@ async def claim(conn: psycopg.AsyncConnection, wanted: Mapping[str, int], owner:
     concerned = [r for r in await current(conn) if r.scope == "kind" or r.name in wanted]
     if not concerned:
         return Claim(await claim_queues(conn, wanted, owner, ttl, jobs))
-    async with conn.transaction():
+    # Pipelined: the lock and the counts go in one round trip, the pick in a second, the claim, the
+    # start log and the commit in a third (each statement still runs after the one before it).
+    async with conn.pipeline(), conn.transaction():
         return await _claim_limited(conn, wanted, owner, ttl, jobs or registry, concerned)
 
 
 async def _claim_limited(conn: psycopg.AsyncConnection, wanted: dict[str, int], owner: str, ttl: float,
                          jobs: Registry, concerned: list[LimitRow]) -> Claim:
     await conn.execute(LOCK_LIMITS, {"keys": sorted(r.lock_key for r in concerned)})
-    # remaining[(scope, name, key)] for concurrency and rate separately; a key not listed has it all.
-    active: dict[tuple[str, str, str], int] = {}
+    # Use per (scope, name, key): active jobs and starts in the window; a key not listed has none.
     counting = [r for r in concerned if r.concurrency_limit is not None]
+    rated = [r for r in concerned if r.rate_count is not None]
+    active_rows = rate_rows = None
     if counting:
         params = {"scopes": [r.scope for r in counting], "names": [r.name for r in counting],
                   "keys": [r.key for r in counting]}
-        for scope, name, key, n in await (await conn.execute(ACTIVE_USE, params)).fetchall():
-            active[(scope, name, key)] = n
-    started: dict[tuple[str, str, str], int] = {}
-    frees_in: dict[tuple[str, str, str], float] = {}
-    rated = [r for r in concerned if r.rate_count is not None]
+        active_rows = await conn.execute(ACTIVE_USE, params)
     if rated:
         params = {"scopes": [r.scope for r in rated], "names": [r.name for r in rated],
                   "windows": [r.rate_window for r in rated]}
-        for scope, name, key, n, due in await (await conn.execute(RATE_USE, params)).fetchall():
-            started[(scope, name, key)] = n
-            frees_in[(scope, name, key)] = max(due, 0.0)
+        rate_rows = await conn.execute(RATE_USE, params)
+    active: dict[tuple[str, str, str], int] = {}
+    started: dict[tuple[str, str, str], int] = {}
+    frees_in: dict[tuple[str, str, str], float] = {}
+    for scope, name, key, n in await active_rows.fetchall() if active_rows else ():
+        active[(scope, name, key)] = n
+    for scope, name, key, n, due in await rate_rows.fetchall() if rate_rows else ():
+        started[(scope, name, key)] = n
+        frees_in[(scope, name, key)] = max(due, 0.0)
 
     held: dict[str, float] = {}
 
@@ -251,12 +256,12 @@ async def _claim_limited(conn: psycopg.AsyncConnection, wanted: dict[str, int], 
         return Claim([], held)
     kind_attempts, default = jobs.max_attempts_at_claim()
     params = {"ids": chosen, "owner": owner, "ttl": ttl, "kind_attempts": kind_attempts, "max_attempts": default}
-    claimed = [ClaimedJob(*row) for row in await (await conn.execute(CLAIM_PICKED, params, prepare=False)).fetchall()]
+    claiming = await conn.execute(CLAIM_PICKED, params, prepare=False)
     if starts:
         params = {"scopes": [k[0] for k in starts], "names": [k[1] for k in starts],
                   "keys": [k[2] for k in starts], "counts": list(starts.values())}
         await conn.execute(LOG_STARTS, params)
-    return Claim(claimed, held)
+    return Claim([ClaimedJob(*row) for row in await claiming.fetchall()], held)
 
 
 async def notify_freed(conn: psycopg.AsyncConnection, settled: Iterable[ClaimedJob]) -> None:
