@@ -27,7 +27,7 @@ async def list_limits(request: Request) -> dict[str, Any]:
     return {"limits": await limits_view(request)}
 
 
-@router.put("/limits/{scope}/{name}", response_model=FlowLimit, responses=documented(404, 422),
+@router.put("/limits/{scope}/{name}", response_model=FlowLimit, responses=documented(400, 404, 422),
             summary="Set a queue's or a kind's cluster-wide limits now (null for both removes them)")
 def set_limit(scope: Scope, name: Name, change: FlowLimitChange, request: Request, conn: Conn) -> dict[str, Any]:
     settings = request.app.state.settings
