@@ -26,7 +26,7 @@ from dygo.app.jobs import decode_cursor, encode_cursor
 from dygo.app.session import FLASH_COOKIE, SESSION_COOKIE, SESSION_SECONDS, Session, Signer, secret_key
 from dygo.app.system import WORKER_SEEN_WITHIN
 from dygo.app.throttle import AuthThrottle
-from dygo.store import admin, auth_state, inspect, schedules
+from dygo.store import admin, auth_state, inspect, limits, schedules
 from dygo.store.durations import parse_duration
 from dygo.store.errors import Conflict, EnqueueError, NotFound
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -504,7 +504,32 @@ def _queue(request: Request, conn: Conn, name: str) -> dict[str, Any]:
 
 @router.get("/queues")
 def queues_page(request: Request, who: Page, conn: Conn) -> Response:
-    return render(request, who, "queues.html", queues=admin.list_queues(conn, _configured(request)))
+    return render(request, who, "queues.html", queues=admin.list_queues(conn, _configured(request)),
+                  limits=[use.as_dict() for use in limits.limits_in_use(conn)])
+
+
+@router.post("/limits")
+def change_limit(request: Request, fields: Fields, who: Action, conn: Conn) -> Response:
+    """Set a queue's or kind's cluster-wide limits from the queues page (empty fields: none)."""
+    back = PREFIX + "/queues"
+    scope, name = fields.get("scope", ""), fields.get("name", "").strip()
+    known = _configured(request) if scope == "queue" else request.app.state.jobs.kinds()
+    if scope not in ("queue", "kind") or name not in known:
+        return redirect(who, back, f"No {scope or 'queue or kind'} named {name!r} to limit.", "error")
+    raw = fields.get("concurrency_limit", "").strip()
+    try:
+        concurrency = int(raw) if raw else None
+    except ValueError:
+        return redirect(who, back, f"concurrency_limit {raw!r} must be an integer greater than 0.", "error")
+    rate = fields.get("rate_limit", "").strip() or None
+    key = fields.get("key", "").strip() or None
+    try:
+        limits.set_limit(conn, scope, name, concurrency, rate, key, list(_configured(request)))
+    except ValueError as exc:
+        return redirect(who, back, f"Limit on {scope} {name} not changed: {exc}.", "error")
+    if concurrency is None and rate is None:
+        return redirect(who, back, f"Limits on {scope} {name} removed.")
+    return redirect(who, back, f"Limits on {scope} {name} set: workers claim under them within a second.")
 
 
 @router.get("/queues/{name}/purge")

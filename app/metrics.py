@@ -77,6 +77,24 @@ class DygoCollector(Collector):
                 busy.add_metric([worker["id"], queue], snap.busy.get((worker["id"], queue), 0))
         yield slots
         yield busy
+        limit = GaugeMetricFamily("dygo_limit", "Each cluster-wide limit in force (per key for a per-key limit)",
+                                  labels=["queue", "kind", "limit"])
+        in_use = GaugeMetricFamily("dygo_limit_in_use", "Use of each cluster-wide limit: active jobs (limit="
+                                   "concurrency) or starts in the window ending now (limit=rate), all keys together",
+                                   labels=["queue", "kind", "limit"])
+        waiting = GaugeMetricFamily("dygo_limit_waiting", "Ready jobs held back because their cluster-wide limit "
+                                    "is full (waiting on a limit, not stuck)", labels=["queue", "kind"])
+        for use in snap.limits:
+            # A queue's limit has kind="", a kind's limit queue="".
+            target = [use.name, ""] if use.scope == "queue" else ["", use.name]
+            if use.concurrency_limit is not None:
+                limit.add_metric([*target, "concurrency"], use.concurrency_limit)
+                in_use.add_metric([*target, "concurrency"], sum(use.in_use.values()))
+            if use.rate_count is not None:
+                limit.add_metric([*target, "rate"], use.rate_count)
+                in_use.add_metric([*target, "rate"], sum(use.started.values()))
+            waiting.add_metric(target, use.waiting)
+        yield from (limit, in_use, waiting)
         for measure, (name, help_text) in HISTOGRAMS.items():
             histogram = HistogramMetricFamily(name, help_text, labels=["queue", "kind"])
             for (queue, kind, of), observed in snap.timings.items():

@@ -9,7 +9,7 @@ from dygo.app.db import Conn, database
 from dygo.app.errors import ApiError, documented
 from dygo.app.jobs import api_duration
 from dygo.app.schemas import DURATION_PATTERN, PurgeReport, Queue, QueueList, QueueStats, RetryDeadReport, VacuumReport
-from dygo.store import admin
+from dygo.store import admin, limits
 from dygo.store.durations import parse_duration
 from fastapi import APIRouter, Path, Query, Request
 
@@ -40,7 +40,9 @@ def _stats(conn: psycopg.Connection, queue: str | None, days: int, counts: dict[
 @router.get("/queues", response_model=QueueList, summary="Every queue with its counts by state")
 async def list_queues(request: Request) -> dict[str, Any]:
     async with database(request).connection() as conn:
-        return {"queues": await admin.alist_queues(conn, _configured(request))}
+        queues = await admin.alist_queues(conn, _configured(request))
+        in_use = [use.as_dict() for use in await limits.alimits_in_use(conn)]
+    return {"queues": queues, "limits": in_use}
 
 
 @router.get("/queues/{name}", response_model=Queue, summary="One queue with its counts by state",

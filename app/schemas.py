@@ -203,8 +203,35 @@ class Queue(BaseModel):
                                  "succeeded rows are history, not counted among the states")
 
 
+class FlowLimit(BaseModel):
+    scope: Literal["queue", "kind"]
+    name: str
+    key: str | None = Field(description="meta.<field> for a limit per value of that field, else null")
+    concurrency_limit: int | None = Field(description="At most this many jobs active at once across all workers")
+    rate_limit: str | None = Field(description="At most N starts in any interval of the window: N/s, N/m or N/h")
+    in_use: int = Field(description="Jobs active now under the limit (all keys)")
+    in_use_by_key: dict[str, int] | None = Field(description="Active jobs per key value, for a per-key limit")
+    started_in_window: int = Field(description="Starts in the rate window ending now (all keys)")
+    waiting: int = Field(description="Ready jobs held back because their limit is full (waiting on a limit)")
+
+
+class FlowLimitList(BaseModel):
+    limits: list[FlowLimit]
+
+
+class FlowLimitChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    concurrency_limit: int | None = Field(None, ge=1, le=1_000_000, description="null: no concurrency limit")
+    rate_limit: str | None = Field(None, pattern=r"^\s*\d+\s*/\s*[smh]\s*$", max_length=32,
+                                   description="N/s, N/m or N/h; null: no rate limit")
+    key: str | None = Field(None, pattern=r"^meta\.[A-Za-z0-9_.-]+$", max_length=255,
+                            description="meta.<field>: a limit per value of that field; null: one limit")
+
+
 class QueueList(BaseModel):
     queues: list[Queue]
+    limits: list[FlowLimit] = Field(default_factory=list, description="The cluster-wide limits with their use "
+                                    "(as GET /api/v1/limits)")
 
 
 class DailyCount(BaseModel):

@@ -55,11 +55,13 @@ def main() -> int:
     parser.add_argument("--log-level", default="INFO", help="the worker's DYGO_LOG_LEVEL")
     parser.add_argument("--profile-with", metavar="PY_SPY", help="py-spy binary: profile one extra processing round")
     parser.add_argument("--profile-jobs", type=int, default=50_000)
+    parser.add_argument("--generous-limit", action="store_true",
+                        help="give the queue a concurrency_limit and a rate_limit it never reaches (issue 13's cost)")
     args = parser.parse_args()
     plan = plan_from(args)
 
     with tempfile.TemporaryDirectory(prefix="dygo-bench-config-") as config_dir:
-        write_config(Path(config_dir), args.concurrency, args.claim_batch_size)
+        write_config(Path(config_dir), args.concurrency, args.claim_batch_size, args.generous_limit)
         load_jobs(load_settings(config_dir))
         # One client connection for the whole run, as the peers' scripts keep theirs (and as an application's
         # pool would): a fresh session's first insert also compiles the plpgsql trigger functions, a
@@ -67,8 +69,9 @@ def main() -> int:
         conn = psycopg.connect(plan.url, autocommit=True)
         migrate(conn)
         result = Result(
-            system="dygo", version=dygo_version(),
+            system="dygo-limited" if args.generous_limit else "dygo", version=dygo_version(),
             settings=f"dygo worker --queue {QUEUE} --concurrency {args.concurrency}, "
+                     f"{GENEROUS_LIMIT.strip() + ', ' if args.generous_limit else ''}"
                      f"claim_batch_size {args.claim_batch_size}, log level {args.log_level}; "
                      f"enqueue_many batches of {plan.batch_size}",
         )
@@ -91,10 +94,15 @@ def main() -> int:
     return 0
 
 
-def write_config(config_dir: Path, concurrency: int, claim_batch_size: int) -> None:
+# Cluster-wide limits on the benchmark's queue that the run never reaches: what the limited claim costs.
+GENEROUS_LIMIT = "concurrency_limit: 100000, rate_limit: 10000000/s"
+
+
+def write_config(config_dir: Path, concurrency: int, claim_batch_size: int, generous_limit: bool = False) -> None:
     # `slow` is there because jobs/examples.py declares a job on it.
+    limit = f"    {GENEROUS_LIMIT.replace(', ', chr(10) + '    ')}\n" if generous_limit else ""
     (config_dir / "queues.yml").write_text(
-        f"queues:\n  - name: {QUEUE}\n    concurrency: {concurrency}\n  - name: slow\n    concurrency: 2\n")
+        f"queues:\n  - name: {QUEUE}\n    concurrency: {concurrency}\n{limit}  - name: slow\n    concurrency: 2\n")
     (config_dir / "dygo.yml").write_text(f"jobs: [jobs]\nclaim_batch_size: {claim_batch_size}\n")
 
 

@@ -138,6 +138,8 @@ def all_systems() -> list[System]:
     peer_python = PEER_VENV / "bin" / "python"
     return [
         System("dygo", "dygo_bench.py", Path(sys.executable), ("dygo.store",)),
+        # dygo with a cluster-wide limit it never reaches (issue 13: at least 85% of dygo's rate).
+        System("dygo-limited", "dygo_bench.py", Path(sys.executable), ("dygo.store",)),
         System("pgqueuer", "peer_pgqueuer.py", peer_python, ("pgqueuer", "asyncpg", "uvloop")),
         System("procrastinate", "peer_procrastinate.py", peer_python, ("procrastinate", "psycopg")),
     ]
@@ -159,6 +161,8 @@ def available_systems(names: list[str]) -> tuple[list[System], list[str]]:
 
 
 def system_arguments(system: System, profile: bool) -> list[str]:
+    if system.name == "dygo-limited":
+        return ["--generous-limit"]
     if system.name == "dygo" and profile:
         py_spy = PEER_VENV / "bin" / "py-spy"
         binary = str(py_spy) if py_spy.exists() else shutil.which("py-spy")

@@ -259,12 +259,14 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     from dygo.app.guard import HostRule
     from dygo.app.main import create_app
     from dygo.store.db import database_url
+    from dygo.store.limits import check_kinds
     from dygo.store.loading import load_jobs
 
     if args.pool_size:
         settings = dataclasses.replace(settings, serve_pool_size=args.pool_size)
     processes = web_concurrency()
     jobs = load_jobs(settings)
+    check_kinds(settings.limits, jobs, str(settings.config_dir / "queues.yml"))
     host = args.host or os.environ.get("DYGO_HOST") or ("0.0.0.0" if os.environ.get("PORT") else "127.0.0.1")
     port = args.port or int(os.environ.get("PORT", "8000"))
     # Before any database work: an unprotected API outside development on localhost is refused.
@@ -332,11 +334,13 @@ def _auth_summary(settings: Settings) -> str:
 
 def worker_command(settings: Settings, args: argparse.Namespace) -> int:
     from dygo.store.db import database_url
+    from dygo.store.limits import check_kinds
     from dygo.store.loading import load_jobs
     from dygo.worker.options import WorkerOptions
     from dygo.worker.runtime import Worker
 
     jobs = load_jobs(settings)
+    check_kinds(settings.limits, jobs, str(settings.config_dir / "queues.yml"))
     names = args.queues or settings.queue_names
     unknown = [name for name in names if name not in settings.queues]
     if unknown:
@@ -416,6 +420,14 @@ def status_command(settings: Settings) -> int:
                       *((row["kind"], str(row["dead"]), str(row["failed"])) for row in failing)])
     else:
         print("failing kinds: none today or yesterday")
+    if snap.limits:
+        print()
+        print("limits (cluster-wide):")
+        _print_table([("SCOPE", "NAME", "KEY", "CONCURRENCY", "IN USE", "RATE", "STARTED", "WAITING"),
+                      *((u.scope, u.name, f"meta.{u.key}" if u.key else "-",
+                         str(u.concurrency_limit) if u.concurrency_limit is not None else "-",
+                         str(sum(u.in_use.values())), u.rate_limit or "-", str(sum(u.started.values())),
+                         str(u.waiting)) for u in snap.limits)])
     return 0
 
 

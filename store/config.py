@@ -33,6 +33,77 @@ class Queue:
     concurrency: int
 
 
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
+_KEY_PATH = re.compile(r"^meta\.([A-Za-z0-9_.-]+)$")
+LIMIT_KEYS = ("concurrency_limit", "rate_limit", "key")
+MAX_RATE_COUNT = 1_000_000_000  # a PostgreSQL integer holds it; beyond, say "N/s" instead of "N/h"
+MAX_CONCURRENCY_LIMIT = 1_000_000
+
+
+def parse_rate(value: Any) -> tuple[int, float]:
+    """A rate limit such as "100/s", "600/m" or "10000/h": (starts, window in seconds)."""
+    match = _RATE.match(value) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"rate_limit {value!r} must be a count per unit: \"100/s\", \"600/m\" or \"10000/h\"")
+    count = int(match.group(1))
+    if count <= 0:
+        raise ValueError(f"rate_limit {value!r} must allow at least 1 start per window")
+    if count > MAX_RATE_COUNT:
+        raise ValueError(f"rate_limit {value!r} allows more than {MAX_RATE_COUNT:,} starts per window")
+    return count, RATE_UNITS[match.group(2)]
+
+
+def parse_concurrency_limit(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"concurrency_limit must be an integer greater than 0, got {value!r}")
+    if value > MAX_CONCURRENCY_LIMIT:
+        raise ValueError(f"concurrency_limit must be at most {MAX_CONCURRENCY_LIMIT:,}, got {value!r}")
+    return value
+
+
+def parse_limit_key(value: Any) -> str:
+    """`key: meta.<field>`: the meta field whose values each get their own limit; returns the field name."""
+    match = _KEY_PATH.match(value) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"key {value!r} is not a known key path; use meta.<field> (e.g. meta.tenant)")
+    return match.group(1)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A cluster-wide limit on a queue or a kind, as declared in config/queues.yml (store/limits.py)."""
+
+    scope: str  # 'queue' or 'kind'
+    name: str
+    concurrency_limit: int | None = None
+    rate_limit: str | None = None  # as written, e.g. "100/s"
+    key: str | None = None  # meta field name, e.g. "tenant" for `key: meta.tenant`
+
+    @property
+    def rate(self) -> tuple[int, float] | None:
+        return parse_rate(self.rate_limit) if self.rate_limit is not None else None
+
+
+def _limit(source: str, label: str, scope: str, name: str, entry: dict[str, Any]) -> Limit | None:
+    """The limit an entry declares (None: none), or a ConfigError naming the entry and the rule."""
+    if not any(k in entry for k in LIMIT_KEYS):
+        return None
+    try:
+        concurrency = entry.get("concurrency_limit")
+        rate = entry.get("rate_limit")
+        if concurrency is None and rate is None:
+            raise ValueError("key needs a concurrency_limit or a rate_limit to apply to")
+        if concurrency is not None:
+            parse_concurrency_limit(concurrency)
+        if rate is not None:
+            parse_rate(rate)
+        key = parse_limit_key(entry["key"]) if entry.get("key") is not None else None
+    except ValueError as exc:
+        raise ConfigError(source, label, str(exc)) from None
+    return Limit(scope, name, concurrency, rate.strip() if rate is not None else None, key)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the store, worker and service read from config, with their defaults."""
@@ -40,6 +111,8 @@ class Settings:
     config_dir: Path
     queues: dict[str, Queue]
     env: str = "development"
+    # Cluster-wide concurrency and rate limits from config/queues.yml (queue entries and `kinds:`).
+    limits: tuple[Limit, ...] = ()
     job_modules: tuple[str, ...] = ("jobs",)
     lease_ttl: float = 30.0
     max_reaps: int = 3
@@ -257,7 +330,7 @@ def load_settings(config_dir: Path | str | None = None, *, env: str | None = Non
     config/queues.yml is not read and need not exist (the settings then have no queues)."""
     config_dir = Path(config_dir) if config_dir is not None else default_config_dir()
     configured = load_queues(config_dir / "queues.yml") if queues else {}
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"limits": load_limits(config_dir / "queues.yml") if queues else ()}
     settings_file = config_dir / "dygo.yml"
     if settings_file.exists():
         document = _read_yaml(settings_file)
@@ -289,8 +362,8 @@ def load_queues(path: Path) -> dict[str, Queue]:
         raise ConfigError(source, "file",
                           "not found; create it with at least `queues: [{name: default, concurrency: 4}]`")
     document = _read_yaml(path)
-    if not isinstance(document, dict) or set(document) != {"queues"}:
-        raise ConfigError(source, "top level", "must be a mapping with exactly one key, `queues`")
+    if not isinstance(document, dict) or "queues" not in document or not set(document) <= {"queues", "kinds"}:
+        raise ConfigError(source, "top level", "must be a mapping with the key `queues` (and optionally `kinds`)")
     entries = document["queues"]
     if not isinstance(entries, list) or not entries:
         raise ConfigError(source, "queues", "must be a non-empty list of {name, concurrency} entries")
@@ -302,9 +375,10 @@ def load_queues(path: Path) -> dict[str, Queue]:
         name = entry.get("name")
         if isinstance(name, str):
             label = f"queues[{index}] ({name})"
-        unknown = sorted(set(entry) - {"name", "concurrency"})
+        unknown = sorted(set(entry) - {"name", "concurrency", *LIMIT_KEYS})
         if unknown:
-            raise ConfigError(source, label, f"unknown key {unknown[0]!r}; allowed keys: name, concurrency")
+            raise ConfigError(source, label, f"unknown key {unknown[0]!r}; allowed keys: name, concurrency, "
+                              "concurrency_limit, rate_limit, key")
         if not isinstance(name, str) or not KEBAB_CASE.match(name):
             raise ConfigError(source, label, f"name {name!r} must be kebab-case (lowercase letters, digits, dashes)")
         concurrency = entry.get("concurrency")
@@ -314,6 +388,40 @@ def load_queues(path: Path) -> dict[str, Queue]:
             raise ConfigError(source, label, f"queue name {name!r} is already used by an earlier entry")
         queues[name] = Queue(name=name, concurrency=concurrency)
     return queues
+
+
+def load_limits(path: Path) -> tuple[Limit, ...]:
+    """The limits of config/queues.yml: those of queue entries, then `kinds:` entries
+    (`- kind: emails.send` with concurrency_limit, rate_limit, key). Whether a kind exists is checked
+    where the jobs are loaded (store/limits.py check_kinds)."""
+    source = str(path)
+    document = _read_yaml(path)
+    limits: list[Limit] = []
+    for index, entry in enumerate(document["queues"]):
+        limit = _limit(source, f"queues[{index}] ({entry['name']})", "queue", entry["name"], entry)
+        if limit is not None:
+            limits.append(limit)
+    kinds = document.get("kinds") or []
+    if not isinstance(kinds, list):
+        raise ConfigError(source, "kinds", "must be a list of {kind, concurrency_limit, rate_limit, key} entries")
+    seen: set[str] = set()
+    for index, entry in enumerate(kinds):
+        label = f"kinds[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("kind"), str) or not entry["kind"]:
+            raise ConfigError(source, label, "must be a mapping with `kind` (a job kind) and a limit")
+        label = f"kinds[{index}] ({entry['kind']})"
+        unknown = sorted(set(entry) - {"kind", *LIMIT_KEYS})
+        if unknown:
+            raise ConfigError(source, label, f"unknown key {unknown[0]!r}; allowed keys: kind, "
+                              "concurrency_limit, rate_limit, key")
+        if entry["kind"] in seen:
+            raise ConfigError(source, label, f"kind {entry['kind']!r} is already limited by an earlier entry")
+        seen.add(entry["kind"])
+        limit = _limit(source, label, "kind", entry["kind"], entry)
+        if limit is None:
+            raise ConfigError(source, label, "needs a concurrency_limit or a rate_limit")
+        limits.append(limit)
+    return tuple(limits)
 
 
 def _read_yaml(path: Path) -> Any:

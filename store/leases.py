@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -65,6 +65,9 @@ class Claim:
     jobs: list[ClaimedJob]  # in claim order
     due_in: dict[str, float]  # queue -> seconds until its next scheduled job, for queues that came back short
     clock: datetime | None = None  # the database's now() for the claim (None: nothing was claimed for)
+    # Queues a cluster-wide limit held back (store/limits.py): seconds until worth claiming again (0: at once,
+    # there may be jobs of other keys or kinds ready).
+    held: dict[str, float] = field(default_factory=dict)
 
 
 async def check_schema(conn: psycopg.AsyncConnection) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from dygo.store import admin, queries, timings
+from dygo.store import admin, limits, queries, timings
 
 
 @dataclass
@@ -22,6 +22,7 @@ class Snapshot:
     workers: list[dict[str, Any]] = field(default_factory=list)  # admin.live_workers rows
     timings: dict[timings.Key, timings.Histogram] = field(default_factory=dict)  # (queue, kind, measure)
     busy: dict[tuple[str, str], int] = field(default_factory=dict)  # (worker id, queue) -> jobs running now
+    limits: list[limits.LimitUse] = field(default_factory=list)  # cluster-wide limits with their use
 
 
 def stat_totals(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -41,4 +42,4 @@ def snapshot(conn: psycopg.Connection, configured: Mapping[str, int], seen_withi
     lag = admin.queue_lag(conn)  # never negative: only jobs with run_at <= now() count
     return Snapshot(queues=queues, lag=dict.fromkeys((q["name"] for q in queues), 0.0) | lag,
                     totals=stat_totals(conn), workers=admin.live_workers(conn, seen_within),
-                    timings=timings.totals(conn), busy=busy_slots(conn))
+                    timings=timings.totals(conn), busy=busy_slots(conn), limits=limits.limits_in_use(conn))

@@ -86,6 +86,24 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 
 # --- Claim, lease, settle ------------------------------------------------------------------------
 
+# What the claim does to the rows it keeps (CTE `{rows}` of ids), shared by CLAIM_JOBS and the claim under
+# cluster-wide limits (store/limits.py CLAIM_PICKED), so both start a job the same way.
+_CLAIMED = """claimed AS (
+    UPDATE dygo_jobs AS j
+    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
+        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
+        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
+        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
+        lease_deadline = now() + make_interval(secs => %(ttl)s)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM {rows}))
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
+              j.lease_token, j.lease_deadline, j.priority, j.run_at
+)"""
+_CLAIM_PICKED = _CLAIMED.format(rows="picked") + """
+SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,
+       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8  -- start latency (store/timings.py)
+FROM claimed ORDER BY priority DESC, run_at, id"""
+
 # One statement claims for every queue a worker serves: each (queue, free slots) pair of the arrays
 # walks the dygo_jobs_ready partial index (queue, priority DESC, run_at, id) in a LATERAL of its own,
 # so each queue gets at most its own free slots in the seed's order, and one round trip serves any
@@ -132,17 +150,7 @@ WITH picked AS (
     ) AS p
 ), kept AS (
     {kept}
-), claimed AS (
-    UPDATE dygo_jobs AS j
-    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
-        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
-        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
-        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
-        lease_deadline = now() + make_interval(secs => %(ttl)s)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
-    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
-              j.lease_token, j.lease_deadline, j.priority, j.run_at
-), next_due AS (
+), {_CLAIMED.format(rows="kept")}, next_due AS (
     -- Only for queues that came back short, and only jobs still to come: the statement's snapshot sees the
     -- jobs it just claimed as pending, and a due job skipped as locked is another worker's. `run_at > now()`
     -- is an index condition, so the entries of claimed jobs are passed over without a visit to their rows

@@ -269,3 +269,33 @@ async def capped(ctx: JobContext, args: Sleep) -> None:
     await asyncio.to_thread(record, ctx, "start")
     await asyncio.sleep(args.seconds)
     await asyncio.to_thread(record, ctx, "end")
+
+
+def _conn() -> psycopg.Connection:
+    conn = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = _local.conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, **connect_kwargs())
+    return conn
+
+
+def _mark(ctx: JobContext, note: str) -> None:
+    # The time is read before connecting: a thread's first connection must not delay its mark.
+    at = time.time()
+    _conn().execute("INSERT INTO test_runs (job_id, attempt, pid, note, at) VALUES (%s, %s, %s, %s, to_timestamp(%s))",
+                    (ctx.id, ctx.attempt, os.getpid(), note, at))
+
+
+@job("test.limited")
+def limited(ctx: JobContext, args: Sleep) -> None:
+    """Under a cluster-wide limit (tests/test_limits.py): a 'start' row when the handler starts and an
+    'end' row as it returns, each timed from inside the handler."""
+    _mark(ctx, "start")
+    time.sleep(args.seconds)
+    _mark(ctx, "end")
+
+
+@job("test.limited_other")
+def limited_other(ctx: JobContext, args: Sleep) -> None:
+    _mark(ctx, "start")
+    time.sleep(args.seconds)
+    _mark(ctx, "end")

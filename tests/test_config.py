@@ -36,7 +36,7 @@ def test_valid_queues_load_in_order(tmp_path):
      "queues[1] (default)", "already used"),
     ("queues:\n  - {name: default, concurrency: 4, rate: 10}\n", "queues[0] (default)", "unknown key 'rate'"),
     ("queues: []\n", "queues", "non-empty list"),
-    ("queue:\n  - {name: default, concurrency: 4}\n", "top level", "exactly one key"),
+    ("queue:\n  - {name: default, concurrency: 4}\n", "top level", "the key `queues`"),
     ("queues:\n  - default\n", "queues[0]", "must be a mapping"),
     ("queues: [\n", "syntax", "not valid YAML"),
 ])
@@ -47,6 +47,57 @@ def test_invalid_queues_name_file_entry_and_rule(tmp_path, text, entry, rule):
     assert caught.value.source == str(path)
     assert caught.value.entry == entry
     assert rule in caught.value.rule
+
+
+Q = "queues:\n  - {name: default, concurrency: 4}\n"
+
+
+@pytest.mark.parametrize(("text", "entry", "rule"), [
+    ("queues:\n  - {name: default, concurrency: 4, rate_limit: 10}\n", "queues[0] (default)",
+     "must be a count per unit"),
+    ("queues:\n  - {name: default, concurrency: 4, rate_limit: 10/d}\n", "queues[0] (default)",
+     "must be a count per unit"),
+    (Q + "kinds:\n  - {kind: a.b, rate_limit: 0/s}\n", "kinds[0] (a.b)", "at least 1 start"),
+    (Q + "kinds:\n  - {kind: a.b, concurrency_limit: 0}\n", "kinds[0] (a.b)",
+     "concurrency_limit must be an integer greater than 0"),
+    (Q + "kinds:\n  - {kind: a.b, concurrency_limit: -3}\n", "kinds[0] (a.b)", "greater than 0"),
+    (Q + "kinds:\n  - {kind: a.b, concurrency_limit: 2, key: args.tenant}\n", "kinds[0] (a.b)",
+     "not a known key path; use meta.<field>"),
+    (Q + "kinds:\n  - {kind: a.b, key: meta.tenant}\n", "kinds[0] (a.b)", "needs a concurrency_limit or a rate_limit"),
+    (Q + "kinds:\n  - {kind: a.b}\n", "kinds[0] (a.b)", "needs a concurrency_limit or a rate_limit"),
+    (Q + "kinds:\n  - {kind: a.b, concurrency_limit: 1, burst: 2}\n", "kinds[0] (a.b)", "unknown key 'burst'"),
+    (Q + "kinds:\n  - {kind: a.b, concurrency_limit: 1}\n  - {kind: a.b, rate_limit: 1/s}\n", "kinds[1] (a.b)",
+     "already limited"),
+])
+def test_invalid_limits_name_file_entry_and_rule(tmp_path, text, entry, rule):
+    write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(tmp_path)
+    assert caught.value.source == str(tmp_path / "queues.yml")
+    assert caught.value.entry == entry
+    assert rule in caught.value.rule
+
+
+def test_limits_load_per_queue_and_per_kind(tmp_path):
+    write(tmp_path, "queues:\n  - {name: default, concurrency: 4, concurrency_limit: 10, rate_limit: 600/m}\n"
+                    "kinds:\n  - {kind: a.b, concurrency_limit: 2, key: meta.tenant}\n")
+    limits = load_settings(tmp_path).limits
+    assert [(lim.scope, lim.name, lim.concurrency_limit, lim.rate, lim.key) for lim in limits] == [
+        ("queue", "default", 10, (600, 60.0), None), ("kind", "a.b", 2, None, "tenant")]
+
+
+def test_a_limit_on_an_unknown_kind_fails_worker_and_serve_start_with_exit_2(tmp_path):
+    write(tmp_path, "queues:\n  - {name: default, concurrency: 4}\n  - {name: other, concurrency: 1}\n"
+                    "kinds:\n  - {kind: test.nope, concurrency_limit: 2}\n")
+    write(tmp_path, "jobs: [tests.jobs]\n", "dygo.yml")
+    for command in (["worker"], ["serve"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "dygo", *command], cwd=REPO, capture_output=True, text=True, timeout=60,
+            env={"PATH": "/usr/bin:/bin", "DYGO_CONFIG_DIR": str(tmp_path), "PYTHONPATH": str(REPO),
+                 "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"},
+        )
+        assert result.returncode == 2, (command, result.stderr)
+        assert f"{tmp_path / 'queues.yml'}: kinds (test.nope): unknown kind 'test.nope'" in result.stderr
 
 
 def test_missing_queues_file_says_how_to_create_it(tmp_path):

@@ -525,3 +525,28 @@ def test_queues_page_has_the_cancelled_column_the_overview_has(module_api: Api, 
     assert "cancelled" in headers
     column = headers.index("cancelled") + 1
     expect(page.locator(f"tr[data-queue=default] td:nth-child({column})")).to_have_text(str(cancelled))
+
+
+def test_queues_page_shows_limits_with_their_use_and_changes_them(serve, conn, page):
+    api = serve()
+    log_in(page, api)
+    page.goto(f"{api.url}/dashboard/queues")
+    expect(page.locator("table.limits")).to_contain_text("No limits")
+    form = page.locator("form.new-limit")
+    form.locator("select[name=scope]").select_option("kind")
+    form.locator("input[name=name]").fill("test.noop")
+    form.locator("input[name=concurrency_limit]").fill("3")
+    form.locator("input[name=rate_limit]").fill("100/m")
+    form.locator("button").click()
+    expect(page.locator(".flash.ok")).to_contain_text("Limits on kind test.noop set")
+    row = page.locator("tr[data-limit='kind:test.noop']")
+    expect(row).to_contain_text("100/m")
+    expect(row.locator(".in-use")).to_have_text("0")
+    row.locator("input[name=concurrency_limit]").fill("0")
+    row.locator("button:has-text('Set')").click()
+    expect(page.locator(".flash.error")).to_contain_text("concurrency_limit must be an integer greater than 0")
+    row.locator("input[name=rate_limit]").fill("")
+    row.locator("input[name=concurrency_limit]").fill("")
+    row.locator("button:has-text('Set')").click()
+    expect(page.locator(".flash.ok")).to_contain_text("Limits on kind test.noop removed")
+    assert conn.execute("SELECT count(*) FROM dygo_limits WHERE concurrency_limit IS NOT NULL").fetchone()[0] == 0

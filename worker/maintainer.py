@@ -15,7 +15,7 @@ import socket
 import time
 
 import psycopg
-from dygo.store import leases, maintenance
+from dygo.store import leases, limits, maintenance
 from dygo.store.config import Settings
 from dygo.worker.database import Database
 
@@ -83,6 +83,8 @@ class Retention:
         self.next_pass = time.monotonic() + self.settings.retention_interval
         retention = maintenance.Retention.from_settings(self.settings)
         trimmed = await maintenance.trim(self.database.connection, retention, self.walk)
+        async with self.database.connection() as conn:
+            await limits.trim_starts(conn)  # the rate limits' start log: rows older than their window
         if trimmed is not None and trimmed.total():
             log.info("retention: trimmed %s", trimmed.summary())
 

@@ -29,7 +29,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 
 import psycopg
-from dygo.store import leases
+from dygo.store import limits
 from dygo.store.leases import Claim, ClaimedJob
 from dygo.worker.capacity import Capacity
 from dygo.worker.database import Database
@@ -88,6 +88,8 @@ class Producer:
         # The seed: a worker recovers expired leases before it claims. Its first claim after start and
         # after an outage follows a recovery pass; afterwards recovery follows claims, off the wake-up path.
         self.recover_first = True
+        # Queues the last claim held back on a cluster-wide limit: seconds until worth claiming again.
+        self.held: dict[str, float] = {}
 
     # --- signals, from the listener, finished jobs and the worker ---------------------------------
 
@@ -158,13 +160,14 @@ class Producer:
                 if time.monotonic() - self.recovery.last >= RECOVER_INTERVAL:
                     await self.recovery.run_once()
                 counts = Counter(job.queue for job in claim.jobs)
-                short = [name for name, n in wanted.items() if counts[name] < n]
+                short = [name for name, n in wanted.items() if counts[name] < n and name not in self.held]
                 for name, n in wanted.items():
                     if counts[name] == n:
                         self.slots[name].armed = True  # there may be more ready right now
                     elif claim.clock is not None and not self.capacity.full_kinds():
                         # Every job due and visible then was taken (none skipped for a kind at its cap).
                         self.slots[name].since = claim.clock - LATE_COMMIT_MARGIN
+                self._hold(self.held)
                 if short and len(self.capacity.full_kinds()) > full_before:
                     # A kind reached its cap in this claim, so rows of it were left behind (or it took the
                     # place of others): claim again, skipping it. Bounded: each pass fills another kind.
@@ -212,6 +215,16 @@ class Producer:
             since[name] = slots.since
         return since
 
+    def _hold(self, held: dict[str, float]) -> None:
+        """Queues a limit held back claim again when it may admit more (their ready jobs are due already,
+        so the next-run timer would spin); a settle's NOTIFY may wake them sooner."""
+        now = time.monotonic()
+        for name, wait in held.items():
+            if wait <= 0:
+                self.slots[name].armed = True
+            else:
+                self.slots[name].due_at = min(self.slots[name].due_at, now + min(wait, self.poll_interval))
+
     def _until_next_timer(self) -> float:
         due = min((s.due_at for s in self.slots.values()), default=math.inf)
         return self.poll_interval if due == math.inf else max(0.0, due - time.monotonic())
@@ -231,10 +244,11 @@ class Producer:
 
     async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int],
                     since: dict[str, datetime | None] | None = None) -> Claim:
-        """Claim up to wanted[queue] jobs per queue in one statement and start them."""
+        """Claim up to wanted[queue] jobs per queue (one statement unless a cluster-wide limit concerns them:
+        store/limits.py) and start them."""
         kind_free = self.capacity.kind_free() if self.capacity.capped else None
-        claim = await leases.claim_with_next_due(conn, wanted, self.worker_id, self.lease_ttl, since=since,
-                                                 kind_free=kind_free)
+        claim = await limits.claim(conn, wanted, self.worker_id, self.lease_ttl, since=since, kind_free=kind_free)
+        self.held = claim.held
         for job in claim.jobs:
             self.slots[job.queue].running += 1
             self.capacity.started(job.kind)

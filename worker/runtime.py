@@ -23,7 +23,7 @@ import logging
 import signal
 from uuid import UUID
 
-from dygo.store import leases
+from dygo.store import leases, limits
 from dygo.store.config import Settings
 from dygo.store.leases import ClaimedJob
 from dygo.store.registry import Registry
@@ -63,6 +63,7 @@ class Worker:
         self.runs = Runs(leased, Executor(settings, jobs, self.progress.report), self.settler, self.progress,
                          self.stats)
         self.heartbeat = Heartbeat(self.database, self.id, options.queues)
+        self.settings = settings
         self.recovery = Recovery(self.database, settings.max_reaps)
         self.producer = Producer(self.database, self.slots, self.runs, self.recovery, self.id, settings.lease_ttl,
                                  settings.claim_batch_size, options.poll_interval, self.capacity)
@@ -91,6 +92,8 @@ class Worker:
         try:
             async with self.database.connection() as conn:
                 await leases.check_schema(conn)
+                # Before the first claim, so it claims under the file's limits (store/limits.py sync).
+                await limits.sync(conn, self.settings.limits)
             if self.options.metrics_port is not None:
                 bound = serve_worker_metrics(self.options.metrics_host, self.options.metrics_port, self.stats,
                                              lambda: {n: (s.running, s.concurrency) for n, s in self.slots.items()},

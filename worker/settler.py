@@ -7,13 +7,14 @@ in one round trip, so at high throughput a batch per round trip, not a round tri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
 from uuid import UUID
 
 import psycopg
-from dygo.store import leases
+from dygo.store import leases, limits
 from dygo.store.leases import ClaimedJob, Outcome, Unsuccessful
 from dygo.worker.database import Database
 from dygo.worker.telemetry import WorkerStats, outcome_name
@@ -63,6 +64,9 @@ class Settler:
             try:
                 async with self.database.connection() as conn:
                     settled = await leases.settle(conn, batch)
+                    # Best effort: a worker held back on a concurrency limit also rechecks on a timer.
+                    with contextlib.suppress(psycopg.Error):
+                        await limits.notify_freed(conn, [o.job for o in batch if o.job.id in settled])
                 del self.outbox[:len(batch)]
                 await self.database.back()
             except (psycopg.Error, OSError) as exc:
