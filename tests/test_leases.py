@@ -8,9 +8,10 @@ import json
 import uuid
 
 import psycopg
+import pytest
 from dygo.store import enqueue, enqueue_many
 from dygo.store.backoff import retry_delay
-from dygo.store.leases import Succeeded, Unsuccessful, claim, recover_expired, renew, settle
+from dygo.store.leases import Succeeded, Unsuccessful, claim, recover_expired, renew, settle, settle_and_claim
 
 
 def run(coro):
@@ -80,6 +81,30 @@ def test_settle_is_fenced_by_the_lease_token(conn, db_url):
     run(go())
     assert conn.execute("SELECT state, result, lease_owner FROM dygo_jobs WHERE id = %s",
                         (job_id,)).fetchone() == ("succeeded", "fresh", None)
+
+
+def test_a_settle_and_the_next_claim_carried_with_it_commit_together_or_not_at_all(conn, db_url):
+    first, second, third = (enqueue(conn, "test.noop", {}).id for _ in range(3))
+    [done] = claim_now(db_url, limit=1)
+
+    async def go(outcome):
+        async with await aconnect(db_url) as c:
+            result = await settle_and_claim(c, [outcome], {"default": 1}, "w1", 30)
+            assert (await (await c.execute("SELECT 1")).fetchone()) == (1,)  # usable after either
+            return result
+
+    # jsonb refuses the result: the settle fails, and the claim sent with it is rolled back too.
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+        run(go(Succeeded(done, "not json")))
+    assert [state(conn, i)[0] for i in (first, second, third)] == ["active", "pending", "pending"]
+    settled, claimed = run(go(Succeeded(done, json.dumps("ok"))))
+    assert settled == {first} and [j.id for j in claimed] == [second]
+    # One transaction: the settle's finished_at and the claim's started_at are the same now().
+    finished, started = conn.execute(
+        "SELECT (SELECT finished_at FROM dygo_jobs WHERE id = %s), (SELECT started_at FROM dygo_jobs WHERE id = %s)",
+        (first, second)).fetchone()
+    assert finished == started
+    assert run(go(Unsuccessful(claimed[0], "dead", error="boom")))[0] == {second}
 
 
 def test_a_settle_stores_each_runs_last_progress_fenced_by_its_lease_token(conn, db_url):
