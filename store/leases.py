@@ -82,40 +82,15 @@ async def claim_queues(conn: psycopg.AsyncConnection, limits: Mapping[str, int],
     """Claim up to limits[queue] ready jobs of each queue in one statement, in claim order. A job enqueued
     without max_attempts gets it here, durably: its kind's in `jobs` (default: the process's registry, the
     one `load_jobs` filled), else the default."""
-    params = _claim_params(limits, owner, ttl, jobs)
-    if params is None:
+    wanted = {queue: n for queue, n in limits.items() if n > 0}
+    if not wanted:
         return []
+    kind_attempts, default = (jobs or registry).max_attempts_at_claim()
+    params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl,
+              "kind_attempts": kind_attempts, "max_attempts": default}
     # Never prepared (queries.py, CLAIM_JOBS: planned on every call against the table as it is now).
     cursor = await conn.execute(queries.CLAIM_JOBS, params, prepare=False)
     return [ClaimedJob(*row) for row in await cursor.fetchall()]
-
-
-def _claim_params(limits: Mapping[str, int], owner: str, ttl: float, jobs: Registry | None) -> dict[str, Any] | None:
-    wanted = {queue: n for queue, n in limits.items() if n > 0}
-    if not wanted:
-        return None
-    kind_attempts, default = (jobs or registry).max_attempts_at_claim()
-    return {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl,
-            "kind_attempts": kind_attempts, "max_attempts": default}
-
-
-async def settle_and_claim(conn: psycopg.AsyncConnection, outcomes: list[Outcome], limits: Mapping[str, int],
-                           owner: str, ttl: float, jobs: Registry | None = None) -> tuple[set[int], list[ClaimedJob]]:
-    """settle(outcomes) and claim_queues(limits) in one round trip and one transaction: the ids settled
-    and the jobs claimed. A worker whose slots free up as its jobs finish sends one message where it
-    sent a settle and a claim, each to a backend of its own (issue 12, item 7).
-
-    One transaction: the statements of a pipeline up to its sync run in one implicit transaction
-    (autocommit connection), so an error in either rolls back both, and nothing of it is claimed or
-    settled. The claim takes its rows with SKIP LOCKED, so it never waits while the settle's locks are
-    held: no lock order is added to the settle's (queries._LOCKED)."""
-    params = _claim_params(limits, owner, ttl, jobs)
-    async with conn.pipeline():
-        settling = await _send_settle(conn, outcomes)
-        claiming = await conn.execute(queries.CLAIM_JOBS, params, prepare=False) if params else None
-    settled = {row[0] for cursor in settling for row in await cursor.fetchall()}
-    claimed = [ClaimedJob(*row) for row in await claiming.fetchall()] if claiming else []
-    return settled, claimed
 
 
 async def seconds_to_next_run(conn: psycopg.AsyncConnection, queues: list[str]) -> dict[str, float]:
@@ -132,46 +107,53 @@ async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: floa
     return {row[0] for row in await (await conn.execute(queries.RENEW_LEASES, params)).fetchall()}
 
 
+# A settle's transaction, sent in its pipeline: one round trip where BEGIN, the statements and COMMIT
+# each took one. Explicit, not the pipeline's implicit transaction: a statement that fails in the client
+# (a value psycopg cannot send) ends the pipeline early, and its sync would commit what went before.
+BEGIN = "BEGIN"
+COMMIT = "COMMIT"
+
+
 async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[int]:
-    """Record outcomes, fenced by lease token; returns the ids that were settled. One round trip: its
-    statements go in one pipeline, whose implicit transaction makes them one (an autocommit connection;
-    in a caller's transaction they are part of it)."""
-    async with conn.pipeline():
-        cursors = await _send_settle(conn, outcomes)
-    return {row[0] for cursor in cursors for row in await cursor.fetchall()}
-
-
-async def _send_settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> list[psycopg.AsyncCursor[Any]]:
-    """Queue the settle's statements on `conn`, in pipeline mode: their rows are read once it has synced."""
+    """Record outcomes, fenced by lease token; returns the ids that were settled. One transaction and
+    one round trip (an autocommit connection): all of the batch is settled, or none of it."""
     successes = [o for o in outcomes if isinstance(o, Succeeded)]
     others = [o for o in outcomes if isinstance(o, Unsuccessful)]
     cursors = []
     # The first statement locks every row of the batch, in id order (queries._LOCKED): the second's rows
     # are then held already, and this transaction never holds one row while waiting for a lower one.
     batch = [o.job.id for o in outcomes]
-    if successes:
-        params = {
-            "lock": batch,
-            "ids": [o.job.id for o in successes],
-            "tokens": [o.job.lease_token for o in successes],
-            "results": [o.result for o in successes],
-            **_progress_params(successes),
-        }
-        cursors.append(await conn.execute(queries.SETTLE_SUCCEEDED, params))
-    if others:
-        params = {
-            "lock": [o.job.id for o in others],  # the whole batch when there were no successes
-            "ids": [o.job.id for o in others],
-            "tokens": [o.job.lease_token for o in others],
-            "states": [o.state for o in others],
-            "delays": [float(o.delay) for o in others],
-            "refunds": [o.refund_attempt for o in others],
-            "errors": [o.error for o in others],
-            "tracebacks": [o.traceback for o in others],
-            **_progress_params(others),
-        }
-        cursors.append(await conn.execute(queries.SETTLE_UNSUCCESSFUL, params))
-    return cursors
+    try:
+        async with conn.pipeline():
+            await conn.execute(BEGIN)
+            if successes:
+                params = {
+                    "lock": batch,
+                    "ids": [o.job.id for o in successes],
+                    "tokens": [o.job.lease_token for o in successes],
+                    "results": [o.result for o in successes],
+                    **_progress_params(successes),
+                }
+                cursors.append(await conn.execute(queries.SETTLE_SUCCEEDED, params))
+            if others:
+                params = {
+                    "lock": [o.job.id for o in others],  # the whole batch when there were no successes
+                    "ids": [o.job.id for o in others],
+                    "tokens": [o.job.lease_token for o in others],
+                    "states": [o.state for o in others],
+                    "delays": [float(o.delay) for o in others],
+                    "refunds": [o.refund_attempt for o in others],
+                    "errors": [o.error for o in others],
+                    "tracebacks": [o.traceback for o in others],
+                    **_progress_params(others),
+                }
+                cursors.append(await conn.execute(queries.SETTLE_UNSUCCESSFUL, params))
+            await conn.execute(COMMIT)
+    except BaseException:
+        if not conn.closed:
+            await conn.rollback()  # the transaction left open or failed by an error: nothing of it stays
+        raise
+    return {row[0] for cursor in cursors for row in await cursor.fetchall()}
 
 
 def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str, list[Any] | None]:

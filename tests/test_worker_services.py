@@ -143,21 +143,6 @@ def test_worker_serving_five_queues_holds_at_most_three_connections(conn, db_url
     assert len(queues) == 5
 
 
-def test_a_finished_jobs_settle_rides_with_the_claim_of_the_next_one(conn, db_url, spawn):
-    # Issue 12, item 7: a freed slot's next claim carries the outcomes waiting to be settled, one round
-    # trip and one transaction for both. Seen from the rows: a job's finished_at is the now() of the
-    # transaction that claimed the next one. Settled on their own, no two transactions share a now().
-    jobs = [job.id for job in enqueue_many(conn, [{"kind": "test.noop"}] * 30)]
-    process = spawn("worker", "--concurrency", "1")
-    process.wait_for_line("started")
-    wait_until(lambda: conn.execute("SELECT count(*) FROM dygo_jobs WHERE state = 'succeeded'").fetchone()[0] == 30,
-               timeout=30, message="30 jobs to succeed")
-    times = dict((row[0], row[1:]) for row in conn.execute("SELECT id, started_at, finished_at FROM dygo_jobs"))
-    order = sorted(jobs, key=lambda i: times[i][0])
-    carried = sum(times[a][1] == times[b][0] for a, b in zip(order, order[1:], strict=False))
-    assert carried >= 20, f"{carried} of 29 settles rode with the next claim"
-
-
 def test_lease_keeper_with_nothing_to_renew_does_not_report_the_database_back(db_url):
     from dygo.worker.database import Database
     from dygo.worker.lease_keeper import LeaseKeeper

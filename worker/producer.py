@@ -6,10 +6,6 @@ is claimed for while it is *armed*: something says it may have ready jobs (a NOT
 timer, a claim that came back full, the start). A claim that comes back short disarms it until a
 NOTIFY or its timer: the next pending job's run_at (a retry this worker scheduled itself, a delayed
 job) or the poll interval, whichever is first.
-
-A claim carries the outcomes waiting in the settler's outbox, settled in the same round trip and
-transaction (store.leases.settle_and_claim): the jobs that just finished freed the slots it claims for,
-so at small concurrency a job costs one round trip, not a claim's and a settle's (worker/settler.py).
 """
 
 from __future__ import annotations
@@ -68,7 +64,6 @@ class Producer:
         # The seed: a worker recovers expired leases before it claims. Its first claim after start and
         # after an outage follows a recovery pass; afterwards recovery follows claims, off the wake-up path.
         self.recover_first = True
-        self.backing_off = False  # after a failed claim: no claim until the backoff is over
 
     # --- signals, from the listener, finished jobs and the worker ---------------------------------
 
@@ -93,10 +88,6 @@ class Producer:
         if slots is not None:
             slots.due_at = min(slots.due_at, time.monotonic() + max(delay, 0.0) + 0.005)
             self.wake.set()  # the idle wait takes the new timer into account
-
-    def claims_next(self) -> bool:
-        """Whether this loop claims as soon as it runs (the settler then leaves its outbox to that claim)."""
-        return not self.stopping.is_set() and not self.backing_off and bool(self._wanted())
 
     def stop(self) -> None:
         self.stopping.set()
@@ -129,7 +120,7 @@ class Producer:
                     self.recover_first = False
                 for name in wanted:  # a NOTIFY during the claim arms it again
                     self.slots[name].armed = False
-                claimed = await self._claim_carrying(self.conn, wanted)
+                claimed = await self.claim(self.conn, wanted)
                 failures = 0
                 await self.database.back()
                 # Recovery comes right after a claim rather than before it, to keep its round trip
@@ -156,9 +147,7 @@ class Producer:
                     continue
                 failures += 1
                 await self.database.lost(f"claim from queue(s) {', '.join(wanted)}", exc)
-                self.backing_off = True
                 await wait_for_event(self.stopping, failure_backoff(failures))
-                self.backing_off = False
 
     def _wanted(self) -> dict[str, int]:
         """How many jobs to claim per queue now: armed queues with enough free slots."""
@@ -188,33 +177,7 @@ class Producer:
     async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int]) -> list[ClaimedJob]:
         """Claim up to wanted[queue] jobs per queue in one statement and start them."""
         claimed = await leases.claim_queues(conn, wanted, self.worker_id, self.lease_ttl)
-        self._start(claimed)
-        return claimed
-
-    def _start(self, claimed: list[ClaimedJob]) -> None:
         for job in claimed:
             self.slots[job.queue].running += 1
             self.runs.start(job, self.finished)
-
-    async def _claim_carrying(self, conn: psycopg.AsyncConnection, wanted: dict[str, int]) -> list[ClaimedJob]:
-        """claim(), settling the settler's outbox in the same round trip and transaction when it has one."""
-        settler = self.runs.settler
-        if settler.flushing.locked() or not settler.to_carry():
-            return await self.claim(conn, wanted)
-        async with settler.flushing:
-            batch = settler.to_carry()
-            try:
-                settled, claimed = await leases.settle_and_claim(conn, batch, wanted, self.worker_id, self.lease_ttl)
-            except (psycopg.Error, OSError) as exc:
-                # Neither happened. The settler settles the batch alone; the claim is tried alone, at once
-                # on a sound connection (a settle that fails must not stop claims), else as any failed claim.
-                settler.not_carried()
-                if isinstance(exc, OSError) or conn.broken or conn.closed:
-                    raise
-                claimed = None
-            else:
-                settler.carried(batch, settled)
-        if claimed is None:
-            return await self.claim(conn, wanted)
-        self._start(claimed)
         return claimed

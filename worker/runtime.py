@@ -57,7 +57,7 @@ class Worker:
         self.slots = {name: QueueSlots(name, n) for name, n in options.queues.items()}
         self.progress = ProgressWriter(self.database.pool, leased, self.database.outage)
         self.settler = Settler(self.database, leased, self.stats, requeued=lambda queue, delay: (
-            self.producer.requeued(queue, delay)), carrier=lambda: self.producer.claims_next())
+            self.producer.requeued(queue, delay)))
         self.runs = Runs(leased, Executor(settings, jobs, self.progress.report), self.settler, self.progress,
                          self.stats)
         self.heartbeat = Heartbeat(self.database, self.id, options.queues)
