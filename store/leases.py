@@ -6,6 +6,7 @@ batch rather than per job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,6 +72,22 @@ async def listen(conn: psycopg.AsyncConnection) -> None:
     await conn.execute(queries.LISTEN_FOR_JOBS)
 
 
+# A claim's and a settle's transactions, each sent in one pipeline: one round trip where BEGIN, the
+# statements and COMMIT each took one. Explicit, not the pipeline's implicit transaction: a statement
+# that fails in the client (a value psycopg cannot send) ends the pipeline early, and its sync would
+# commit what went before.
+BEGIN = "BEGIN"
+COMMIT = "COMMIT"
+CLAIM_COMMITS_ASYNC = "SET LOCAL synchronous_commit TO off"
+
+
+async def _roll_back(conn: psycopg.AsyncConnection) -> None:
+    """After a pipelined transaction failed: roll back what it left open (nothing of it stays)."""
+    if not conn.closed and not conn.broken:
+        with contextlib.suppress(psycopg.Error, OSError):  # the error that got us here is the one to raise
+            await conn.rollback()
+
+
 async def claim(conn: psycopg.AsyncConnection, queue: str, limit: int, owner: str, ttl: float,
                 jobs: Registry | None = None) -> list[ClaimedJob]:
     """Claim up to `limit` ready jobs of one queue (claim_queues for one queue)."""
@@ -89,7 +106,22 @@ async def claim_queues(conn: psycopg.AsyncConnection, limits: Mapping[str, int],
     params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl,
               "kind_attempts": kind_attempts, "max_attempts": default}
     # Never prepared (queries.py, CLAIM_JOBS: planned on every call against the table as it is now).
-    cursor = await conn.execute(queries.CLAIM_JOBS, params, prepare=False)
+    if not conn.autocommit or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        cursor = await conn.execute(queries.CLAIM_JOBS, params, prepare=False)  # part of the caller's transaction
+        return [ClaimedJob(*row) for row in await cursor.fetchall()]
+    # Its own transaction, whose commit does not wait for the WAL flush: a slot's claim no longer waits on
+    # the disk (issue 12, item 7). A claim lost in a server crash leaves its jobs pending, to run again:
+    # at-least-once, as a settle lost in a crash already does (the first run's settle is then fenced off).
+    # A settle's commit still waits: what it records (and notifies waiters of) must survive a crash.
+    try:
+        async with conn.pipeline():
+            await conn.execute(BEGIN)
+            await conn.execute(CLAIM_COMMITS_ASYNC)
+            cursor = await conn.execute(queries.CLAIM_JOBS, params, prepare=False)
+            await conn.execute(COMMIT)
+    except BaseException:
+        await _roll_back(conn)
+        raise
     return [ClaimedJob(*row) for row in await cursor.fetchall()]
 
 
@@ -107,11 +139,6 @@ async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: floa
     return {row[0] for row in await (await conn.execute(queries.RENEW_LEASES, params)).fetchall()}
 
 
-# A settle's transaction, sent in its pipeline: one round trip where BEGIN, the statements and COMMIT
-# each took one. Explicit, not the pipeline's implicit transaction: a statement that fails in the client
-# (a value psycopg cannot send) ends the pipeline early, and its sync would commit what went before.
-BEGIN = "BEGIN"
-COMMIT = "COMMIT"
 
 
 async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[int]:
@@ -150,8 +177,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[
                 cursors.append(await conn.execute(queries.SETTLE_UNSUCCESSFUL, params))
             await conn.execute(COMMIT)
     except BaseException:
-        if not conn.closed:
-            await conn.rollback()  # the transaction left open or failed by an error: nothing of it stays
+        await _roll_back(conn)
         raise
     return {row[0] for cursor in cursors for row in await cursor.fetchall()}
 

@@ -83,6 +83,27 @@ def test_settle_is_fenced_by_the_lease_token(conn, db_url):
                         (job_id,)).fetchone() == ("succeeded", "fresh", None)
 
 
+def test_a_claim_commits_without_waiting_for_the_wal_flush_and_leaves_the_session_as_it_was(conn, db_url):
+    # Issue 12, item 7: a slot's claim does not wait on the disk. Seen from inside the claim's transaction
+    # by a trigger; the session's own setting (a pooled server session's, behind PgBouncer) is untouched.
+    conn.execute("""CREATE TABLE test_commit_modes (claim text);
+        CREATE FUNCTION test_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN INSERT INTO test_commit_modes VALUES (current_setting('synchronous_commit')); RETURN NULL; END $$;
+        CREATE TRIGGER test_commit_mode AFTER UPDATE ON dygo_jobs FOR EACH STATEMENT
+            EXECUTE FUNCTION test_commit_mode()""")
+    job = enqueue(conn, "test.noop", {})
+
+    async def go():
+        async with await aconnect(db_url) as c:
+            claimed = await claim(c, "default", 1, "w1", 30)
+            return claimed, (await (await c.execute("SHOW synchronous_commit")).fetchone())[0]
+
+    claimed, session = run(go())
+    assert [j.id for j in claimed] == [job.id] and state(conn, job.id)[0] == "active"
+    assert [row[0] for row in conn.execute("SELECT claim FROM test_commit_modes")] == ["off"]
+    assert session == "on"
+
+
 def test_a_settle_is_all_or_nothing_even_when_its_second_statement_cannot_be_sent(conn, db_url):
     done, failed = (enqueue(conn, "test.noop", {}).id for _ in range(2))
     jobs = {j.id: j for j in claim_now(db_url)}
