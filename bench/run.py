@@ -355,8 +355,8 @@ def peer_report(passes: dict[str, list[Result]]) -> str:
     return "\n".join(lines)
 
 
-# Issue 12, item 7: dygo's processing rate at the seed's default concurrency 4 before the claim carried
-# the settle (bench/README.md, "Per-job overhead at concurrency 4"), on a quiet machine.
+# Issue 12, item 7: dygo's processing rate at the seed's default concurrency 4 when the issue was filed, on
+# a quiet machine (bench/README.md, "Per-job overhead at concurrency 4").
 C4_BEFORE = 1_500
 
 
