@@ -370,8 +370,8 @@ def small_concurrency_report(results: list[Result]) -> str:
                      f"that figure is from a quiet machine, compare only on one)")
         for peer in ("pgqueuer_default", "pgqueuer_c4"):
             if peer in rate:
-                lines.append(f"  dygo_c4 {c4:,.0f}/s = {c4 / rate[peer]:.2f} x {peer} {rate[peer]:,.0f}/s "
-                             f"(target >= 1 against pgqueuer_default)")
+                target = " (target >= 1)" if peer == "pgqueuer_default" else ""
+                lines.append(f"  dygo_c4 {c4:,.0f}/s = {c4 / rate[peer]:.2f} x {peer} {rate[peer]:,.0f}/s{target}")
     theirs = {name: value for name, value in rate.items() if name.startswith("pgqueuer")}
     ours = {name: value for name, value in rate.items() if name.startswith("dygo")}
     if theirs and ours:
