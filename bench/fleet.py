@@ -14,7 +14,9 @@ backends seen waiting on a lock at once, and the share of samples with any), and
 job: a claim increments `attempt`, so any job with attempt > 1 ran twice (a duplicate).
 
 Targets (issue "Fleet scale"): 64 workers >= 90% of the best fleet size's jobs/s, <= 3 connections
-per worker, zero duplicates. `--url` measures another server instead (e.g. through PgBouncer).
+per worker, zero duplicates. `--url` measures another server instead. `--pgbouncer` runs the fleet
+through a PgBouncer of its own (Debian's 1.18, transaction pooling, 20 server connections for the
+database: tests/pgbouncer.py) in front of the private server, LISTEN and migrations on the direct URL.
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, WorkerProcess, log, wait_until  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from tests.pgbouncer import PgBouncer, missing_reason  # noqa: E402
 
 DATA_DIR = ROOT / ".dygo" / "bench-fleet"
 DATABASE = "bench_fleet"
@@ -52,6 +58,7 @@ class Phase:
     lock_wait_share: float  # of samples with at least one worker backend waiting on a lock
     duplicates: int  # jobs claimed more than once
     max_attempt: int
+    waits: Counter[str] = field(default_factory=Counter)  # worker backends seen waiting, by wait event
 
     @property
     def rate(self) -> float:
@@ -61,12 +68,31 @@ class Phase:
 def main() -> int:
     args = parse_arguments()
     server = args.url or private_server()
+    bouncer = None
+    if args.pgbouncer:
+        reason = missing_reason()
+        if reason:
+            log(f"--pgbouncer: {reason}")
+            return 2
+        bouncer = PgBouncer(server, DATA_DIR.with_name("bench-fleet-pgbouncer"))
+        bouncer.start()
+        server, args.direct_url = bouncer.url(server), server
+    try:
+        return run(server, args)
+    finally:
+        if bouncer is not None:
+            bouncer.stop()
+
+
+def run(server: str, args: argparse.Namespace) -> int:
     url = fresh_database(server, args.direct_url)
-    log(f"database {DATABASE}; fleets {args.workers}; concurrency {args.concurrency} each")
+    through = f" through PgBouncer ({server})" if args.pgbouncer else ""
+    log(f"database {DATABASE}{through}; fleets {args.workers}; concurrency {args.concurrency} each")
     with tempfile.TemporaryDirectory(prefix="dygo-fleet-") as config:
         write_config(Path(config), args.concurrency)
-        env = {"DATABASE_URL": url, "DYGO_CONFIG_DIR": config, "DYGO_LOG_LEVEL": "WARNING",
-               "PYTHONPATH": str(Path(__file__).resolve().parent)}
+        # The bench's folder (bench_jobs) ahead of any PYTHONPATH given (e.g. another dygo tree to compare).
+        path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")]))
+        env = {"DATABASE_URL": url, "DYGO_CONFIG_DIR": config, "DYGO_LOG_LEVEL": "WARNING", "PYTHONPATH": path}
         if args.direct_url:
             env["DATABASE_DIRECT_URL"] = with_database(args.direct_url)
         migrate(env)
@@ -74,7 +100,7 @@ def main() -> int:
         for count in args.workers:
             phases += run_fleet(url, env, count, args)
     print(table(phases))
-    print(verdict(phases))
+    print(verdict(phases, pooled=args.pgbouncer))
     return 0
 
 
@@ -88,6 +114,8 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--url", help="a server URL to use instead of the private embedded one (its database "
                                       f"{DATABASE} is dropped and created), e.g. a PgBouncer in front of it")
     parser.add_argument("--direct-url", help="with --url through a pooler: the server itself (DATABASE_DIRECT_URL)")
+    parser.add_argument("--pgbouncer", action="store_true",
+                        help="through a PgBouncer of its own in front of the server (transaction pooling)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per phase")
     return parser.parse_args()
 
@@ -196,8 +224,9 @@ def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_
             "SELECT extract(epoch FROM max(finished_at) - min(started_at)), count(*) FILTER (WHERE attempt > 1),"
             " max(attempt) FROM dygo_jobs").fetchone()
     phase = Phase(len(workers), name, jobs, float(seconds), sampler.peak_connections, sampler.peak_lock_waits,
-                  sampler.lock_wait_share, duplicates, max_attempt)
+                  sampler.lock_wait_share, duplicates, max_attempt, sampler.waits)
     log(line(phase))
+    log(f"  worker backends waiting, by event (backend-samples of {sampler.samples}): {waits(phase)}")
     return phase
 
 
@@ -207,15 +236,24 @@ class Sampler:
     def __init__(self, url: str) -> None:
         self.conn = psycopg.connect(url, autocommit=True, prepare_threshold=None)
         self.peak_connections = self.peak_lock_waits = self.samples = self.samples_waiting = 0
+        self.waits: Counter[str] = Counter()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while not self.stopping.wait(SAMPLE_INTERVAL):
-            connections, waiting = self.conn.execute(
-                "SELECT count(*), count(*) FILTER (WHERE wait_event_type = 'Lock') FROM pg_stat_activity"
-                " WHERE application_name LIKE %s", (WORKERS_LIKE,)).fetchone()
+            # What each worker backend waits on (Lock: the lock's type, from pg_locks), but not the idle
+            # wait for the client's next statement (ClientRead) nor a LISTEN session's.
+            events = self.conn.execute(
+                "SELECT a.wait_event_type, a.wait_event, a.state, l.locktype, l.mode FROM pg_stat_activity a"
+                " LEFT JOIN LATERAL (SELECT locktype, mode FROM pg_locks WHERE pid = a.pid AND NOT granted"
+                " LIMIT 1) l ON true WHERE a.application_name LIKE %s", (WORKERS_LIKE,)).fetchall()
+            connections = len(events)
+            waiting = sum(event_type == "Lock" for event_type, *_ in events)
+            for event_type, event, state, locktype, mode in events:
+                if event_type and event != "ClientRead" and state != "idle":
+                    self.waits[f"{event_type}:{event}" + (f" ({locktype} {mode})" if locktype else "")] += 1
             self.peak_connections = max(self.peak_connections, connections)
             self.peak_lock_waits = max(self.peak_lock_waits, waiting)
             self.samples += 1
@@ -242,6 +280,10 @@ def cells(p: Phase) -> tuple[str, ...]:
             f"{p.duplicates}")
 
 
+def waits(p: Phase, top: int = 6) -> str:
+    return ", ".join(f"{event} {count}" for event, count in p.waits.most_common(top)) or "none"
+
+
 def line(p: Phase) -> str:
     return "  ".join(f"{name} {value}" for name, value in zip(HEADER, cells(p), strict=True))
 
@@ -253,7 +295,7 @@ def table(phases: list[Phase]) -> str:
     return "\n".join(rendered)
 
 
-def verdict(phases: list[Phase]) -> str:
+def verdict(phases: list[Phase], pooled: bool = False) -> str:
     said = []
     for name in dict.fromkeys(p.name for p in phases):
         runs = [p for p in phases if p.name == name]
@@ -262,8 +304,14 @@ def verdict(phases: list[Phase]) -> str:
         said.append(f"{name}: {largest.workers} workers at {share:.0%} of the best ({best.workers} workers, "
                     f"{best.rate:,.0f}/s): {'ok' if share >= 0.9 else 'COLLAPSE'} (target >= 90%)")
     worst = max(phases, key=lambda p: p.peak_connections / p.workers)
-    said.append(f"connections per worker at most {worst.peak_connections / worst.workers:.2f} "
-                f"({'ok' if worst.peak_connections <= 3 * worst.workers else 'OVER'}; target <= 3)")
+    if pooled:
+        # Server backends: one LISTEN per worker (direct) and PgBouncer's pool, whose connections keep the
+        # application_name of the last client that used them; each worker holds 2 PgBouncer clients.
+        said.append(f"server connections at most {worst.peak_connections} for {worst.workers} workers "
+                    f"(through PgBouncer: one direct LISTEN each, the rest shared in its pool)")
+    else:
+        said.append(f"connections per worker at most {worst.peak_connections / worst.workers:.2f} "
+                    f"({'ok' if worst.peak_connections <= 3 * worst.workers else 'OVER'}; target <= 3)")
     duplicates = sum(p.duplicates for p in phases)
     said.append(f"duplicates {duplicates} ({'ok' if duplicates == 0 else 'FAIL'}; target 0)")
     return "\n".join(said)

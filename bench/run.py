@@ -4,12 +4,16 @@
     .venv/bin/python bench/run.py --quick         # smaller counts, for a smoke run (under a minute)
     .venv/bin/python bench/run.py --profile       # also py-spy the dygo worker during one extra round
     .venv/bin/python bench/run.py --systems dygo --markdown --json bench/results.json
+    .venv/bin/python bench/run.py --systems dygo_c4,pgqueuer_default,pgqueuer_c4 --repeat 3   # issue 12, item 7
 
 Each system gets a fresh database on the same server (bench_dygo, bench_pgqueuer,
 bench_procrastinate) and runs in its own interpreter, printing one JSON line that this script
 collects: dygo with .venv (`bench/dygo_bench.py`), the peers with `.venv-bench`
-(`bench/peer_pgqueuer.py`, `bench/peer_procrastinate.py`). Peers are skipped, with a note, when
-`.venv-bench` or their package is missing. Set it up once with:
+(`bench/peer_pgqueuer.py`, `bench/peer_procrastinate.py`). A line is a system at one setting:
+`dygo` and `pgqueuer` at their fastest (concurrency 200), `dygo_c4` at the seed's default
+concurrency 4, `pgqueuer_default` with pgqueuer's own defaults (batch 10, no concurrency cap) and
+`pgqueuer_c4` capped at 4 concurrent tasks (batch 2: its cap must be at least twice the batch).
+Peers are skipped, with a note, when `.venv-bench` or their package is missing. Set it up once with:
 
     python3 -m venv .venv-bench
     .venv-bench/bin/pip install pgqueuer procrastinate 'psycopg[binary,pool]' asyncpg py-spy
@@ -56,10 +60,15 @@ TARGETS = {"enqueue_one": 2_500, "enqueue_batched": 60_000, "processed": 6_000, 
 
 @dataclass(frozen=True)
 class System:
-    name: str
+    name: str  # the line's name: a system at one setting
     script: str
     python: Path
     needs: tuple[str, ...]  # modules that must import in `python`
+    settings: tuple[str, ...] = ()  # the script's options for this line
+
+    @property
+    def ours(self) -> bool:
+        return self.name.startswith("dygo")
 
 
 def main() -> int:
@@ -84,12 +93,12 @@ def main() -> int:
             url = fresh_database(server_url, f"bench_{system.name}")
             checkpoint(server_url)  # every system starts from the same WAL state
             profile = args.profile and number == 1
-            result = run_system(system, replace(base, url=url), system_arguments(system, profile))
+            result = run_system(system, replace(base, url=url), [*system.settings, *system_arguments(system, profile)])
             if result is None:
                 failed = True
                 notes.append(f"{system.name} failed in pass {number}; see its output above")
             else:
-                passes[system.name].append(result)
+                passes[system.name].append(replace(result, system=system.name))
             loads.append(background_load())  # idle again: anything busy now is not ours
     results = [combine(runs) for runs in passes.values() if runs]
 
@@ -110,8 +119,10 @@ def main() -> int:
         print(target_report(dygo))
         if len(results) > 1:
             print(peer_report(passes))
-        if dygo.profile:
-            print(profile_report(dygo.profile))
+    print(small_concurrency_report(results))
+    for result in results:
+        if result.profile:
+            print(f"\n{result.system}:", profile_report(result.profile))
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
         log(f"wrote {args.json}")
@@ -120,8 +131,8 @@ def main() -> int:
 
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", type=lambda text: text.split(","), default=["dygo", "pgqueuer", "procrastinate"],
-                        help="comma-separated subset of dygo,pgqueuer,procrastinate")
+    parser.add_argument("--systems", type=lambda text: text.split(","), default=[s.name for s in all_systems()],
+                        help=f"comma-separated subset of {','.join(s.name for s in all_systems())}")
     parser.add_argument("--quick", action="store_true", help="smaller counts: a smoke run")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run every system N times, taking turns; report the median of the passes")
@@ -136,11 +147,16 @@ def parse_arguments() -> argparse.Namespace:
 
 def all_systems() -> list[System]:
     peer_python = PEER_VENV / "bin" / "python"
+    dygo = partial(System, script="dygo_bench.py", python=Path(sys.executable), needs=("dygo.store",))
+    pgqueuer = partial(System, script="peer_pgqueuer.py", python=peer_python, needs=("pgqueuer", "asyncpg", "uvloop"))
     return [
-        System("dygo", "dygo_bench.py", Path(sys.executable), ("dygo.store",)),
+        dygo("dygo"),
         # dygo with a cluster-wide limit it never reaches (issue 13: at least 85% of dygo's rate).
-        System("dygo-limited", "dygo_bench.py", Path(sys.executable), ("dygo.store",)),
-        System("pgqueuer", "peer_pgqueuer.py", peer_python, ("pgqueuer", "asyncpg", "uvloop")),
+        dygo("dygo-limited", settings=("--generous-limit",)),
+        dygo("dygo_c4", settings=("--concurrency", "4")),
+        pgqueuer("pgqueuer"),
+        pgqueuer("pgqueuer_default", settings=("--worker-batch-size", "10", "--max-concurrent-tasks", "0")),
+        pgqueuer("pgqueuer_c4", settings=("--worker-batch-size", "2", "--max-concurrent-tasks", "4")),
         System("procrastinate", "peer_procrastinate.py", peer_python, ("procrastinate", "psycopg")),
     ]
 
@@ -161,9 +177,7 @@ def available_systems(names: list[str]) -> tuple[list[System], list[str]]:
 
 
 def system_arguments(system: System, profile: bool) -> list[str]:
-    if system.name == "dygo-limited":
-        return ["--generous-limit"]
-    if system.name == "dygo" and profile:
+    if system.ours and profile:
         py_spy = PEER_VENV / "bin" / "py-spy"
         binary = str(py_spy) if py_spy.exists() else shutil.which("py-spy")
         if binary:
@@ -320,7 +334,7 @@ def peer_report(passes: dict[str, list[Result]]) -> str:
     """dygo against the best peer on every line: the margin, how many passes dygo won, and for latency a
     bootstrap 95% interval of the difference, so a gap smaller than the run's own noise reads as level."""
     ours = passes.get("dygo", [])
-    peers = {name: runs for name, runs in passes.items() if name != "dygo" and runs}
+    peers = {name: runs for name, runs in passes.items() if name in ("pgqueuer", "procrastinate") and runs}
     if not ours or not peers:
         return ""
     mine = combine(ours)
@@ -341,6 +355,32 @@ def peer_report(passes: dict[str, list[Result]]) -> str:
             line += " (level: the interval holds 0)" if low <= 0 <= high else ""
         lines.append(line)
     return "\n".join(lines)
+
+
+# Issue 12, item 7: dygo's processing rate at the seed's default concurrency 4 when the issue was filed, on
+# a quiet machine (bench/README.md, "Per-job overhead at concurrency 4").
+C4_BEFORE = 1_500
+
+
+def small_concurrency_report(results: list[Result]) -> str:
+    """Issue 12, item 7: dygo at concurrency 4 against its old figure and pgqueuer's defaults, and each at its best."""
+    rate = {r.system: r.processed for r in results}
+    lines = []
+    if "dygo_c4" in rate:
+        c4 = rate["dygo_c4"]
+        lines.append(f"  dygo_c4 {c4:,.0f}/s = {c4 / C4_BEFORE:.2f} x the {C4_BEFORE:,}/s before (target >= 2; "
+                     f"that figure is from a quiet machine, compare only on one)")
+        for peer in ("pgqueuer_default", "pgqueuer_c4"):
+            if peer in rate:
+                target = " (target >= 1)" if peer == "pgqueuer_default" else ""
+                lines.append(f"  dygo_c4 {c4:,.0f}/s = {c4 / rate[peer]:.2f} x {peer} {rate[peer]:,.0f}/s{target}")
+    theirs = {name: value for name, value in rate.items() if name.startswith("pgqueuer")}
+    ours = {name: value for name, value in rate.items() if name.startswith("dygo")}
+    if theirs and ours:
+        best, peer = max(ours, key=ours.__getitem__), max(theirs, key=theirs.__getitem__)
+        lines.append(f"  best: {best} {ours[best]:,.0f}/s = {ours[best] / theirs[peer]:.2f} x {peer} "
+                     f"{theirs[peer]:,.0f}/s (target >= 2)")
+    return "\n".join(["", "processing at small concurrency and at best (issue 12, item 7):", *lines]) if lines else ""
 
 
 def better_on(attribute: str, a: Result, b: Result) -> bool:

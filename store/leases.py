@@ -6,6 +6,7 @@ batch rather than per job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -81,6 +82,22 @@ async def listen(conn: psycopg.AsyncConnection) -> None:
     await conn.execute(queries.LISTEN_FOR_JOBS)
 
 
+# A claim's and a settle's transactions, each sent in one pipeline: one round trip where BEGIN, the
+# statements and COMMIT each took one. Explicit, not the pipeline's implicit transaction: a statement
+# that fails in the client (a value psycopg cannot send) ends the pipeline early, and its sync would
+# commit what went before.
+BEGIN = "BEGIN"
+COMMIT = "COMMIT"
+CLAIM_COMMITS_ASYNC = "SET LOCAL synchronous_commit TO off"
+
+
+async def _roll_back(conn: psycopg.AsyncConnection) -> None:
+    """After a pipelined transaction failed: roll back what it left open (nothing of it stays)."""
+    if not conn.closed and not conn.broken:
+        with contextlib.suppress(psycopg.Error, OSError):  # the error that got us here is the one to raise
+            await conn.rollback()
+
+
 async def claim(conn: psycopg.AsyncConnection, queue: str, limit: int, owner: str, ttl: float,
                 jobs: Registry | None = None) -> list[ClaimedJob]:
     """Claim up to `limit` ready jobs of one queue (claim_queues for one queue)."""
@@ -116,20 +133,29 @@ async def claim_with_next_due(conn: psycopg.AsyncConnection, limits: Mapping[str
               "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
               "cap_kinds": list(trimmed), "cap_free": list(trimmed.values())}
     statement = queries.CLAIM_JOBS_CAPPED if trimmed else queries.CLAIM_JOBS
-    rows = await (await _on_indexes(conn, statement, params)).fetchall()
+    # In a transaction of its own (an idle autocommit connection: the worker's), the claim's commit does not
+    # wait for the WAL flush: a slot's claim no longer waits on the disk (issue 12, item 7). A claim lost in a
+    # server crash leaves its jobs pending, to run again: at-least-once, as a settle lost in a crash already
+    # does (the first run's settle is then fenced off). A settle's commit still waits: what it records (and
+    # notifies waiters of) must survive a crash. Inside a caller's transaction, its settings are left alone.
+    own = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    rows = await (await _on_indexes(conn, statement, params, commit_async=own)).fetchall()
     return Claim([ClaimedJob(*row[:11]) for row in rows if row[0] is not None],
                  {row[2]: row[11] for row in rows if row[0] is None and row[11] is not None},
                  rows[0][12] if rows else None)
 
 
-async def _on_indexes(conn: psycopg.AsyncConnection, query: str, params: Mapping[str, Any]) -> psycopg.AsyncCursor:
-    """Run `query` after queries.INDEX_SCANS_ONLY, in one string and one round trip: the parameters are bound
-    client-side (a string of two statements cannot take server-side parameters), which also means the
-    statement is never prepared (queries.py, CLAIM_JOBS: planned on every call against the table as it
-    is). Returns the cursor on the query's result."""
+async def _on_indexes(conn: psycopg.AsyncConnection, query: str, params: Mapping[str, Any],
+                      commit_async: bool = False) -> psycopg.AsyncCursor:
+    """Run `query` after queries.INDEX_SCANS_ONLY (and CLAIM_COMMITS_ASYNC with `commit_async`), in one string
+    and one round trip: the parameters are bound client-side (a string of several statements cannot take
+    server-side parameters), which also means the statement is never prepared (queries.py, CLAIM_JOBS:
+    planned on every call against the table as it is). Returns the cursor on the query's result."""
+    settings = [queries.INDEX_SCANS_ONLY, *([CLAIM_COMMITS_ASYNC] if commit_async else [])]
     cursor = psycopg.AsyncClientCursor(conn)
-    await cursor.execute(f"{queries.INDEX_SCANS_ONLY};\n{query}", params, prepare=False)
-    cursor.nextset()
+    await cursor.execute(";\n".join([*settings, query]), params, prepare=False)
+    for _ in settings:
+        cursor.nextset()
     return cursor
 
 
@@ -141,43 +167,50 @@ async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: floa
     return {row[0] for row in await (await _on_indexes(conn, queries.RENEW_LEASES, params)).fetchall()}
 
 
+
+
 async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[int]:
-    """Record outcomes, fenced by lease token; returns the ids that were settled."""
+    """Record outcomes, fenced by lease token; returns the ids that were settled. One transaction and
+    one round trip (an autocommit connection): all of the batch is settled, or none of it."""
     successes = [o for o in outcomes if isinstance(o, Succeeded)]
     others = [o for o in outcomes if isinstance(o, Unsuccessful)]
-    settled: set[int] = set()
+    cursors = []
     # The first statement locks every row of the batch, in id order (queries._LOCKED): the second's rows
     # are then held already, and this transaction never holds one row while waiting for a lower one.
     batch = [o.job.id for o in outcomes]
-    async with conn.transaction():
-        # Its own statement (a round trip inside the transaction), not _on_indexes: a settle's arrays grow
-        # with the batch, and binding them client-side cost the worker ~20% more CPU per job (bench/run.py).
-        await conn.execute(queries.INDEX_SCANS_ONLY)
-        if successes:
-            params = {
-                "lock": batch,
-                "ids": [o.job.id for o in successes],
-                "tokens": [o.job.lease_token for o in successes],
-                "results": [o.result for o in successes],
-                **_progress_params(successes),
-            }
-            cursor = await conn.execute(queries.SETTLE_SUCCEEDED, params)
-            settled.update(row[0] for row in await cursor.fetchall())
-        if others:
-            params = {
-                "lock": [o.job.id for o in others],  # the whole batch when there were no successes
-                "ids": [o.job.id for o in others],
-                "tokens": [o.job.lease_token for o in others],
-                "states": [o.state for o in others],
-                "delays": [float(o.delay) for o in others],
-                "refunds": [o.refund_attempt for o in others],
-                "errors": [o.error for o in others],
-                "tracebacks": [o.traceback for o in others],
-                **_progress_params(others),
-            }
-            cursor = await conn.execute(queries.SETTLE_UNSUCCESSFUL, params)
-            settled.update(row[0] for row in await cursor.fetchall())
-    return settled
+    try:
+        async with conn.pipeline():
+            await conn.execute(BEGIN)
+            # Its own statement, not _on_indexes: a settle's arrays grow with the batch, and binding them
+            # client-side cost the worker ~20% more CPU per job (bench/run.py).
+            await conn.execute(queries.INDEX_SCANS_ONLY)
+            if successes:
+                params = {
+                    "lock": batch,
+                    "ids": [o.job.id for o in successes],
+                    "tokens": [o.job.lease_token for o in successes],
+                    "results": [o.result for o in successes],
+                    **_progress_params(successes),
+                }
+                cursors.append(await conn.execute(queries.SETTLE_SUCCEEDED, params))
+            if others:
+                params = {
+                    "lock": [o.job.id for o in others],  # the whole batch when there were no successes
+                    "ids": [o.job.id for o in others],
+                    "tokens": [o.job.lease_token for o in others],
+                    "states": [o.state for o in others],
+                    "delays": [float(o.delay) for o in others],
+                    "refunds": [o.refund_attempt for o in others],
+                    "errors": [o.error for o in others],
+                    "tracebacks": [o.traceback for o in others],
+                    **_progress_params(others),
+                }
+                cursors.append(await conn.execute(queries.SETTLE_UNSUCCESSFUL, params))
+            await conn.execute(COMMIT)
+    except BaseException:
+        await _roll_back(conn)
+        raise
+    return {row[0] for cursor in cursors for row in await cursor.fetchall()}
 
 
 def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str, list[Any] | None]:

@@ -8,6 +8,7 @@ import json
 import uuid
 
 import psycopg
+import pytest
 from dygo.store import enqueue, enqueue_many
 from dygo.store.backoff import retry_delay
 from dygo.store.leases import Succeeded, Unsuccessful, claim, recover_expired, renew, settle
@@ -80,6 +81,47 @@ def test_settle_is_fenced_by_the_lease_token(conn, db_url):
     run(go())
     assert conn.execute("SELECT state, result, lease_owner FROM dygo_jobs WHERE id = %s",
                         (job_id,)).fetchone() == ("succeeded", "fresh", None)
+
+
+def test_a_claim_commits_without_waiting_for_the_wal_flush_and_leaves_the_session_as_it_was(conn, db_url):
+    # Issue 12, item 7: a slot's claim does not wait on the disk. Seen from inside the claim's transaction
+    # by a trigger; the session's own setting (a pooled server session's, behind PgBouncer) is untouched.
+    conn.execute("""CREATE TABLE test_commit_modes (claim text);
+        CREATE FUNCTION test_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN INSERT INTO test_commit_modes VALUES (current_setting('synchronous_commit')); RETURN NULL; END $$;
+        CREATE TRIGGER test_commit_mode AFTER UPDATE ON dygo_jobs FOR EACH STATEMENT
+            EXECUTE FUNCTION test_commit_mode()""")
+    job = enqueue(conn, "test.noop", {})
+
+    async def go():
+        async with await aconnect(db_url) as c:
+            claimed = await claim(c, "default", 1, "w1", 30)
+            return claimed, (await (await c.execute("SHOW synchronous_commit")).fetchone())[0]
+
+    claimed, session = run(go())
+    assert [j.id for j in claimed] == [job.id] and state(conn, job.id)[0] == "active"
+    assert [row[0] for row in conn.execute("SELECT claim FROM test_commit_modes")] == ["off"]
+    assert session == "on"
+
+
+def test_a_settle_is_all_or_nothing_even_when_its_second_statement_cannot_be_sent(conn, db_url):
+    done, failed = (enqueue(conn, "test.noop", {}).id for _ in range(2))
+    jobs = {j.id: j for j in claim_now(db_url)}
+    # psycopg refuses a NUL in text before sending it: the successes' statement was already on its way.
+    unsendable = Unsuccessful(jobs[failed], "pending", delay=1, error="bad\x00byte")
+
+    async def go(outcomes):
+        async with await aconnect(db_url) as c:
+            try:
+                return await settle(c, outcomes)
+            finally:
+                assert (await (await c.execute("SELECT 1")).fetchone()) == (1,)  # usable after it
+
+    with pytest.raises(psycopg.DataError):
+        run(go([Succeeded(jobs[done], None), unsendable]))
+    assert [state(conn, i)[0] for i in (done, failed)] == ["active", "active"]
+    assert run(go([Succeeded(jobs[done], None), Unsuccessful(jobs[failed], "dead", error="boom")])) == {done, failed}
+    assert [state(conn, i)[0] for i in (done, failed)] == ["succeeded", "dead"]
 
 
 def test_a_settle_stores_each_runs_last_progress_fenced_by_its_lease_token(conn, db_url):
