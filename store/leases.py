@@ -169,9 +169,10 @@ async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: floa
 
 
 
-async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[int]:
+async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify: list[str] | None = None) -> set[int]:
     """Record outcomes, fenced by lease token; returns the ids that were settled. One transaction and
-    one round trip (an autocommit connection): all of the batch is settled, or none of it."""
+    one round trip (an autocommit connection): all of the batch is settled, or none of it. `notify`: queues
+    whose workers to wake at its commit (limits.freed_queues)."""
     successes = [o for o in outcomes if isinstance(o, Succeeded)]
     others = [o for o in outcomes if isinstance(o, Unsuccessful)]
     cursors = []
@@ -206,6 +207,8 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome]) -> set[
                     **_progress_params(others),
                 }
                 cursors.append(await conn.execute(queries.SETTLE_UNSUCCESSFUL, params))
+            if notify:
+                await conn.execute(queries.NOTIFY_QUEUES, {"queues": notify})
             await conn.execute(COMMIT)
     except BaseException:
         await _roll_back(conn)

@@ -38,7 +38,7 @@ from dygo.store.registry import Registry, registry
 # within this (plus the claim that follows it).
 CACHE_TTL = 0.25
 # A queue held back by a full concurrency limit claims again after this at the latest; a settle of a
-# limited job NOTIFYs its queue (notify_freed), so normally sooner.
+# limited job NOTIFYs its queue (freed_queues, at the settle's commit), so normally sooner.
 CONCURRENCY_RECHECK = 0.5
 
 LIMITS = """
@@ -102,8 +102,6 @@ INSERT INTO dygo_limit_starts (scope, name, key, at, n)
 SELECT scope, name, key, clock_timestamp(), n
 FROM unnest(%(scopes)s::text[], %(names)s::text[], %(keys)s::text[], %(counts)s::integer[]) AS s(scope, name, key, n)"""
 
-# Wakes the workers of queues whose limited jobs settled (the listener's channel, as the trigger sends).
-NOTIFY_QUEUES = "SELECT pg_notify('dygo_jobs', q) FROM unnest(%(queues)s::text[]) AS q"
 
 TRIM_STARTS = """
 DELETE FROM dygo_limit_starts s
@@ -282,15 +280,11 @@ async def _due(cursor: psycopg.AsyncCursor) -> dict[str, float]:
     return {queue: due_in for queue, due_in in await cursor.fetchall()}
 
 
-async def notify_freed(conn: psycopg.AsyncConnection, settled: Iterable[ClaimedJob]) -> None:
-    """After a settle: wake the workers of each queue whose settled jobs a concurrency limit counted, so
-    those holding jobs back on it claim again now rather than at their recheck timer."""
+async def freed_queues(conn: psycopg.AsyncConnection, jobs: Iterable[ClaimedJob]) -> list[str]:
+    """The queues to wake when `jobs` settle (leases.settle's `notify`): those whose jobs a concurrency limit
+    counts, so the workers holding jobs back on it claim again at once rather than at their recheck timer."""
     rows = [r for r in await current(conn) if r.concurrency_limit is not None]
-    if not rows:
-        return
-    queues = sorted({job.queue for job in settled if any(r.applies(job.queue, job.kind) for r in rows)})
-    if queues:
-        await conn.execute(NOTIFY_QUEUES, {"queues": queues})
+    return sorted({job.queue for job in jobs if any(r.applies(job.queue, job.kind) for r in rows)}) if rows else []
 
 
 async def trim_starts(conn: psycopg.AsyncConnection) -> None:
@@ -453,4 +447,4 @@ def set_limit(conn: psycopg.Connection, scope: str, name: str, concurrency_limit
               "count": count, "window": window}
     with conn.transaction():
         conn.execute(SET_LIMIT, params)
-        conn.execute(NOTIFY_QUEUES, {"queues": list(queues)})
+        conn.execute(queries.NOTIFY_QUEUES, {"queues": list(queues)})

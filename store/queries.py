@@ -187,6 +187,10 @@ CLAIM_JOBS_CAPPED = _claim("""SELECT r.id FROM (
 # LOCAL: it ends with the statement's transaction, so a pooled server connection is left as it was.
 INDEX_SCANS_ONLY = "SET LOCAL enable_seqscan = off"
 
+# Wakes the workers of queues whose limited jobs a settle freed (the listener's channel, as the trigger
+# sends); part of the settle's transaction, so delivered at its commit (store/limits.py freed_queues).
+NOTIFY_QUEUES = "SELECT pg_notify('dygo_jobs', q) FROM unnest(%(queues)s::text[]) AS q"
+
 # Every worker statement that locks several job rows (renew, settle, progress) locks them first, in id
 # order, in this CTE: in the order of their arrays, a settle holding S and wanting U and a renewal holding
 # U and wanting S deadlocked. A settle's first statement locks its whole batch (the ids in %(lock)s), since

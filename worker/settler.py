@@ -7,7 +7,6 @@ in one round trip, so at high throughput a batch per round trip, not a round tri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -63,10 +62,7 @@ class Settler:
             batch = self.outbox[:SETTLE_BATCH]
             try:
                 async with self.database.connection() as conn:
-                    settled = await leases.settle(conn, batch)
-                    # Best effort: a worker held back on a concurrency limit also rechecks on a timer.
-                    with contextlib.suppress(psycopg.Error):
-                        await limits.notify_freed(conn, [o.job for o in batch if o.job.id in settled])
+                    settled = await leases.settle(conn, batch, await limits.freed_queues(conn, [o.job for o in batch]))
                 del self.outbox[:len(batch)]
                 await self.database.back()
             except (psycopg.Error, OSError) as exc:
