@@ -85,14 +85,10 @@ CROSS JOIN LATERAL (
 ) AS p"""
 
 # Seconds until the next scheduled job of each queue (the limited claim's version of CLAIM_JOBS's next_due
-# rows): future run_at only, an index condition.
-NEXT_DUE = """
+# rows).
+NEXT_DUE = f"""
 SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 FROM unnest(%(queues)s::text[]) AS w(queue)
-CROSS JOIN LATERAL (
-    SELECT min(run_at) AS run_at FROM dygo_jobs
-    WHERE state = 'pending' AND queue = w.queue AND run_at > now()
-      AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-) AS n
+CROSS JOIN LATERAL ({queries._NEXT_RUN_AT}) AS n
 WHERE n.run_at IS NOT NULL"""
 
 CLAIM_PICKED = "WITH picked AS (SELECT unnest(%(ids)s::bigint[]) AS id), " + queries._CLAIM_PICKED

@@ -104,6 +104,14 @@ SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_to
        extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8  -- start latency (store/timings.py)
 FROM claimed ORDER BY priority DESC, run_at, id"""
 
+# When queue `w.queue`'s next scheduled job is due (NULL: none): future run_at only, an index condition,
+# so the entries of claimed jobs are passed over without a visit to their rows. Paused queues are left
+# out: they must not wake anyone. For CLAIM_JOBS's next_due rows and the limited claim's (store/limits.py).
+_NEXT_RUN_AT = """
+    SELECT min(run_at) AS run_at FROM dygo_jobs
+    WHERE state = 'pending' AND queue = w.queue AND run_at > now()
+      AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)"""
+
 # One statement claims for every queue a worker serves: each (queue, free slots) pair of the arrays
 # walks the dygo_jobs_ready partial index (queue, priority DESC, run_at, id) in a LATERAL of its own,
 # so each queue gets at most its own free slots in the seed's order, and one round trip serves any
@@ -152,16 +160,10 @@ WITH picked AS (
     {kept}
 ), {_CLAIMED.format(rows="kept")}, next_due AS (
     -- Only for queues that came back short, and only jobs still to come: the statement's snapshot sees the
-    -- jobs it just claimed as pending, and a due job skipped as locked is another worker's. `run_at > now()`
-    -- is an index condition, so the entries of claimed jobs are passed over without a visit to their rows
-    -- (a held snapshot keeps them all). Paused queues are left out: they must not wake anyone.
+    -- jobs it just claimed as pending, and a due job skipped as locked is another worker's (_NEXT_RUN_AT).
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
     FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
-    CROSS JOIN LATERAL (
-        SELECT min(run_at) AS run_at FROM dygo_jobs
-        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-    ) AS n
+    CROSS JOIN LATERAL ({_NEXT_RUN_AT}) AS n
     WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
 )
 SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,

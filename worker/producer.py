@@ -161,14 +161,15 @@ class Producer:
                     await self.recovery.run_once()
                 counts = Counter(job.queue for job in claim.jobs)
                 short = [name for name, n in wanted.items() if counts[name] < n and name not in self.held]
+                full_after = len(self.capacity.full_kinds())
                 for name, n in wanted.items():
                     if counts[name] == n:
                         self.slots[name].armed = True  # there may be more ready right now
-                    elif claim.clock is not None and not self.capacity.full_kinds():
+                    elif claim.clock is not None and not full_after:
                         # Every job due and visible then was taken (none skipped for a kind at its cap).
                         self.slots[name].since = claim.clock - LATE_COMMIT_MARGIN
                 self._hold(self.held)
-                if short and len(self.capacity.full_kinds()) > full_before:
+                if short and full_after > full_before:
                     # A kind reached its cap in this claim, so rows of it were left behind (or it took the
                     # place of others): claim again, skipping it. Bounded: each pass fills another kind.
                     for name in short:
