@@ -7,7 +7,8 @@ uvicorn's access log has secret query parameters (`token=`, `api_key=`, ...) rep
 
 A worker writes one line per job. Written and flushed one by one, those lines cost as much
 as running a no-op job, so INFO lines are buffered and flushed every 0.2 s (and at exit);
-warnings and errors are flushed at once.
+warnings and errors are flushed at once. The INFO lines of executions that end together come as one
+record with a `lines` attribute (worker/execution_log.py); both formatters write one line per entry.
 """
 
 from __future__ import annotations
@@ -76,16 +77,22 @@ class TextFormatter(logging.Formatter):
     traceback) follow as indented lines."""
 
     def format(self, record: logging.LogRecord) -> str:
-        record.message = escape_controls(record.getMessage())
         if self.usesTime():
             record.asctime = self.formatTime(record, self.datefmt)
-        text = self.formatMessage(record)
+        lines = getattr(record, "lines", None)
+        if lines is not None:  # several execution lines in one record (worker/execution_log.py)
+            return "\n".join(self._line(record, message) for message, _ in lines)
+        text = self._line(record, record.getMessage())
         if record.exc_info:
             text += "\n" + indented_block(self.formatException(record.exc_info))
         block = getattr(record, "block", None)
         if block:
             text += "\n" + indented_block(str(block))
         return text
+
+    def _line(self, record: logging.LogRecord, message: str) -> str:
+        record.message = escape_controls(message)
+        return self.formatMessage(record)
 
 
 # Query parameters whose values never reach a log line (matched case-insensitively, also as a suffix:
@@ -127,11 +134,16 @@ class JsonFormatter(logging.Formatter):
     {...}}: job_id, kind, queue, attempt, outcome, duration_ms on execution lines) and any traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
+        lines = getattr(record, "lines", None)
+        if lines is not None:  # several execution lines in one record (worker/execution_log.py)
+            return "\n".join(self._object(record, message, fields) for message, fields in lines)
+        return self._object(record, record.getMessage(), getattr(record, "fields", None))
+
+    def _object(self, record: logging.LogRecord, message: str, fields: dict[str, Any] | None) -> str:
         data: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname, "logger": record.name, "message": record.getMessage(),
+            "level": record.levelname, "logger": record.name, "message": message,
         }
-        fields = getattr(record, "fields", None)
         if fields:
             data.update(fields)
         if record.exc_info:

@@ -6,6 +6,7 @@ import json
 import signal
 
 from dygo.store import enqueue
+from dygo.store.enqueue import JobRequest, enqueue_many
 
 from tests.conftest import dygo_env, wait_until
 
@@ -38,6 +39,23 @@ def test_production_worker_writes_one_json_object_per_line_with_the_execution_fi
     lifecycle = [json.loads(line) for line in worker.lines]  # stdout too
     assert [line["event"] for line in lifecycle] == ["started", "ready", "stopping", "stopped"]
     assert lifecycle[0]["queues"] == {"default": 8, "other": 2}
+
+
+def test_jobs_that_finish_together_get_a_line_each_in_both_formats(conn, db_url, spawn):
+    # --once runs one claimed batch: the no-op jobs end in the same turns of the event loop, so their
+    # INFO lines share records (worker/execution_log.py), which must still print one line per job.
+    for log_format in ("text", "json"):
+        ids = [job.id for job in enqueue_many(conn, [JobRequest("test.noop", {})] * 8)]
+        worker = spawn("worker", "--log-format", log_format, "--once", env=dygo_env(db_url))
+        assert worker.wait() == 0
+        lines = worker.stderr().splitlines()
+        for job_id in ids:
+            mine = [line for line in lines if f"job {job_id} test.noop attempt 1/" in line]
+            assert len(mine) == 1, (log_format, job_id, lines)
+            if log_format == "json":
+                assert json.loads(mine[0])["job_id"] == job_id
+            else:
+                assert mine[0].split(" INFO dygo.worker: ")[1].startswith(f"job {job_id} ")
 
 
 def test_log_format_flag_overrides_the_environment_default(conn, db_url, spawn):

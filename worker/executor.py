@@ -21,6 +21,7 @@ from dygo.store.durations import format_duration
 from dygo.store.errors import Abort, Reportable, RetryAfter, Snooze
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
 from dygo.store.registry import JobContext, JobDefinition, Registry
+from dygo.worker.execution_log import ExecutionLog
 
 log = logging.getLogger("dygo.worker")
 
@@ -35,6 +36,7 @@ class Executor:
         self.settings = settings
         self.jobs = jobs
         self.progress = progress  # where ctx.progress reports go (worker.progress.ProgressWriter.report)
+        self.execution_log = ExecutionLog()
 
     async def run(self, job: ClaimedJob) -> tuple[Outcome, float]:
         """The outcome, and how long the handler ran in seconds (the log line's and the metrics' duration)."""
@@ -108,8 +110,7 @@ class Executor:
         delay = exc.delay if isinstance(exc, RetryAfter) else retry_delay(job.id, job.attempt, definition.retry_backoff)
         return Unsuccessful(job, "pending", delay=delay, error=error, traceback=trace)
 
-    @staticmethod
-    def _log(job: ClaimedJob, outcome: Outcome, elapsed: float) -> None:
+    def _log(self, job: ClaimedJob, outcome: Outcome, elapsed: float) -> None:
         """One line per execution: `job 12 email.send attempt 1/5 failed in 2ms, retry in 1.2s: ...`."""
         if isinstance(outcome, Succeeded):
             word, detail, level = "succeeded", "", logging.INFO
@@ -120,15 +121,15 @@ class Executor:
         else:
             word, detail, level = "failed", f", retry in {format_duration(outcome.delay)}: {outcome.error}", \
                 logging.WARNING
-        if log.isEnabledFor(level):
-            # The fields are what a JSON log line carries (dygo.logs.JsonFormatter); text lines ignore them.
-            fields = {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt,
-                      "max_attempts": job.max_attempts, "outcome": word, "duration_ms": round(elapsed * 1000, 3)}
-            if isinstance(outcome, Unsuccessful) and outcome.error:
-                fields["error"] = outcome.error
-            log.log(level, "job %s %s attempt %s/%s %s in %s%s", job.id, job.kind, job.attempt, job.max_attempts,
-                    word, format_duration(elapsed), detail, extra={"fields": fields})
-
+        if not log.isEnabledFor(level):
+            return
+        # The fields are what a JSON log line carries (dygo.logs.JsonFormatter); text lines ignore them.
+        fields = {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt,
+                  "max_attempts": job.max_attempts, "outcome": word, "duration_ms": round(elapsed * 1000, 3)}
+        if isinstance(outcome, Unsuccessful) and outcome.error:
+            fields["error"] = outcome.error
+        self.execution_log.write(level, f"job {job.id} {job.kind} attempt {job.attempt}/{job.max_attempts} {word} "
+                                        f"in {format_duration(elapsed)}{detail}", fields)
 
 def encode_result(result: Any) -> str | None:
     """The result as JSON text for the jsonb column, or UnstorableResult saying why it cannot be stored."""

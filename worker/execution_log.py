@@ -1,0 +1,38 @@
+"""The worker's one log line per execution (`job 12 email.send attempt 1/5 succeeded in 2ms`).
+
+A LogRecord costs ~25 µs to make, filter and format: at 10,000 no-op jobs a second that was a third
+of the worker's time. So the INFO lines of the executions that end in one turn of the event loop go
+out as one record carrying them all (`lines`: message and fields of each); dygo's formatters write one
+line per entry (dygo.logs), and any other handler sees the lines joined by newlines. Warnings (a
+failure, a dead job) stay a record each, after the INFO lines written before them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+log = logging.getLogger("dygo.worker")
+
+Line = tuple[str, dict[str, Any]]  # the message and its fields (the keys of a JSON log line)
+
+
+class ExecutionLog:
+    def __init__(self) -> None:
+        self.pending: list[Line] = []
+
+    def write(self, level: int, message: str, fields: dict[str, Any]) -> None:
+        if level > logging.INFO:
+            self.flush()
+            log.log(level, "%s", message, extra={"fields": fields})
+            return
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.pending.append((message, fields))
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        lines, self.pending = self.pending, []
+        log.info("\n".join(message for message, _ in lines), extra={"lines": lines})
