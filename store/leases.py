@@ -225,9 +225,16 @@ def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str
             "messages": [o.progress[1] if o.progress else None for o in outcomes]}
 
 
-async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int) -> list[tuple[int, str]]:
-    """Return (id, new state) for every job whose lease had expired."""
-    cursor = await _on_indexes(conn, queries.RECOVER_EXPIRED_LEASES, {"max_reaps": max_reaps})
+RECOVER_BATCH = 1000  # leases recovered per pass at most
+WHOLE_INDEX = 1e9  # seconds: a window that reaches every deadline (~31 years)
+
+
+async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int,
+                          window: float = WHOLE_INDEX) -> list[tuple[int, str]]:
+    """Return (id, new state) for every job whose lease had expired in the last `window` seconds (at
+    most RECOVER_BATCH of them)."""
+    cursor = await _on_indexes(conn, queries.RECOVER_EXPIRED_LEASES,
+                               {"max_reaps": max_reaps, "window": window, "batch": RECOVER_BATCH})
     return [(row[0], row[1]) for row in await cursor.fetchall()]
 
 

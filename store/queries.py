@@ -273,12 +273,16 @@ SELECT id FROM settled"""
 # A lease that ran out means its worker died or stalled: the job goes back, its attempt refunded,
 # unless this has happened more than max_reaps times (poison: dead). It keeps its run_at, and so its
 # place at the head of the line: behind a backlog, a crash would otherwise cost it the whole backlog.
+# `window`: only deadlines that passed in the last so many seconds (the time since the previous pass and
+# a margin). While something holds back VACUUM, the index keeps an entry for every lease taken since, and
+# a walk from the oldest deadline visits them all (37.7 ms at 100,000); the window walks the last second's.
 RECOVER_EXPIRED_LEASES = """
 WITH expired AS (
     SELECT id FROM dygo_jobs
     WHERE state = 'active' AND lease_deadline < now()
+      AND lease_deadline >= now() - make_interval(secs => %(window)s)
     ORDER BY lease_deadline
-    LIMIT 1000
+    LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), recovered AS (
 UPDATE dygo_jobs AS j

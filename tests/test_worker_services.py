@@ -261,3 +261,37 @@ def test_lease_keeper_with_nothing_to_renew_does_not_report_the_database_back(db
             await database.pool.close()
 
     assert asyncio.run(go())  # still down: only a statement that ran may end an outage
+
+
+def test_recovery_looks_back_to_its_previous_pass_and_a_whole_pass_finds_older_leases(conn, db_url):
+    # While VACUUM is held back, a walk from the oldest deadline visits an index entry for every lease
+    # taken since (issue 12 item 5): between whole passes, a pass only looks back to the previous one.
+    from dygo.worker.database import Database
+    from dygo.worker.maintainer import Recovery
+
+    recent, old = (enqueue(conn, "test.noop", {}).id for _ in range(2))
+    claim(db_url, {"default": 2})
+
+    def expire(job_id: int, ago: str) -> None:
+        conn.execute("UPDATE dygo_jobs SET lease_deadline = now() - %s::interval WHERE id = %s", (ago, job_id))
+
+    def pending() -> set[int]:
+        return {i for (i,) in conn.execute("SELECT id FROM dygo_jobs WHERE state = 'pending'")}
+
+    async def go() -> list[set[int]]:
+        database = Database(db_url, "test:1:abc")
+        await database.pool.open(wait=True)
+        try:
+            recovery = Recovery(database, max_reaps=3)
+            await recovery.run_once()  # the first pass is whole: nothing has expired yet
+            expire(recent, "2 seconds")  # within the margin before the previous pass
+            expire(old, "1 hour")  # long before it: only a whole pass looks that far back
+            await recovery.run_once()
+            after_window = pending()
+            recovery.last_whole -= 3600  # as if the last whole pass was an hour ago
+            await recovery.run_once()
+            return [after_window, pending()]
+        finally:
+            await database.pool.close()
+
+    assert asyncio.run(go()) == [{recent}, {recent, old}]

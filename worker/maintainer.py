@@ -40,6 +40,12 @@ class Heartbeat:
             await leases.worker_gone(conn, self.worker_id)
 
 
+# A pass looks at the deadlines passed since the previous one began, and this much before: a lease
+# renewed or claimed by a transaction that committed late, a row another pass had locked and let go.
+RECOVERY_MARGIN = 5.0
+WHOLE_RECOVERY_INTERVAL = 60.0  # and a pass over every deadline this often, whatever a window missed
+
+
 class Recovery:
     """Expired leases back to their queue (or dead as poison). The producer runs a pass before its first
     claim after start and after an outage, and at most every RECOVER_INTERVAL after a claim."""
@@ -48,11 +54,20 @@ class Recovery:
         self.database = database
         self.max_reaps = max_reaps
         self.last = 0.0  # monotonic time of the last pass
+        self.covered = float("-inf")  # when the last pass that finished began: deadlines before it are done
+        self.last_whole = float("-inf")
 
     async def run_once(self) -> None:
-        self.last = time.monotonic()
+        self.last = started = time.monotonic()
+        whole = started - self.last_whole >= WHOLE_RECOVERY_INTERVAL
+        window = leases.WHOLE_INDEX if whole else started - self.covered + RECOVERY_MARGIN
         async with self.database.connection() as conn:
-            recovered = await leases.recover_expired(conn, self.max_reaps)
+            recovered = await leases.recover_expired(conn, self.max_reaps, window)
+        # A full batch may have left expired leases behind: the next pass starts where this one did.
+        if len(recovered) < leases.RECOVER_BATCH:
+            self.covered = started
+            if whole:
+                self.last_whole = started
         for job_id, state in recovered:
             log.warning("job %s: lease expired, %s", job_id,
                         "dead as poison (recovered too often)" if state == "dead" else "back to pending")
