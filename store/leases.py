@@ -69,6 +69,8 @@ class Claim:
     # Queues a cluster-wide limit held back (store/limits.py): seconds until worth claiming again (0: at once,
     # there may be jobs of other keys or kinds ready).
     held: dict[str, float] = field(default_factory=dict)
+    # Queue -> run_at of the last job claimed for it (in claim order): where a backlog's next walk may start.
+    reached: dict[str, datetime] = field(default_factory=dict)
 
 
 async def check_schema(conn: psycopg.AsyncConnection) -> None:
@@ -142,7 +144,8 @@ async def claim_with_next_due(conn: psycopg.AsyncConnection, limits: Mapping[str
     rows = await (await _on_indexes(conn, statement, params, commit_async=own)).fetchall()
     return Claim([ClaimedJob(*row[:11]) for row in rows if row[0] is not None],
                  {row[2]: row[11] for row in rows if row[0] is None and row[11] is not None},
-                 rows[0][12] if rows else None)
+                 rows[0][12] if rows else None,
+                 reached={row[2]: row[14] for row in rows if row[0] is not None})  # rows in claim order
 
 
 async def _on_indexes(conn: psycopg.AsyncConnection, query: str, params: Mapping[str, Any],

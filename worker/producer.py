@@ -15,9 +15,11 @@ when it ends.
 
 After a claim that came back short, a queue's next walk of the ready index starts at that claim's
 time less LATE_COMMIT_MARGIN rather than at the head, where a held snapshot keeps an entry for every
-job claimed since (store/queries.py CLAIM_JOBS). A walk from the head comes at least once every
-HEAD_WALK_INTERVAL while the queue is busy, for jobs put back in line with an earlier run_at. While a
-kind is at its cap its skipped jobs stay behind such a start, so no start is kept then.
+job claimed since (store/queries.py CLAIM_JOBS); after a full claim (a backlog), at the run_at of the
+last job it took less that margin. A walk from the head comes at least once every HEAD_WALK_INTERVAL
+while the queue is busy, for jobs put back in line with an earlier run_at (and, in a backlog, older
+jobs of a lower priority than the last one taken). While a kind is at its cap its skipped jobs stay
+behind such a start, so no start is kept then.
 """
 
 from __future__ import annotations
@@ -165,6 +167,10 @@ class Producer:
                 for name, n in wanted.items():
                     if counts[name] == n:
                         self.slots[name].armed = True  # there may be more ready right now
+                        if name in claim.reached and not full_after:
+                            # A backlog: the next walk starts about where this one stopped, not at the head
+                            # across the entries of every job claimed since a held snapshot began.
+                            self.slots[name].since = claim.reached[name] - LATE_COMMIT_MARGIN
                     elif claim.clock is not None and not full_after:
                         # Every job due and visible then was taken (none skipped for a kind at its cap).
                         self.slots[name].since = claim.clock - LATE_COMMIT_MARGIN
