@@ -163,6 +163,23 @@ def test_a_walk_from_since_passes_over_the_jobs_claimed_under_a_held_snapshot(co
     assert from_head > 50 and from_since < 10, (from_head, from_since)
 
 
+def test_a_full_claim_says_where_in_line_it_stopped_for_each_queue(conn, db_url):
+    # In a backlog the producer's next walk starts there (less a margin), not at the head: under a held
+    # snapshot a walk from the head visits every job claimed since, and a worker behind never caught up.
+    from datetime import UTC, datetime, timedelta
+
+    start = datetime.now(UTC) - timedelta(minutes=5)
+    jobs = [enqueue(conn, "test.noop", {}, run_at=start + timedelta(seconds=i)) for i in range(5)]
+    claim = asyncio.run(claim_in_one_statement(db_url, {"default": 3}))
+    assert [job.id for job in claim.jobs] == [job.id for job in jobs[:3]]
+    assert claim.reached == {"default": start + timedelta(seconds=2)}
+
+
+async def claim_in_one_statement(url: str, wanted: dict[str, int]):
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
+        return await claim_with_next_due(c, wanted, "w1", 30)
+
+
 def test_a_short_claim_says_when_each_queues_next_job_is_due_in_the_same_statement(conn, db_url):
     enqueue(conn, "test.noop", {})
     enqueue(conn, "test.noop", {}, delay="30s")
