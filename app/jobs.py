@@ -196,17 +196,12 @@ async def get_job(
         "cancelled; the answer comes as soon as it is, or at the end of the wait with the job as it is then"))] = None,
 ) -> dict[str, Any]:
     db = database(request)
-
-    async def read() -> dict[str, Any] | None:
-        # A pooled connection per read, not per request: a waiting request holds none.
-        async with db.connection() as conn:
-            return await inspect.aget_job(conn, job_id)
-
     seconds = _wait_seconds(wait)
     if seconds:
-        job = await request.app.state.waiters.wait(job_id, seconds, read)
+        job = await request.app.state.waiters.wait(job_id, seconds, db.connection)
     else:
-        job = await read()
+        async with db.connection() as conn:
+            job = await inspect.aget_job(conn, job_id)
     if job is None:
         raise ApiError(404, "job_not_found", f"no job with id {job_id}")
     return job

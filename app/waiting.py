@@ -2,11 +2,15 @@
 
 Serve's one LISTEN connection (app/listening.py) fans the `dygo_finished` notifications out to the
 waiting requests (a future per request, keyed by job id), so a thousand waiting clients cost one
-connection and no polling. A bulk delete's empty payload wakes every waiter of the process to re-read
-its job once (store.results.notify_recheck). A request subscribes before it reads the job, so a job that finishes
-in between is seen by the read. When the LISTEN connection drops, every waiter re-reads its job
-and the connection is re-established with backoff; on reconnect every waiter re-reads again, which
-covers anything that finished while nobody listened.
+connection and no polling. The trigger notifies only the jobs somebody registered for
+(store.results.aregister, migration 0013): a request reads its job, and when it is not final registers a
+row for the length of its wait, in a transaction that reads the job again after the registration's lock,
+so a settle either shows in that read or notifies; the request deletes its row when it answers. A bulk
+delete's empty payload wakes every waiter of the process to re-read its job once
+(store.results.notify_recheck). A request subscribes its future before it reads the job, so a
+notification that arrives in between is not lost. When the LISTEN connection drops, every waiter
+re-reads its job and the connection is re-established with backoff; on reconnect every waiter re-reads
+again, which covers anything that finished while nobody listened.
 """
 
 from __future__ import annotations
@@ -14,11 +18,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
-from dygo.store import results
+from dygo.store import inspect, results
+
+# Where a waiting request gets a connection for each read: the hot pool's `connection`, taken only
+# while it reads, so a waiting request holds none.
+Connections = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection]]
 
 
 class ResultWaiters:
@@ -32,23 +41,34 @@ class ResultWaiters:
         self.poll = poll
         self.waiting: dict[int, set[asyncio.Future[None]]] = {}
 
-    async def wait(self, job_id: int, seconds: float,
-                   read: Callable[[], Awaitable[dict[str, Any] | None]]) -> dict[str, Any] | None:
-        """The job once it is final, or as it is when `seconds` run out; None if it does not exist.
-        `read` reads the job (taking a pooled connection only while it reads)."""
+    async def wait(self, job_id: int, seconds: float, connection: Connections) -> dict[str, Any] | None:
+        """The job once it is final, or as it is when `seconds` run out; None if it does not exist."""
         deadline = time.monotonic() + seconds
-        while True:
-            woken = asyncio.get_running_loop().create_future()
-            self.waiting.setdefault(job_id, set()).add(woken)
-            try:
-                job = await read()
-                remaining = deadline - time.monotonic()
-                if job is None or job["state"] in results.FINAL_STATES or remaining <= 0:
-                    return job
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken, remaining if self.poll is None else min(remaining, self.poll))
-            finally:
-                self._forget(job_id, woken)
+        waiter: int | None = None
+        try:
+            while True:
+                woken = asyncio.get_running_loop().create_future()
+                self.waiting.setdefault(job_id, set()).add(woken)
+                try:
+                    async with connection() as conn:
+                        job = await inspect.aget_job(conn, job_id)
+                        # Polling (no notifications through a transaction pooler): nobody to notify.
+                        if waiter is None and self.poll is None and _waits_on(job):
+                            waiter, job = await results.aregister(conn, job_id, deadline - time.monotonic())
+                    remaining = deadline - time.monotonic()
+                    if not _waits_on(job) or remaining <= 0:
+                        return job
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(woken, remaining if self.poll is None else min(remaining, self.poll))
+                finally:
+                    self._forget(job_id, woken)
+        finally:
+            if waiter is not None:
+                # Best effort: a row left behind (database gone meanwhile) expires and the maintainer
+                # deletes it; the answer must not fail for it.
+                with contextlib.suppress(Exception):
+                    async with connection() as conn:
+                        await results.aunregister(conn, waiter)
 
     async def listening(self, conn: psycopg.AsyncConnection) -> None:
         await results.listen(conn)
@@ -79,3 +99,7 @@ class ResultWaiters:
     def _wake_all(self) -> None:
         for job_id in list(self.waiting):
             self._wake(job_id)
+
+
+def _waits_on(job: dict[str, Any] | None) -> bool:
+    return job is not None and job["state"] not in results.FINAL_STATES

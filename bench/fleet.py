@@ -17,12 +17,18 @@ Targets (issue "Fleet scale"): 64 workers >= 90% of the best fleet size's jobs/s
 per worker, zero duplicates. `--url` measures another server instead. `--pgbouncer` runs the fleet
 through a PgBouncer of its own (Debian's 1.18, transaction pooling, 20 server connections for the
 database: tests/pgbouncer.py) in front of the private server, LISTEN and migrations on the direct URL.
+
+`--compare` runs each fleet size twice, back to back in the same run: first with migration 0006's
+`dygo_notify_finished` trigger function put back (a NOTIFY at every settle that leaves jobs final,
+whether anyone waits or not: what dygo did before migration 0013), then with the current one (a NOTIFY
+only for jobs a waiter registered for). Nobody waits in this bench, so the second sends none.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -59,6 +65,7 @@ class Phase:
     duplicates: int  # jobs claimed more than once
     max_attempt: int
     waits: Counter[str] = field(default_factory=Counter)  # worker backends seen waiting, by wait event
+    trigger: str = ""  # with --compare: the migration whose dygo_notify_finished was in place
 
     @property
     def rate(self) -> float:
@@ -98,10 +105,36 @@ def run(server: str, args: argparse.Namespace) -> int:
         migrate(env)
         phases: list[Phase] = []
         for count in args.workers:
-            phases += run_fleet(url, env, count, args)
+            if not args.compare:
+                phases += run_fleet(url, env, count, args)
+                continue
+            for migration in COMPARED_TRIGGERS:
+                install_trigger_function(url, migration)
+                phases += run_fleet(url, env, count, args, trigger=migration)
     print(table(phases))
-    print(verdict(phases, pooled=args.pgbouncer))
+    for trigger in dict.fromkeys(p.trigger for p in phases):
+        if trigger:
+            print(f"with the dygo_notify_finished of {trigger}:")
+        print(verdict([p for p in phases if p.trigger == trigger], pooled=args.pgbouncer))
     return 0
+
+
+# --compare: the trigger function as migration 0006 created it (a NOTIFY at every settle), then as
+# migration 0013 replaced it (a NOTIFY only for the jobs a waiter registered for).
+COMPARED_TRIGGERS = ("0006", "0013")
+MIGRATIONS = ROOT / "store" / "migrations"
+
+
+def install_trigger_function(url: str, migration: str) -> None:
+    """Put `migration`'s dygo_notify_finished in place, read from the migration file itself."""
+    path = next(MIGRATIONS.glob(f"{migration}_*.sql"))
+    found = re.search(r"CREATE (?:OR REPLACE )?FUNCTION dygo_notify_finished\(\).*?\n\$\$;", path.read_text(),
+                      re.DOTALL)
+    if found is None:
+        raise SystemExit(f"{path}: no dygo_notify_finished function in it")
+    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+        conn.execute(re.sub(r"^CREATE (OR REPLACE )?", "CREATE OR REPLACE ", found.group(0)))
+    log(f"dygo_notify_finished as migration {migration} has it")
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -117,6 +150,9 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--pgbouncer", action="store_true",
                         help="through a PgBouncer of its own in front of the server (transaction pooling)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per phase")
+    parser.add_argument("--compare", action="store_true",
+                        help="each fleet twice: with migration 0006's dygo_notify_finished (a NOTIFY at every "
+                             "settle), then with the current one (only for waited-for jobs)")
     return parser.parse_args()
 
 
@@ -170,7 +206,7 @@ def migrate(env: dict[str, str]) -> None:
 # --- one fleet ---------------------------------------------------------------------------------------
 
 
-def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespace) -> list[Phase]:
+def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespace, trigger: str = "") -> list[Phase]:
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
         conn.execute("DELETE FROM dygo_jobs")
         conn.execute("DELETE FROM dygo_workers")
@@ -187,9 +223,9 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
 
             wait_until(registered, args.timeout, f"{count} workers registered", interval=0.5)
         phases = [
-            run_phase(url, workers, "no-op", "bench.noop", {}, args.noop_jobs, args.timeout),
+            run_phase(url, workers, "no-op", "bench.noop", {}, args.noop_jobs, args.timeout, trigger),
             run_phase(url, workers, f"{args.sleep_ms} ms", "bench.sleep", {"ms": args.sleep_ms}, args.sleep_jobs,
-                      args.timeout),
+                      args.timeout, trigger),
         ]
     finally:
         for worker in workers:
@@ -200,7 +236,7 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
 
 
 def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_args: dict, jobs: int,
-              timeout: float) -> Phase:
+              timeout: float, trigger: str = "") -> Phase:
     import bench_jobs  # noqa: F401  (registers the kinds, as a producer that enqueues them would)
     from dygo.store import enqueue_many  # the bench's own interpreter is dygo's .venv
 
@@ -224,7 +260,7 @@ def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_
             "SELECT extract(epoch FROM max(finished_at) - min(started_at)), count(*) FILTER (WHERE attempt > 1),"
             " max(attempt) FROM dygo_jobs").fetchone()
     phase = Phase(len(workers), name, jobs, float(seconds), sampler.peak_connections, sampler.peak_lock_waits,
-                  sampler.lock_wait_share, duplicates, max_attempt, sampler.waits)
+                  sampler.lock_wait_share, duplicates, max_attempt, sampler.waits, trigger)
     log(line(phase))
     log(f"  worker backends waiting, by event (backend-samples of {sampler.samples}): {waits(phase)}")
     return phase
@@ -271,11 +307,12 @@ class Sampler:
 
 # --- the report ------------------------------------------------------------------------------------------
 
-HEADER = ("workers", "jobs", "jobs/s", "peak conns", "conns/worker", "lock waits (peak, share)", "duplicates")
+HEADER = ("trigger", "workers", "jobs", "jobs/s", "peak conns", "conns/worker", "lock waits (peak, share)",
+          "duplicates")
 
 
 def cells(p: Phase) -> tuple[str, ...]:
-    return (f"{p.workers}", f"{p.jobs:,} {p.name}", f"{p.rate:,.0f}", f"{p.peak_connections}",
+    return (p.trigger or "current", f"{p.workers}", f"{p.jobs:,} {p.name}", f"{p.rate:,.0f}", f"{p.peak_connections}",
             f"{p.peak_connections / p.workers:.2f}", f"{p.peak_lock_waits}, {p.lock_wait_share:.0%}",
             f"{p.duplicates}")
 

@@ -1,9 +1,10 @@
 """Retention: the worker's trimming of old history, one worker of the cluster at a time.
 
 A pass deletes succeeded, dead and cancelled jobs older than their retention, expired idempotency
-keys and old daily and minute stats, in batches that each commit on their own (no long row locks, no long
-transaction holding back vacuum), and a bounded number of batches per kind so one pass never runs
-long. What is left over is taken by the next pass. Every statement lives in store/queries.py.
+keys, the expired rows of result waiters that died waiting (store/results.py) and old daily and minute
+stats, in batches that each commit on their own (no long row locks, no long transaction holding back
+vacuum), and a bounded number of batches per kind so one pass never runs long. What is left over is
+taken by the next pass. Every statement lives in store/queries.py.
 
 Each batch takes the cluster-wide retention lock in its own transaction (a transaction-level advisory
 lock, so it works through PgBouncer in transaction mode, where a session lock would stay with a server
@@ -54,6 +55,7 @@ class Trimmed:
     dead: int = 0
     cancelled: int = 0
     idempotency_keys: int = 0
+    result_waiters: int = 0
     daily_stats: int = 0
     minute_stats: int = 0
     batches: int = field(default=0, compare=False, repr=False)  # statements run under the lock
@@ -104,6 +106,7 @@ async def trim(connections: Connections, retention: Retention, walk: SucceededWa
         if retention.cancelled:
             trimmed.cancelled = await _repeat(connections, queries.TRIM_CANCELLED, retention.cancelled, trimmed)
         trimmed.idempotency_keys = await _repeat(connections, queries.TRIM_EXPIRED_KEYS, 0.0, trimmed)
+        trimmed.result_waiters = await _repeat(connections, queries.TRIM_EXPIRED_WAITERS, 0.0, trimmed)
         async with connections() as conn:
             await fold_stats(conn)  # before trimming, so old deltas land in rows the trim then sees
         if retention.daily_stats:

@@ -928,7 +928,8 @@ GROUP BY lease_owner, queue"""
 
 # --- Results and progress (store/results.py, worker/progress.py) ------------------------------------
 
-# The channel the dygo_notify_finished trigger (0006) sends the ids of jobs that reached a final state to.
+# The channel the dygo_notify_finished trigger (0006, 0013) sends the ids of jobs that reached a final
+# state to: only the ids some waiter registered for in dygo_result_waiters.
 LISTEN_FOR_FINISHED = "LISTEN dygo_finished"
 # The same notification for a statement the trigger does not see (a deleted job: its waiters find it gone).
 NOTIFY_FINISHED = "SELECT pg_notify('dygo_finished', %s)"
@@ -936,6 +937,28 @@ NOTIFY_FINISHED = "SELECT pg_notify('dygo_finished', %s)"
 # payload, "re-read your job", for every waiter, instead of the ids of up to millions of deleted jobs.
 # Empty, so a process that does not know it (an older serve in a rolling deploy) finds no ids in it.
 NOTIFY_RECHECK = "SELECT pg_notify('dygo_finished', '')"
+
+# A waiter's registration (store/results.py, migration 0013 says why this order cannot miss a settle):
+# in its own transaction, this lock EXCLUSIVE (it waits for the commits of the settles that hold it in
+# SHARE mode), then its row, then the read of the job, each a statement of its own. The key is the
+# trigger's, two int4 keys so that it can never be one of dygo's one-bigint advisory locks.
+RESULT_WAITERS_LOCK = "SELECT pg_advisory_xact_lock(hashtext('dygo'), hashtext('dygo.result_waiters'))"
+REGISTER_WAITER = """
+INSERT INTO dygo_result_waiters (job_id, expires_at) VALUES (%(job_id)s, now() + make_interval(secs => %(seconds)s))
+RETURNING id"""
+# A wait longer than a registration's lifetime moves its expiry on before it passes.
+REFRESH_WAITER = """
+UPDATE dygo_result_waiters SET expires_at = now() + make_interval(secs => %(seconds)s) WHERE id = %(id)s"""
+UNREGISTER_WAITER = "DELETE FROM dygo_result_waiters WHERE id = %s"
+# The rows of waiters that died without deleting theirs (the maintainer's retention pass).
+TRIM_EXPIRED_WAITERS = """
+WITH doomed AS (
+    SELECT id FROM dygo_result_waiters WHERE expires_at < now()
+    ORDER BY expires_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), trimmed AS (
+    DELETE FROM dygo_result_waiters WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+)
+SELECT count(*) FROM trimmed"""
 
 # The latest progress of each job, one statement per batch, fenced by the lease token like a settle:
 # a job settled or lost meanwhile keeps what it had.

@@ -1,10 +1,16 @@
 """Waiting for a job's result: LISTEN for the ids of jobs that reach a final state, no polling.
 
-The dygo_notify_finished trigger (migration 0006) sends those ids on the `dygo_finished` channel
-when the settling transaction commits; deleting one job sends its id, and an admin statement that
-deletes jobs in bulk sends an empty payload, which asks every waiter to re-read its job once.
-A waiter subscribes first and reads the job second, so a job that finishes between the two is seen
-by the read, and one that finishes after it by a notification.
+The dygo_notify_finished trigger (migrations 0006, 0013) sends those ids on the `dygo_finished` channel
+when the settling transaction commits, but only the ids that a waiter registered for in
+dygo_result_waiters: a settle nobody waits for sends nothing (a notifying commit is serialised with
+every other one cluster-wide, which capped a fleet's settles). Deleting one job sends its id, and an
+admin statement that deletes jobs in bulk sends an empty payload, which asks every waiter to re-read its
+job once; both whether anyone waits or not.
+
+A waiter LISTENs, then registers in a transaction of its own that takes the waiters' lock exclusive,
+inserts its row and reads the job (`aregister`; migration 0013 says why no settle can slip between the
+read and the row), and deletes its row when done. A crashed waiter's row expires WAITER_GRACE after its
+wait (at most WAITER_LIFETIME: a longer wait moves its expiry on) and the maintainer deletes it.
 
     job = await result(job_id, timeout="30s")    # the job as GET /api/v1/jobs/{id} shows it
     job["state"], job["result"]                  # 'succeeded', 'dead' or 'cancelled'
@@ -15,6 +21,7 @@ at the timeout, and `NotFound` for an unknown (or deleted) job.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -27,6 +34,16 @@ from psycopg.rows import dict_row
 
 CHANNEL = "dygo_finished"
 FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
+# A registration lives at most this long past its last refresh (the longest `?wait=` of the API is 60 s);
+# a longer Python wait refreshes its row this often.
+WAITER_LIFETIME = 60.0
+# A row outlives its wait by this much before the maintainer may delete it: room for a refresh that
+# comes late, and for clock skew between the waiter's process and the database (expiry is on the latter).
+WAITER_GRACE = 30.0
+# A pipelined transaction, explicit (the pipeline's implicit one would commit what went before a
+# statement psycopg failed to send): BEGIN, the statements and COMMIT in one round trip.
+BEGIN = "BEGIN"
+COMMIT = "COMMIT"
 
 
 def finished_ids(payload: str) -> set[int]:
@@ -53,6 +70,67 @@ async def aget_job(conn: psycopg.AsyncConnection, job_id: int) -> dict[str, Any]
     async with conn.cursor(row_factory=dict_row) as cursor:
         await cursor.execute(queries.GET_JOB, (job_id,))
         return await cursor.fetchone()
+
+
+def _registration(job_id: int, seconds: float) -> dict[str, Any]:
+    return {"job_id": job_id, "seconds": min(seconds, WAITER_LIFETIME) + WAITER_GRACE}
+
+
+async def aregister(conn: psycopg.AsyncConnection, job_id: int, seconds: float) -> tuple[int, dict[str, Any] | None]:
+    """Register a waiter for `job_id` for `seconds` (at most WAITER_LIFETIME) and read the job after it:
+    (the waiter's id, the job or None). `conn` is autocommit and idle: the registration must commit on
+    its own, before the settles that then wait for it. Settles that finish the job after this read
+    notify it; delete the row with `aunregister` when done."""
+    try:
+        async with conn.pipeline():
+            await conn.execute(BEGIN)
+            await conn.execute(queries.RESULT_WAITERS_LOCK)
+            inserted = await conn.execute(queries.REGISTER_WAITER, _registration(job_id, seconds))
+            read = conn.cursor(row_factory=dict_row)
+            await read.execute(queries.GET_JOB, (job_id,))  # its own statement: a snapshot after the lock
+            await conn.execute(COMMIT)
+    except BaseException:
+        if not conn.closed and not conn.broken:
+            with contextlib.suppress(psycopg.Error, OSError):  # the error that got us here is the one to raise
+                await conn.rollback()
+        raise
+    return (await inserted.fetchone())[0], await read.fetchone()
+
+
+def register(conn: psycopg.Connection, job_id: int, seconds: float) -> tuple[int, dict[str, Any] | None]:
+    """The blocking twin of `aregister`."""
+    try:
+        with conn.pipeline():
+            conn.execute(BEGIN)
+            conn.execute(queries.RESULT_WAITERS_LOCK)
+            inserted = conn.execute(queries.REGISTER_WAITER, _registration(job_id, seconds))
+            read = conn.cursor(row_factory=dict_row)
+            read.execute(queries.GET_JOB, (job_id,))
+            conn.execute(COMMIT)
+    except BaseException:
+        if not conn.closed and not conn.broken:
+            with contextlib.suppress(psycopg.Error, OSError):
+                conn.rollback()
+        raise
+    return inserted.fetchone()[0], read.fetchone()
+
+
+async def arefresh(conn: psycopg.AsyncConnection, waiter: int, seconds: float) -> bool:
+    """Move a registration's expiry on (a wait longer than WAITER_LIFETIME); False if it is gone."""
+    cursor = await conn.execute(queries.REFRESH_WAITER, {"id": waiter, **_registration(0, seconds)})
+    return cursor.rowcount == 1
+
+
+def refresh(conn: psycopg.Connection, waiter: int, seconds: float) -> bool:
+    return conn.execute(queries.REFRESH_WAITER, {"id": waiter, **_registration(0, seconds)}).rowcount == 1
+
+
+async def aunregister(conn: psycopg.AsyncConnection, waiter: int) -> None:
+    await conn.execute(queries.UNREGISTER_WAITER, (waiter,))
+
+
+def unregister(conn: psycopg.Connection, waiter: int) -> None:
+    conn.execute(queries.UNREGISTER_WAITER, (waiter,))
 
 
 def notify_deleted(conn: psycopg.Connection, job_ids: list[int]) -> None:
@@ -97,15 +175,30 @@ async def result(job_id: int, timeout: str | float = 30.0, *, db: str | None = N
     async with await psycopg.AsyncConnection.connect(_conninfo(db), autocommit=True) as conn:
         await listen(conn)
         job = await aget_job(conn, job_id)
-        while not _final_or_raise(job_id, job):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise WaitTimeout(job_id, seconds, job)
-            async for notify in conn.notifies(timeout=remaining):
-                if wakes(notify.payload, job_id):
-                    break
-            job = await aget_job(conn, job_id)
-        return job
+        if _final_or_raise(job_id, job):
+            return job  # finished already: no registration
+        waiter, job = await aregister(conn, job_id, seconds)
+        refresh_at = time.monotonic() + WAITER_LIFETIME
+        try:
+            while not _final_or_raise(job_id, job):
+                now = time.monotonic()
+                if now >= deadline:
+                    raise WaitTimeout(job_id, seconds, job)
+                if now >= refresh_at:
+                    refresh_at = now + WAITER_LIFETIME
+                    if not await arefresh(conn, waiter, deadline - now):
+                        # Deleted as expired (this process stalled past the grace): register again.
+                        waiter, job = await aregister(conn, job_id, deadline - now)
+                        continue
+                async for notify in conn.notifies(timeout=min(deadline, refresh_at) - now):
+                    if wakes(notify.payload, job_id):
+                        break
+                job = await aget_job(conn, job_id)
+            return job
+        finally:
+            if not conn.closed and not conn.broken:
+                with contextlib.suppress(psycopg.Error, OSError):  # else the row expires
+                    await aunregister(conn, waiter)
 
 
 def wait_for_result(job_id: int, timeout: str | float = 30.0, *, db: str | None = None) -> dict[str, Any]:
@@ -115,12 +208,26 @@ def wait_for_result(job_id: int, timeout: str | float = 30.0, *, db: str | None 
     with psycopg.connect(_conninfo(db), autocommit=True) as conn:
         conn.execute(queries.LISTEN_FOR_FINISHED)
         job = get_job(conn, job_id)
-        while not _final_or_raise(job_id, job):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise WaitTimeout(job_id, seconds, job)
-            for notify in conn.notifies(timeout=remaining):
-                if wakes(notify.payload, job_id):
-                    break
-            job = get_job(conn, job_id)
-        return job
+        if _final_or_raise(job_id, job):
+            return job
+        waiter, job = register(conn, job_id, seconds)
+        refresh_at = time.monotonic() + WAITER_LIFETIME
+        try:
+            while not _final_or_raise(job_id, job):
+                now = time.monotonic()
+                if now >= deadline:
+                    raise WaitTimeout(job_id, seconds, job)
+                if now >= refresh_at:
+                    refresh_at = now + WAITER_LIFETIME
+                    if not refresh(conn, waiter, deadline - now):
+                        waiter, job = register(conn, job_id, deadline - now)
+                        continue
+                for notify in conn.notifies(timeout=min(deadline, refresh_at) - now):
+                    if wakes(notify.payload, job_id):
+                        break
+                job = get_job(conn, job_id)
+            return job
+        finally:
+            if not conn.closed and not conn.broken:
+                with contextlib.suppress(psycopg.Error, OSError):
+                    unregister(conn, waiter)

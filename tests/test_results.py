@@ -219,20 +219,23 @@ def test_a_result_above_max_result_bytes_is_replaced_by_a_note_and_the_job_still
     assert f"job {big.id} test.sized_result: result of 70002 bytes not stored" in worker.stderr()
 
 
-def test_one_statement_finishing_a_thousand_jobs_notifies_their_ids_in_a_few_chunks(conn, db_url):
+def test_one_statement_finishing_a_thousand_waited_for_jobs_notifies_their_ids_in_a_few_chunks(conn, db_url):
     import psycopg
     from dygo.store import enqueue_many
     from dygo.store.admin import JobFilter, bulk_act
-    from dygo.store.results import CHANNEL, finished_ids
+    from dygo.store.results import CHANNEL, finished_ids, register
 
-    ids = [r.id for r in enqueue_many(conn, [{"kind": "test.record"}] * 1000)]
+    ids = [r.id for r in enqueue_many(conn, [{"kind": "test.record"}] * 1200)]
+    waited = ids[100:1100]  # only jobs somebody waits for are notified (migration 0013)
     with psycopg.connect(db_url, autocommit=True) as listener:
+        for job_id in waited:
+            register(listener, job_id, 30)
         listener.execute(f"LISTEN {CHANNEL}")
         report = bulk_act(conn, "cancel", where=JobFilter(state="pending"))
-        assert report.changed == 1000
-        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=3)]
+        assert report.changed == 1200
+        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=4)]
     assert len(payloads) == 3 and all(len(p) < 8000 for p in payloads)
-    assert set().union(*(finished_ids(p) for p in payloads)) == set(ids)
+    assert set().union(*(finished_ids(p) for p in payloads)) == set(waited)
 
 
 def _listen_backends(conn) -> int:

@@ -1,0 +1,113 @@
+"""Only jobs somebody waits for are notified (migration 0013): registration, its race with settles, expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import datetime
+
+import psycopg
+from dygo.store import enqueue
+from dygo.store.results import CHANNEL, finished_ids, register, result, wait_for_result
+
+from tests.conftest import wait_until
+from tests.test_retention import copy_test_config
+
+
+def _waiter_rows(conn: psycopg.Connection) -> list[tuple[int, int]]:
+    return conn.execute("SELECT id, job_id FROM dygo_result_waiters ORDER BY id").fetchall()
+
+
+def _states(conn: psycopg.Connection, ids: list[int]) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT state FROM dygo_jobs WHERE id = ANY(%s)", (ids,))}
+
+
+def test_a_settle_nobody_waits_for_sends_no_notification(conn, db_url, spawn):
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        unwatched = [enqueue(conn, "test.noop", {}).id for _ in range(20)]
+        cancelled = enqueue(conn, "test.record", {}, delay="1h").id
+        spawn("worker").wait_for_line("started")
+        wait_until(lambda: _states(conn, unwatched) == {"succeeded"}, message="the worker to settle them")
+        conn.execute("UPDATE dygo_jobs SET state = 'cancelled', finished_at = now() WHERE id = %s", (cancelled,))
+        assert [n.payload for n in listener.notifies(timeout=1.0)] == []
+
+        # Somebody waits: that job's id, and only it, is notified; the waiter's row is gone afterwards.
+        watched, other = enqueue(conn, "test.record", {"seconds": 0.3}), enqueue(conn, "test.noop", {})
+        assert wait_for_result(watched.id, "10s", db=db_url)["state"] == "succeeded"
+        payloads = [n.payload for n in listener.notifies(timeout=0.5)]
+    assert payloads == [str(watched.id)] and _states(conn, [other.id]) == {"succeeded"}
+    assert _waiter_rows(conn) == []
+
+
+def test_a_waiting_request_is_woken_and_deletes_its_row_when_answered(conn, api, spawn):
+    job = enqueue(conn, "test.record", {"seconds": 0.5})
+    answer: dict = {}
+    thread = threading.Thread(target=lambda: answer.update(
+        api.admin.get(f"/api/v1/jobs/{job.id}", params={"wait": "10s"}).json()))
+    thread.start()
+    wait_until(lambda: [row[1] for row in _waiter_rows(conn)] == [job.id], message="the request to register")
+    spawn("worker").wait_for_line("started")
+    thread.join(10)
+    assert answer["state"] == "succeeded"
+    assert _waiter_rows(conn) == []
+
+
+def test_a_waiter_registered_while_settles_run_never_misses_its_job(conn, db_url, spawn):
+    # Two workers settle each job within milliseconds of its enqueue, while a waiter for that job
+    # connects, LISTENs, reads and registers: every order of the two happens many times over.
+    for _ in range(2):
+        spawn("worker", "--concurrency", "8").wait_for_line("started")
+    jobs, seconds = 600, 8.0
+
+    async def race() -> list[tuple[str, float, bool]]:
+        gate = asyncio.Semaphore(16)
+        loop = asyncio.get_running_loop()
+
+        async def one(job_id: int) -> tuple[str, float, bool]:
+            async with gate:
+                started, wall = loop.time(), datetime.now().astimezone()
+                job = await result(job_id, timeout=seconds, db=db_url)
+                # Finished after this waiter began: its wait overlapped the job's settle.
+                return job["state"], loop.time() - started, job["finished_at"] > wall
+
+        tasks = []
+        for _ in range(jobs):
+            tasks.append(asyncio.create_task(one(enqueue(conn, "test.noop", {}).id)))
+            await asyncio.sleep(0.002)
+        return await asyncio.gather(*tasks)
+
+    outcomes = asyncio.run(race())
+    states = [state for state, _, _ in outcomes]
+    assert states == ["succeeded"] * jobs
+    # A missed settle shows as a wait that ends at its timeout (8 s: the re-read then finds the job
+    # done). Without the registration's lock this fails (checked: 8.03 s).
+    slowest = max(waited for _, waited, _ in outcomes)
+    assert slowest < 4.0, slowest
+    raced = sum(1 for _, _, pending in outcomes if pending)
+    assert raced >= 50, raced  # the waits did overlap the settles (not all found their job done)
+    assert _waiter_rows(conn) == []  # each waiter deleted its row
+
+
+def test_an_expired_waiter_row_is_removed_by_the_maintainer(conn, db_url, spawn, tmp_path):
+    from tests.conftest import dygo_env
+
+    live, expired = enqueue(conn, "test.record", {}, delay="1h"), enqueue(conn, "test.record", {}, delay="1h")
+    with psycopg.connect(db_url, autocommit=True) as waiter_conn:
+        kept, _ = register(waiter_conn, live.id, 60)
+        gone, _ = register(waiter_conn, expired.id, 60)
+    # A waiter that died: its row's expiry (its wait plus the grace) has passed.
+    conn.execute("UPDATE dygo_result_waiters SET expires_at = now() - interval '1 second' WHERE id = %s", (gone,))
+    config = copy_test_config(tmp_path, "retention_interval: 1s\n")
+    worker = spawn("worker", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(config)))
+    worker.wait_for_line("started")
+    wait_until(lambda: [row[0] for row in _waiter_rows(conn)] == [kept], timeout=15,
+               message="the expired waiter row to be deleted")
+    wait_until(lambda: "1 result waiters" in worker.stderr(), timeout=5, message="the retention log line")
+    # The live row still gets its notification.
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        conn.execute("UPDATE dygo_jobs SET state = 'cancelled', finished_at = now() WHERE id = ANY(%s)",
+                     ([live.id, expired.id],))
+        notified = set().union(*(finished_ids(n.payload) for n in listener.notifies(timeout=0.5)))
+    assert notified == {live.id}
