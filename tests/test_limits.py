@@ -77,11 +77,11 @@ def test_a_kind_concurrency_limit_holds_across_eight_workers_and_drains_at_the_l
     assert len(spans) == 300
     assert max_overlap(spans) <= 3
     drain = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
-    # 300 x 50 ms / 3 = 5 s of handler time at the limit; the rest is claim and settle turn-around: on
-    # the 2-core VM, 8 worker processes and the server measured 7-9.6 s (a freed slot is refilled ~30-45 ms
-    # later: settle, NOTIFY, a claim under the limit's lock). A limit used as 2 would take 7.5 s + the same.
-    print(f"DRAIN {drain:.2f}")
-    assert drain < 11.0, f"drained in {drain:.1f}s"
+    # 300 x 50 ms / 3 = 5 s of handler time at the limit; the rest is the turn-around of a freed slot: the
+    # settle's commit, then the same worker's claim of the replacement (no NOTIFY to all 8 workers racing for
+    # the limit's lock). On the 2-core VM with other suites running (load 28-75) it measured 9.6-13.7 s,
+    # where the code before measured 13.8-23.4 s (bench/README.md, issue 13).
+    assert drain < 10.0, f"drained in {drain:.1f}s"
     assert max_overlap(spans) == 3  # the limit is used, not just respected
 
 
