@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from dygo.store.config import parse_rate
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    WithJsonSchema,
+)
 from pydantic_core import PydanticCustomError
 
 JobState = Literal["scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled"]
@@ -219,11 +231,33 @@ class FlowLimitList(BaseModel):
     limits: list[FlowLimit]
 
 
+# A rate limit the API takes: N/s, N/m or N/h with N from 1 to config.MAX_RATE_COUNT (10^9), ASCII only. The
+# schema states it as this pattern; the validator checks the same pattern and, when it fails, answers with
+# the config file's message for the rule broken (store/config.py parse_rate), naming the field. A `pattern=`
+# constraint would answer "String should match pattern ..." instead.
+RATE_LIMIT_PATTERN = r"^ *0*([1-9][0-9]{0,8}|1000000000) */ *[smh] *$"
+
+
+def _rate_limit(value: Any) -> Any:
+    if isinstance(value, str) and not re.fullmatch(RATE_LIMIT_PATTERN, value):
+        try:
+            parse_rate(value)
+        except ValueError as exc:
+            raise PydanticCustomError("rate_limit_invalid", str(exc)) from None
+        raise PydanticCustomError("rate_limit_invalid", f"rate_limit {value!r} must be a count per unit: "
+                                  '"100/s", "600/m" or "10000/h" (ASCII digits and spaces)')
+    return value
+
+
+RateLimit = Annotated[str, Field(max_length=32), AfterValidator(_rate_limit),
+                      WithJsonSchema({"type": "string", "maxLength": 32, "pattern": RATE_LIMIT_PATTERN})]
+
+
 class FlowLimitChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     concurrency_limit: int | None = Field(None, ge=1, le=1_000_000, description="null: no concurrency limit")
-    rate_limit: str | None = Field(None, pattern=r"^\s*\d+\s*/\s*[smh]\s*$", max_length=32,
-                                   description="N/s, N/m or N/h; null: no rate limit")
+    rate_limit: RateLimit | None = Field(None, description="N/s, N/m or N/h, N from 1 to 1,000,000,000; "
+                                         "null: no rate limit")
     key: str | None = Field(None, pattern=r"^meta\.[A-Za-z0-9_.-]+$", max_length=255,
                             description="meta.<field>: a limit per value of that field; null: one limit")
 

@@ -2,16 +2,16 @@
 per key (`key: meta.tenant`), enforced where jobs are claimed, in the claim's transaction.
 
 A claim for queues that no limit concerns is CLAIM_JOBS as before: one statement, no lock. Under a
-limit the claim is one transaction:
+limit the claim is one transaction in one round trip (pipelined):
 1. an advisory lock per limit concerned (sorted, so two claims never wait on each other in a cycle),
-   taken by its own statement before anything is counted: READ COMMITTED gives each later statement
-   a snapshot that includes every claim committed while this one waited for the lock;
-2. the use of each limit: active jobs (the active set is small: one walk of dygo_jobs_leases) and
-   the starts logged in each rate window;
-3. the ready rows, skipping every queue, kind and key already at its limit (so one tenant's backlog
-   does not hide another tenant's jobs), locked FOR UPDATE SKIP LOCKED;
-4. of those, the ones each limit still admits, claimed like CLAIM_JOBS claims (queries._CLAIM_PICKED);
-5. one start-log row per rate limit and key with its count: insert-only, no shared row per job.
+   taken by its own statement before anything is counted: READ COMMITTED gives the next statement a
+   snapshot that includes every claim committed while this one waited for the lock;
+2. CLAIM_LIMITED, one statement: the use of each limit (active jobs: the active set is small, one walk
+   of dygo_jobs_leases; the starts logged in each rate window), the ready rows skipping every queue,
+   kind and key already at its limit (so one tenant's backlog does not hide another tenant's jobs),
+   locked FOR UPDATE SKIP LOCKED, of those the ones each limit still admits, claimed like CLAIM_JOBS
+   claims (queries._CLAIMED), and one start-log row per rate limit and key with its count (insert-only,
+   no shared row per job).
 
 Rate windows are sliding: at most N starts in any interval of the window's length, on the database
 clock at the claim (clock_timestamp(), read after the lock, so the log's times follow lock order).
@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from dygo.store import queries
+from dygo.store import leases, queries
 from dygo.store.config import Limit, parse_concurrency_limit, parse_limit_key, parse_rate
 from dygo.store.errors import ConfigError
 from dygo.store.leases import Claim, ClaimedJob, claim_with_next_due
@@ -49,54 +48,109 @@ WHERE concurrency_limit IS NOT NULL OR rate_count IS NOT NULL"""
 LOCK_LIMITS = """
 SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%(keys)s::bigint[]) WITH ORDINALITY AS l(k, i)"""
 
-# Active jobs per limit and key value ('' for an unkeyed limit, and for jobs without the key's field).
-ACTIVE_USE = """
-SELECT l.scope, l.name, coalesce(j.meta ->> l.key, '') AS key, count(*)::integer
-FROM unnest(%(scopes)s::text[], %(names)s::text[], %(keys)s::text[]) AS l(scope, name, key)
-JOIN dygo_jobs j ON j.state = 'active' AND l.name = CASE l.scope WHEN 'queue' THEN j.queue ELSE j.kind END
-GROUP BY 1, 2, 3"""
-
-# Starts per rate limit and key in the window ending now, and seconds until its oldest start leaves it.
-RATE_USE = """
-SELECT s.scope, s.name, s.key, sum(s.n)::integer,
-       extract(epoch FROM min(s.at) + make_interval(secs => l.win) - clock_timestamp())::float8
-FROM unnest(%(scopes)s::text[], %(names)s::text[], %(windows)s::float8[]) AS l(scope, name, win)
-JOIN dygo_limit_starts s ON s.scope = l.scope AND s.name = l.name
-                        AND s.at > clock_timestamp() - make_interval(secs => l.win)
-GROUP BY s.scope, s.name, s.key, l.win"""
-
-# The ready rows of each queue in claim order, skipping those of any (scope, name[, meta field = value])
-# at its limit. Same walk of dygo_jobs_ready as CLAIM_JOBS; the extra NOT EXISTS is over a short array.
-PICK_LIMITED = """
-SELECT p.id, p.kind, p.queue, p.meta FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
-CROSS JOIN LATERAL (
-    SELECT id, kind, queue, meta FROM dygo_jobs j
-    WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
-      AND kind <> ALL(%(full_kinds)s::text[])
-      AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-      AND NOT EXISTS (
-          SELECT 1 FROM unnest(%(full_scopes)s::text[], %(full_names)s::text[], %(full_fields)s::text[],
-                               %(full_values)s::text[]) AS f(scope, name, field, value)
-          WHERE f.name = CASE f.scope WHEN 'queue' THEN j.queue ELSE j.kind END
-            AND (f.field IS NULL OR coalesce(j.meta ->> f.field, '') = f.value))
-    ORDER BY priority DESC, run_at, id
-    LIMIT w.slots
-    FOR UPDATE SKIP LOCKED
-) AS p"""
-
-# Seconds until the next scheduled job of each queue (the limited claim's version of CLAIM_JOBS's next_due
-# rows).
-NEXT_DUE = f"""
-SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 FROM unnest(%(queues)s::text[]) AS w(queue)
-CROSS JOIN LATERAL ({queries._NEXT_RUN_AT}) AS n
-WHERE n.run_at IS NOT NULL"""
-
-CLAIM_PICKED = "WITH picked AS (SELECT unnest(%(ids)s::bigint[]) AS id), " + queries._CLAIM_PICKED
-
-LOG_STARTS = """
-INSERT INTO dygo_limit_starts (scope, name, key, at, n)
-SELECT scope, name, key, clock_timestamp(), n
-FROM unnest(%(scopes)s::text[], %(names)s::text[], %(keys)s::text[], %(counts)s::integer[]) AS s(scope, name, key, n)"""
+# The limited claim, after the lock: every step in one statement, so the whole claim is one round trip
+# (BEGIN, the lock, this, COMMIT, pipelined) whatever the limits. Each (scope, name, field, concurrency,
+# rate count, rate window) of the limits concerned is a row of `lim`; `use` has the active jobs and the
+# starts in the window per limit and key ('' for an unkeyed limit, and for jobs without the key's field),
+# with `wait`: NULL if it admits another start now, else the seconds until it may (CONCURRENCY_RECHECK
+# for a full concurrency limit, a settle's NOTIFY may come first).
+# The walk is CLAIM_JOBS's, skipping every (limit, key) at its limit (so one tenant's backlog does not
+# hide another tenant's jobs); an unkeyed queue limit caps the walk itself (no point locking rows it
+# cannot admit). Of the candidates, a job is kept while every limit that applies still admits it: its
+# rank among the candidates of that limit and key, in claim order, plus the use, is within the limit.
+# Ranks count candidates another limit refused: the claim may take fewer than it could (the queue is
+# then claimed again at once: a `held` row with wait 0), never more. The kept rows are claimed as
+# CLAIM_JOBS claims (queries._CLAIMED), and each rate limit and key gets one start-log row with its count
+# (insert-only: no shared row per job). The rows returned: the claimed jobs in claim order, then one row
+# per queue that came back short with its next scheduled job (due_in), and one per queue a limit held
+# back (wait).
+CLAIM_LIMITED = f"""
+WITH lim AS MATERIALIZED (
+    SELECT * FROM unnest(%(scopes)s::text[], %(names)s::text[], %(fields)s::text[], %(concurrency)s::integer[],
+                         %(rate_counts)s::integer[], %(rate_windows)s::float8[])
+        WITH ORDINALITY AS l(scope, name, field, conc, rcount, rwin, li)
+), active AS (
+    SELECT l.li, coalesce(j.meta ->> l.field, '') AS key, count(*)::integer AS n
+    FROM lim l JOIN dygo_jobs j ON j.state = 'active'
+                               AND l.name = CASE l.scope WHEN 'queue' THEN j.queue ELSE j.kind END
+    WHERE l.conc IS NOT NULL
+    GROUP BY 1, 2
+), started AS (
+    SELECT l.li, s.key, sum(s.n)::integer AS n,
+           extract(epoch FROM min(s.at) + make_interval(secs => l.rwin) - clock_timestamp())::float8 AS frees_in
+    FROM lim l JOIN dygo_limit_starts s ON s.scope = l.scope AND s.name = l.name
+                                       AND s.at > clock_timestamp() - make_interval(secs => l.rwin)
+    WHERE l.rcount IS NOT NULL
+    GROUP BY l.li, s.key, l.rwin
+), use AS MATERIALIZED (
+    SELECT l.li, l.scope, l.name, l.field, coalesce(a.key, s.key) AS key,
+           coalesce(a.n, 0) AS active, coalesce(s.n, 0) AS started,
+           greatest(CASE WHEN a.n >= l.conc THEN %(recheck)s::float8 END,
+                    CASE WHEN s.n >= l.rcount THEN greatest(s.frees_in, 0) + 0.005 END) AS wait
+    FROM active a FULL JOIN started s ON s.li = a.li AND s.key = a.key
+    JOIN lim l ON l.li = coalesce(a.li, s.li)
+), w AS (
+    SELECT w.queue, greatest(least(w.slots, (
+        SELECT min(least(l.conc - coalesce(u.active, 0), l.rcount - coalesce(u.started, 0)))
+        FROM lim l LEFT JOIN use u ON u.li = l.li AND u.key = ''
+        WHERE l.scope = 'queue' AND l.field IS NULL AND l.name = w.queue)), 0) AS slots
+    FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
+), cand AS MATERIALIZED (
+    SELECT p.* FROM w CROSS JOIN LATERAL (
+        SELECT id, kind, queue, meta, priority, run_at FROM dygo_jobs j
+        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND kind <> ALL(%(full_kinds)s::text[])
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+          AND NOT EXISTS (SELECT 1 FROM use u WHERE u.wait IS NOT NULL
+                            AND u.name = CASE u.scope WHEN 'queue' THEN j.queue ELSE j.kind END
+                            AND coalesce(j.meta ->> u.field, '') = u.key)
+        ORDER BY priority DESC, run_at, id
+        LIMIT w.slots
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+    WHERE w.slots > 0
+), ranked AS (
+    SELECT c.id, l.li, coalesce(c.meta ->> l.field, '') AS key,
+           row_number() OVER (PARTITION BY l.li, coalesce(c.meta ->> l.field, '')
+                              ORDER BY c.priority DESC, c.run_at, c.id) AS rn
+    FROM cand c JOIN lim l ON l.name = CASE l.scope WHEN 'queue' THEN c.queue ELSE c.kind END
+), refused AS (
+    SELECT DISTINCT r.id FROM ranked r JOIN lim l ON l.li = r.li LEFT JOIN use u ON u.li = r.li AND u.key = r.key
+    WHERE r.rn + coalesce(u.active, 0) > l.conc OR r.rn + coalesce(u.started, 0) > l.rcount
+), kept AS (
+    -- This worker's per-kind caps (worker/capacity.py): no more of a kind than its free slots.
+    SELECT r.id FROM (
+        SELECT c.id, c.kind, row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id) AS n
+        FROM cand c WHERE c.id NOT IN (SELECT id FROM refused)
+    ) AS r LEFT JOIN unnest(%(cap_kinds)s::text[], %(cap_free)s::integer[]) AS k(kind, free) ON k.kind = r.kind
+    WHERE k.free IS NULL OR r.n <= k.free
+), {queries._CLAIMED.format(rows="kept")}, logged AS (
+    INSERT INTO dygo_limit_starts (scope, name, key, at, n)
+    SELECT l.scope, l.name, coalesce(c.meta ->> l.field, ''), clock_timestamp(), count(*)
+    FROM claimed c JOIN lim l ON l.rcount IS NOT NULL
+                             AND l.name = CASE l.scope WHEN 'queue' THEN c.queue ELSE c.kind END
+    GROUP BY l.scope, l.name, 3
+), next_due AS (
+    SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
+    FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
+    CROSS JOIN LATERAL ({queries._NEXT_RUN_AT}) AS n
+    WHERE n.run_at IS NOT NULL AND w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
+), held AS (
+    SELECT w.queue, min(u.wait) AS wait FROM unnest(%(queues)s::text[]) AS w(queue)
+    JOIN use u ON u.wait IS NOT NULL AND (u.scope = 'kind' OR u.name = w.queue)
+    GROUP BY 1
+    UNION ALL
+    SELECT DISTINCT c.queue, 0::float8 FROM cand c JOIN refused r ON r.id = c.id
+)
+SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,
+       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8,  -- start latency (store/timings.py)
+       NULL::float8 AS due_in, NULL::float8 AS wait, priority, run_at
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, NULL, NULL FROM next_due
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, NULL, NULL FROM held
+ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 
 TRIM_STARTS = """
@@ -166,114 +220,46 @@ async def claim(conn: psycopg.AsyncConnection, wanted: Mapping[str, int], owner:
     concerned = [r for r in await current(conn) if r.scope == "kind" or r.name in wanted]
     if not concerned:
         return await claim_with_next_due(conn, wanted, owner, ttl, jobs, since=since, kind_free=kind_free)
-    # Pipelined: the lock and the counts go in one round trip, the pick in a second, the claim, the
-    # start log and the commit in a third (each statement still runs after the one before it).
-    async with conn.pipeline(), conn.transaction():
-        return await _claim_limited(conn, wanted, owner, ttl, jobs or registry, concerned, dict(kind_free or {}))
+    return await _claim_limited(conn, wanted, owner, ttl, jobs or registry, concerned, dict(kind_free or {}))
 
 
 async def _claim_limited(conn: psycopg.AsyncConnection, wanted: dict[str, int], owner: str, ttl: float,
                          jobs: Registry, concerned: list[LimitRow], kind_free: dict[str, int]) -> Claim:
-    await conn.execute(LOCK_LIMITS, {"keys": sorted(r.lock_key for r in concerned)})
-    await conn.execute(queries.INDEX_SCANS_ONLY)  # the claim's UPDATE by id, on a table of a few pages
-    next_due = await conn.execute(NEXT_DUE, {"queues": list(wanted)})
-    # Use per (scope, name, key): active jobs and starts in the window; a key not listed has none.
-    counting = [r for r in concerned if r.concurrency_limit is not None]
-    rated = [r for r in concerned if r.rate_count is not None]
-    active_rows = rate_rows = None
-    if counting:
-        params = {"scopes": [r.scope for r in counting], "names": [r.name for r in counting],
-                  "keys": [r.key for r in counting]}
-        active_rows = await conn.execute(ACTIVE_USE, params)
-    if rated:
-        params = {"scopes": [r.scope for r in rated], "names": [r.name for r in rated],
-                  "windows": [r.rate_window for r in rated]}
-        rate_rows = await conn.execute(RATE_USE, params)
-    active: dict[tuple[str, str, str], int] = {}
-    started: dict[tuple[str, str, str], int] = {}
-    frees_in: dict[tuple[str, str, str], float] = {}
-    for scope, name, key, n in await active_rows.fetchall() if active_rows else ():
-        active[(scope, name, key)] = n
-    for scope, name, key, n, due in await rate_rows.fetchall() if rate_rows else ():
-        started[(scope, name, key)] = n
-        frees_in[(scope, name, key)] = max(due, 0.0)
-
-    held: dict[str, float] = {}
-
-    def hold(queue: str, wait: float) -> None:
-        held[queue] = min(held.get(queue, wait), wait)
-
-    def full_wait(r: LimitRow, key: str) -> float | None:
-        """None if (r, key) admits another start now, else how long until it may."""
-        waits = []
-        if r.concurrency_limit is not None and active.get((r.scope, r.name, key), 0) >= r.concurrency_limit:
-            waits.append(CONCURRENCY_RECHECK)
-        if r.rate_count is not None and started.get((r.scope, r.name, key), 0) >= r.rate_count:
-            waits.append(frees_in.get((r.scope, r.name, key), 0.0) + 0.005)
-        return max(waits) if waits else None
-
-    # What is at its limit already is left out of the walk. An unkeyed queue limit drops its queue.
-    excluded: list[tuple[str, str, str | None, str | None]] = []
-    for r in concerned:
-        keys = {k[2] for k in (*active, *started) if k[:2] == (r.scope, r.name)} if r.key else {""}
-        for key in keys:
-            wait = full_wait(r, key)
-            if wait is None:
-                continue
-            excluded.append((r.scope, r.name, r.key, key if r.key else None))
-            for queue in wanted:
-                if r.scope == "kind" or r.name == queue:
-                    hold(queue, wait)
-    walk = {q: n for q, n in wanted.items()
-            if not any(s == "queue" and name == q and field is None for s, name, field, _ in excluded)}
-    for r in concerned:
-        # An unkeyed queue limit caps the walk itself: no point locking rows it cannot admit.
-        if r.scope == "queue" and r.key is None and r.name in walk:
-            if r.concurrency_limit is not None:
-                walk[r.name] = min(walk[r.name], r.concurrency_limit - active.get((r.scope, r.name, ""), 0))
-            if r.rate_count is not None:
-                walk[r.name] = min(walk[r.name], r.rate_count - started.get((r.scope, r.name, ""), 0))
-    walk = {q: n for q, n in walk.items() if n > 0}
-    if not walk:
-        return Claim([], await _due(next_due), held=held)
-    params = {"queues": list(walk), "limits": list(walk.values()),
-              "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
-              "full_scopes": [e[0] for e in excluded], "full_names": [e[1] for e in excluded],
-              "full_fields": [e[2] for e in excluded], "full_values": [e[3] for e in excluded]}
-    candidates = await (await conn.execute(PICK_LIMITED, params, prepare=False)).fetchall()
-
-    chosen: list[int] = []
-    starts: Counter[tuple[str, str, str]] = Counter()
-    for job_id, kind, queue, meta in candidates:
-        applying = [(r, r.key_of(meta)) for r in concerned if r.applies(queue, kind)]
-        if any(full_wait(r, key) is not None for r, key in applying):
-            hold(queue, 0.0)  # its limit filled within this batch: other ready rows may be admitted
-            continue
-        if kind_free.get(kind, 1) <= 0:
-            continue  # this worker's cap on the kind (worker/capacity.py) filled within this batch
-        if kind in kind_free:
-            kind_free[kind] -= 1
-        chosen.append(job_id)
-        for r, key in applying:
-            if r.concurrency_limit is not None:
-                active[(r.scope, r.name, key)] = active.get((r.scope, r.name, key), 0) + 1
-            if r.rate_count is not None:
-                started[(r.scope, r.name, key)] = started.get((r.scope, r.name, key), 0) + 1
-                starts[(r.scope, r.name, key)] += 1
-    if not chosen:
-        return Claim([], await _due(next_due), held=held)
     kind_attempts, default = jobs.max_attempts_at_claim()
-    params = {"ids": chosen, "owner": owner, "ttl": ttl, "kind_attempts": kind_attempts, "max_attempts": default}
-    claiming = await conn.execute(CLAIM_PICKED, params, prepare=False)
-    if starts:
-        params = {"scopes": [k[0] for k in starts], "names": [k[1] for k in starts],
-                  "keys": [k[2] for k in starts], "counts": list(starts.values())}
-        await conn.execute(LOG_STARTS, params)
-    return Claim([ClaimedJob(*row) for row in await claiming.fetchall()], await _due(next_due), held=held)
-
-
-async def _due(cursor: psycopg.AsyncCursor) -> dict[str, float]:
-    return {queue: due_in for queue, due_in in await cursor.fetchall()}
+    params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl,
+              "kind_attempts": kind_attempts, "max_attempts": default, "recheck": CONCURRENCY_RECHECK,
+              "scopes": [r.scope for r in concerned], "names": [r.name for r in concerned],
+              "fields": [r.key for r in concerned], "concurrency": [r.concurrency_limit for r in concerned],
+              "rate_counts": [r.rate_count for r in concerned], "rate_windows": [r.rate_window for r in concerned],
+              "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
+              "cap_kinds": [kind for kind, free in kind_free.items() if free > 0],
+              "cap_free": [free for free in kind_free.values() if free > 0]}
+    # One pipeline, one round trip: the lock is a statement of its own, so that CLAIM_LIMITED, a later
+    # statement, takes its READ COMMITTED snapshot after the lock was granted and counts every claim
+    # committed while this one waited for it. The commit need not wait for the WAL flush, as
+    # leases.claim_with_next_due's (a claim lost in a crash leaves its jobs pending).
+    try:
+        async with conn.pipeline():
+            await conn.execute(leases.BEGIN)
+            await conn.execute(queries.INDEX_SCANS_ONLY)  # the claim's UPDATE by id, on a table of a few pages
+            await conn.execute(leases.CLAIM_COMMITS_ASYNC)
+            await conn.execute(LOCK_LIMITS, {"keys": sorted(r.lock_key for r in concerned)})
+            cursor = await conn.execute(CLAIM_LIMITED, params)
+            await conn.execute(leases.COMMIT)
+        rows = await cursor.fetchall()
+    except BaseException:
+        await leases._roll_back(conn)
+        raise
+    held: dict[str, float] = {}
+    due: dict[str, float] = {}
+    for row in rows:
+        if row[0] is not None:
+            continue
+        if row[11] is not None:
+            due[row[2]] = row[11]
+        if row[12] is not None:
+            held[row[2]] = min(held.get(row[2], row[12]), row[12])
+    return Claim([ClaimedJob(*row[:11]) for row in rows if row[0] is not None], due, held=held)
 
 
 async def freed_queues(conn: psycopg.AsyncConnection, jobs: Iterable[ClaimedJob]) -> list[str]:

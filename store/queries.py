@@ -87,7 +87,7 @@ LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 # --- Claim, lease, settle ------------------------------------------------------------------------
 
 # What the claim does to the rows it keeps (CTE `{rows}` of ids), shared by CLAIM_JOBS and the claim under
-# cluster-wide limits (store/limits.py CLAIM_PICKED), so both start a job the same way.
+# cluster-wide limits (store/limits.py CLAIM_LIMITED), so both start a job the same way.
 _CLAIMED = """claimed AS (
     UPDATE dygo_jobs AS j
     SET state = 'active', attempt = j.attempt + 1, started_at = now(),
@@ -99,10 +99,6 @@ _CLAIMED = """claimed AS (
     RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
               j.lease_token, j.lease_deadline, j.priority, j.run_at
 )"""
-_CLAIM_PICKED = _CLAIMED.format(rows="picked") + """
-SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,
-       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8  -- start latency (store/timings.py)
-FROM claimed ORDER BY priority DESC, run_at, id"""
 
 # When queue `w.queue`'s next scheduled job is due (NULL: none): future run_at only, an index condition,
 # so the entries of claimed jobs are passed over without a visit to their rows. Paused queues are left

@@ -3,6 +3,7 @@ enforced by real `dygo worker` processes claiming at once; times come from insid
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import time
@@ -76,10 +77,11 @@ def test_a_kind_concurrency_limit_holds_across_eight_workers_and_drains_at_the_l
     assert len(spans) == 300
     assert max_overlap(spans) <= 3
     drain = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
-    # 300 x 50 ms / 3 = 5 s of handler time at the limit; the rest is claim and settle turn-around: on
-    # the 2-core VM, 8 worker processes and the server measured 7-9.6 s (a freed slot is refilled ~30-45 ms
-    # later: settle, NOTIFY, a claim under the limit's lock). A limit used as 2 would take 7.5 s + the same.
-    assert drain < 11.0, f"drained in {drain:.1f}s"
+    # 300 x 50 ms / 3 = 5 s of handler time at the limit; the rest is the turn-around of a freed slot: the
+    # settle's commit, then the same worker's claim of the replacement (no NOTIFY to all 8 workers racing for
+    # the limit's lock). On the 2-core VM with other suites running (load 28-75) it measured 9.6-13.7 s,
+    # where the code before measured 13.8-23.4 s (bench/README.md, issue 13).
+    assert drain < 10.0, f"drained in {drain:.1f}s"
     assert max_overlap(spans) == 3  # the limit is used, not just respected
 
 
@@ -226,9 +228,11 @@ def test_a_limit_changed_through_the_api_applies_to_running_workers_within_a_sec
     wait_until(lambda: len(runs(conn)) >= 6, message="jobs to run under the file's limit")
     clock = "SELECT clock_timestamp()"
 
+    # Read before the request: a start between the change's commit and a clock read after the reply would
+    # count as "before" it (seen on a loaded VM: the workers claim under the new limit at once).
+    raised_at = conn.execute(clock).fetchone()[0]
     raised = api.admin.put("/api/v1/limits/kind/test.limited", json={"concurrency_limit": 5})
     assert raised.status_code == 200, raised.text
-    raised_at = conn.execute(clock).fetchone()[0]
     assert raised.json()["concurrency_limit"] == 5
     time.sleep(1.5)
     spans = [(start, end) for _, start, end in runs(conn) if end is not None]
@@ -305,3 +309,19 @@ def test_limits_in_use_and_jobs_waiting_on_them_show_in_metrics_status_and_the_q
     lines = [line.split() for line in cli.lines]
     assert ["SCOPE", "NAME", "KEY", "CONCURRENCY", "IN", "USE", "RATE", "STARTED", "WAITING"] in lines
     assert ["kind", "test.limited", "-", "2", "2", "100/m", "2", "3"] in lines
+
+
+def test_a_bad_rate_limit_through_the_api_is_refused_naming_the_field_and_the_rule_the_schema_states(api):
+    for value, rule in (("10/d", 'a count per unit: "100/s", "600/m" or "10000/h"'),
+                        ("5 per day", 'a count per unit: "100/s", "600/m" or "10000/h"'),
+                        ("0/h", "at least 1 start per window"),
+                        ("2000000000/s", "more than 1,000,000,000 starts per window")):
+        answer = api.admin.put("/api/v1/limits/kind/test.limited", json={"rate_limit": value})
+        assert answer.status_code == 422, (value, answer.text)
+        [detail] = answer.json()["error"]["details"]
+        assert detail["loc"] == ["body", "rate_limit"]
+        assert f"rate_limit {value!r}" in detail["msg"] and rule in detail["msg"], detail
+    assert api.admin.put("/api/v1/limits/kind/test.limited", json={"rate_limit": "1000000000/h"}).status_code == 200
+    schema = api.reader.get("/openapi.json").json()["components"]["schemas"]["FlowLimitChange"]
+    pattern = next(s for s in schema["properties"]["rate_limit"]["anyOf"] if s.get("type") == "string")["pattern"]
+    assert re.fullmatch(pattern, "10/m") and not re.fullmatch(pattern, "0/h") and not re.fullmatch(pattern, "10/d")

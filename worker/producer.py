@@ -122,6 +122,19 @@ class Producer:
             slots.since = None  # a hand-back keeps its run_at: behind where the walk would start
             self.wake.set()  # the idle wait takes the new timer into account
 
+    def takes_freed(self, name: str) -> bool:
+        """Whether this worker claims for queue `name` as soon as it is told a settle freed a slot of a
+        limit there (refill): then the settle need not wake every worker to race for the slot under the
+        limit's lock (limits.freed_queues); the workers a limit held back still retry on their timer."""
+        slots = self.slots.get(name)
+        return (slots is not None and not self.stopping.is_set() and slots.free >= slots.batch_threshold()
+                and self.capacity.total_free() >= self.capacity.batch_threshold())
+
+    def refill(self, names: list[str]) -> None:
+        """A settle of this worker freed slots of a limit in `names` (committed): claim for them now."""
+        for name in names:
+            self.wake_queue(name)
+
     def stop(self) -> None:
         self.stopping.set()
         self.wake.set()

@@ -59,7 +59,8 @@ class Worker:
         self.capacity = Capacity(jobs.concurrency_caps(settings.default_concurrency), options.max_concurrency)
         self.progress = ProgressWriter(self.database.pool, leased, self.database.outage)
         self.settler = Settler(self.database, leased, self.stats, requeued=lambda queue, delay: (
-            self.producer.requeued(queue, delay)))
+            self.producer.requeued(queue, delay)), takes_freed=lambda queue: self.producer.takes_freed(queue),
+            refill=lambda queues: self.producer.refill(queues))
         self.runs = Runs(leased, Executor(settings, jobs, self.progress.report), self.settler, self.progress,
                          self.stats)
         self.heartbeat = Heartbeat(self.database, self.id, options.queues)

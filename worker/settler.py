@@ -27,8 +27,14 @@ class Settler:
     name = "settler"
 
     def __init__(self, database: Database, leased: dict[UUID, ClaimedJob], stats: WorkerStats,
-                 requeued: Callable[[str, float], None] = lambda queue, delay: None) -> None:
+                 requeued: Callable[[str, float], None] = lambda queue, delay: None,
+                 takes_freed: Callable[[str], bool] = lambda queue: False,
+                 refill: Callable[[list[str]], None] = lambda queues: None) -> None:
         self.database = database
+        # A queue whose limit a settle frees slots of is refilled by this worker's producer when it can take
+        # them (takes_freed: told after the commit, by refill), otherwise every worker is woken (a NOTIFY).
+        self.takes_freed = takes_freed
+        self.refill = refill
         # Told of each job this worker put back in its queue (retry, snooze): (queue, seconds until due).
         # The producer keeps a timer for it; a poll-only worker gets no NOTIFY for it (issue 14.3).
         self.requeued = requeued
@@ -62,8 +68,12 @@ class Settler:
             batch = self.outbox[:SETTLE_BATCH]
             try:
                 async with self.database.connection() as conn:
-                    settled = await leases.settle(conn, batch, await limits.freed_queues(conn, [o.job for o in batch]))
+                    freed = await limits.freed_queues(conn, [o.job for o in batch])
+                    kept = [queue for queue in freed if self.takes_freed(queue)]
+                    settled = await leases.settle(conn, batch, [queue for queue in freed if queue not in kept])
                 del self.outbox[:len(batch)]
+                if kept:
+                    self.refill(kept)
                 await self.database.back()
             except (psycopg.Error, OSError) as exc:
                 await self.database.lost(f"settling {len(batch)} job(s)", exc)
