@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -71,6 +71,16 @@ class Claim:
     held: dict[str, float] = field(default_factory=dict)
 
 
+def array(values: Iterable[object]) -> str:
+    """A PostgreSQL array literal of `values` (None: NULL), for a parameter the statement casts to its array
+    type (`%(ids)s::bigint[]`). Sent as text of unknown type: psycopg's list dumping (finding each list's
+    element type, then a dumper for it) cost ~85 us per list in the worker's claim and settle, about 10 lists
+    a round; this costs a few (issue 12, item 7). Every element is quoted, with backslash and double quote
+    escaped: what any element type's input reads."""
+    return "{" + ",".join("NULL" if v is None else '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+                          for v in values) + "}"
+
+
 async def check_schema(conn: psycopg.AsyncConnection) -> None:
     exists = (await (await conn.execute(queries.HAS_MIGRATIONS_TABLE)).fetchone())[0]
     version = (await (await conn.execute(queries.SCHEMA_VERSION)).fetchone())[0] if exists else None
@@ -83,9 +93,9 @@ async def listen(conn: psycopg.AsyncConnection) -> None:
 
 
 # A claim's and a settle's transactions, each sent in one pipeline: one round trip where BEGIN, the
-# statements and COMMIT each took one. Explicit, not the pipeline's implicit transaction: a statement
-# that fails in the client (a value psycopg cannot send) ends the pipeline early, and its sync would
-# commit what went before.
+# statements and COMMIT each took one. A settle of two data statements is explicit, not the pipeline's
+# implicit transaction: a statement that fails in the client (a value psycopg cannot send) ends the
+# pipeline early, and its sync would commit what went before.
 BEGIN = "BEGIN"
 COMMIT = "COMMIT"
 # A claim's own transaction, in one statement: sequential scans priced out (queries.INDEX_SCANS_ONLY), a commit
@@ -132,11 +142,11 @@ async def claim_with_next_due(conn: psycopg.AsyncConnection, limits: Mapping[str
     kind_free = kind_free or {}
     most = sum(wanted.values())  # a kind with this many free slots cannot be trimmed: leave it out
     trimmed = {kind: free for kind, free in kind_free.items() if 0 < free < most}
-    params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl,
+    params = {"queues": array(wanted), "limits": array(wanted.values()), "owner": owner, "ttl": ttl,
               "kind_attempts": kind_attempts, "max_attempts": default,
-              "since": [(since or {}).get(queue) for queue in wanted],
-              "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
-              "cap_kinds": list(trimmed), "cap_free": list(trimmed.values())}
+              "since": array((since or {}).get(queue) for queue in wanted),
+              "full_kinds": array(kind for kind, free in kind_free.items() if free <= 0),
+              "cap_kinds": array(trimmed), "cap_free": array(trimmed.values())}
     statement = queries.CLAIM_JOBS_CAPPED if trimmed else queries.CLAIM_JOBS
     # In a transaction of its own (an idle autocommit connection: the worker's), the claim's commit does not
     # wait for the WAL flush: a slot's claim no longer waits on the disk (issue 12, item 7). A claim lost in a
@@ -197,37 +207,42 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
     # The first statement locks every row of the batch, in id order (queries._LOCKED): the second's rows
     # are then held already, and this transaction never holds one row while waiting for a lower one.
     batch = [o.job.id for o in outcomes]
+    # One data statement (the usual batch: successes only) needs no BEGIN and COMMIT: the pipeline's implicit
+    # transaction holds it, and a statement psycopg cannot send leaves nothing of the batch. Two need them.
+    explicit = bool(successes) and bool(others)
     try:
         async with conn.pipeline():
-            await conn.execute(BEGIN)
+            if explicit:
+                await conn.execute(BEGIN)
             # Its own statement, not _on_indexes: a settle's arrays grow with the batch, and binding them
             # client-side cost the worker ~20% more CPU per job (bench/run.py).
             await conn.execute(queries.INDEX_SCANS_ONLY)
             if successes:
                 params = {
-                    "lock": batch,
-                    "ids": [o.job.id for o in successes],
-                    "tokens": [o.job.lease_token for o in successes],
-                    "results": [o.result for o in successes],
+                    "lock": array(batch),
+                    "ids": array(o.job.id for o in successes),
+                    "tokens": array(o.job.lease_token for o in successes),
+                    "results": array(o.result for o in successes),
                     **_progress_params(successes),
                 }
                 cursors.append(await conn.execute(queries.SETTLE_SUCCEEDED, params))
             if others:
                 params = {
-                    "lock": [o.job.id for o in others],  # the whole batch when there were no successes
-                    "ids": [o.job.id for o in others],
-                    "tokens": [o.job.lease_token for o in others],
-                    "states": [o.state for o in others],
-                    "delays": [float(o.delay) for o in others],
-                    "refunds": [o.refund_attempt for o in others],
-                    "errors": [o.error for o in others],
-                    "tracebacks": [o.traceback for o in others],
+                    "lock": array(o.job.id for o in others),  # the whole batch when there were no successes
+                    "ids": array(o.job.id for o in others),
+                    "tokens": array(o.job.lease_token for o in others),
+                    "states": array(o.state for o in others),
+                    "delays": array(float(o.delay) for o in others),
+                    "refunds": array(o.refund_attempt for o in others),
+                    "errors": array(o.error for o in others),
+                    "tracebacks": array(o.traceback for o in others),
                     **_progress_params(others),
                 }
                 cursors.append(await conn.execute(queries.SETTLE_UNSUCCESSFUL, params))
             if notify:
                 await conn.execute(queries.NOTIFY_QUEUES, {"queues": notify})
-            await conn.execute(COMMIT)
+            if explicit:
+                await conn.execute(COMMIT)
     except BaseException:
         await _roll_back(conn)
         raise
@@ -239,8 +254,8 @@ def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str
     of the batch has a report; then one fraction and message per job, None where it has none."""
     if all(o.progress is None for o in outcomes):
         return {"fractions": None, "messages": None}
-    return {"fractions": [o.progress[0] if o.progress else None for o in outcomes],
-            "messages": [o.progress[1] if o.progress else None for o in outcomes]}
+    return {"fractions": array(o.progress[0] if o.progress else None for o in outcomes),
+            "messages": array(o.progress[1] if o.progress else None for o in outcomes)}
 
 
 async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int) -> list[tuple[int, str]]:
