@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from dygo.store import enqueue, enqueue_many
 from dygo.store.backoff import retry_delay
-from dygo.store.leases import Succeeded, Unsuccessful, claim, recover_expired, renew, settle
+from dygo.store.leases import Succeeded, Unsuccessful, array, claim, claim_session, recover_expired, renew, settle
 
 
 def run(coro):
@@ -266,3 +266,48 @@ def test_max_attempts_unset_at_enqueue_is_resolved_from_the_registration_at_the_
     claimed = {job.id: job.max_attempts for job in claim_now(db_url)}
     assert claimed == {registered.id: 3, own.id: 7, plain.id: 20}
     assert dict(conn.execute("SELECT id, max_attempts FROM dygo_jobs").fetchall()) == claimed  # durably
+
+
+def test_an_array_literal_reads_back_as_the_values_it_was_made_of(conn):
+    # The claim and the settle send their arrays as literals (leases.array): quotes, backslashes, braces,
+    # commas, the word NULL and None must all come back as themselves, in every element type they use.
+    from datetime import UTC, datetime
+
+    texts = ['a"b', "back\\slash", "{brace}", "a,b", "NULL", "", " spaced ", "é", None]
+    results = [json.dumps({"q": 'say "hi"\\n', "b": "{x}"}), json.dumps([1, "a,b"]), None]
+    token = uuid.uuid4()
+    when = datetime(2026, 11, 30, 22, 0, 0, 123456, tzinfo=UTC)
+    row = conn.execute("SELECT %s::text[], %s::jsonb[], %s::uuid[], %s::timestamptz[], %s::float8[], %s::bool[], "
+                       "%s::bigint[], %s::text[]",
+                       [array(texts), array(results), array([token, None]), array([when, None]),
+                        array([0.25, 1e-05, 600.0]), array([True, False]), array([1, 2**40]), array([])]).fetchone()
+    assert row[0] == texts
+    assert row[1] == [json.loads(results[0]), json.loads(results[1]), None]
+    assert row[2:] == ([token, None], [when, None], [0.25, 1e-05, 600.0], [True, False], [1, 2**40], [])
+
+
+def test_the_workers_claim_session_claims_in_one_statement_planned_once_that_does_not_wait_for_the_flush(conn, db_url):
+    # Issue 12, item 7: on the worker's own claim connection the settings are the session's, so each claim is
+    # the claim statement alone (no settings statement before it), prepared with a generic plan, committed
+    # asynchronously.
+    conn.execute("""CREATE TABLE test_commit_modes (claim text);
+        CREATE FUNCTION test_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN INSERT INTO test_commit_modes VALUES (current_setting('synchronous_commit')); RETURN NULL; END $$;
+        CREATE TRIGGER test_commit_mode AFTER UPDATE ON dygo_jobs FOR EACH STATEMENT
+            EXECUTE FUNCTION test_commit_mode()""")
+    enqueue_many(conn, [{"kind": "test.noop"}] * 10)
+
+    async def go():
+        async with await aconnect(db_url) as c:
+            await claim_session(c)
+            claimed = [job for _ in range(10) for job in await claim(c, "default", 1, "w1", 30)]
+            cursor = await c.execute("SELECT statement, generic_plans FROM pg_prepared_statements")
+            statements = await cursor.fetchall()
+            return claimed, statements
+
+    claimed, statements = run(go())
+    assert len(claimed) == 10
+    assert [row[0] for row in conn.execute("SELECT claim FROM test_commit_modes")] == ["off"] * 10
+    assert not [s for s, _ in statements if "set_config" in s], statements
+    [generic_plans] = [n for s, n in statements if "FOR UPDATE SKIP LOCKED" in s]
+    assert generic_plans >= 5  # prepared on its 5th execution, planned once since

@@ -31,7 +31,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 
 import psycopg
-from dygo.store import limits
+from dygo.store import leases, limits
 from dygo.store.leases import Claim, ClaimedJob
 from dygo.worker.capacity import Capacity
 from dygo.worker.database import Database
@@ -161,6 +161,7 @@ class Producer:
             try:
                 if self.conn is None:
                     self.conn = await self.database.connect()
+                    await leases.claim_session(self.conn)
                 if self.recover_first or self.database.outage.down:
                     await self.recovery.run_once()
                     self.recover_first = False
