@@ -241,8 +241,8 @@ async def _claim_limited(conn: psycopg.AsyncConnection, wanted: dict[str, int], 
     try:
         async with conn.pipeline():
             await conn.execute(leases.BEGIN)
-            await conn.execute(queries.INDEX_SCANS_ONLY)  # the claim's UPDATE by id, on a table of a few pages
-            await conn.execute(leases.CLAIM_COMMITS_ASYNC)
+            # Index scans only (the claim's UPDATE by id, on a table of a few pages), no wait for the flush.
+            await conn.execute(leases.CLAIM_SETTINGS)
             await conn.execute(LOCK_LIMITS, {"keys": sorted(r.lock_key for r in concerned)})
             cursor = await conn.execute(CLAIM_LIMITED, params)
             await conn.execute(leases.COMMIT)
