@@ -13,8 +13,9 @@ takes) in a transaction that is rolled back, so every claim sees the same table.
 * `cap trims`: CLAIM_JOBS_CAPPED, one kind with 3 free slots, fewer than the claim takes (the per-kind window);
 * `kind full`: CLAIM_JOBS, one kind at its cap, so the walk skips its rows.
 
-Prints the median and p95 of each variant's round trip (planning included: the claim is sent unprepared),
-and the median planning and execution time the server reports for it (EXPLAIN ANALYZE, timing off).
+Prints the median and p95 of each variant's round trip (planning included: this script sends each claim
+unprepared, to compare the statements' plans; the worker prepares its claim once, store/leases.py), and the
+median planning and execution time the server reports for it (EXPLAIN ANALYZE, timing off).
 Run from the repository root so `dygo db url` finds the project's embedded server (.dygo/pg).
 """
 
