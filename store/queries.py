@@ -714,15 +714,17 @@ SELECT count(*) FROM trimmed"""
 TRIM_DEAD = _TRIM_PARKED.format(state="dead")
 TRIM_CANCELLED = _TRIM_PARKED.format(state="cancelled")
 
-# Keys whose window has passed: they no longer deduplicate anything (the enqueue takes them over).
-TRIM_EXPIRED_KEYS = """
+# Rows of {table} whose expires_at has passed, oldest first, found by their {key}.
+_TRIM_EXPIRED = """
 WITH doomed AS (
-    SELECT key FROM dygo_idempotency_keys WHERE expires_at < now()
+    SELECT {key} FROM {table} WHERE expires_at < now()
     ORDER BY expires_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED
 ), trimmed AS (
-    DELETE FROM dygo_idempotency_keys WHERE key = ANY(ARRAY(SELECT key FROM doomed)) RETURNING 1
+    DELETE FROM {table} WHERE {key} = ANY(ARRAY(SELECT {key} FROM doomed)) RETURNING 1
 )
 SELECT count(*) FROM trimmed"""
+# Keys whose window has passed: they no longer deduplicate anything (the enqueue takes them over).
+TRIM_EXPIRED_KEYS = _TRIM_EXPIRED.format(table="dygo_idempotency_keys", key="key")
 
 # Rollup rows, keyed by ({period}, queue, kind), whose period started before {cutoff}, oldest first.
 _TRIM_ROLLUP = """
@@ -947,14 +949,7 @@ REFRESH_WAITER = """
 UPDATE dygo_result_waiters SET expires_at = now() + make_interval(secs => %(seconds)s) WHERE id = %(id)s"""
 UNREGISTER_WAITER = "DELETE FROM dygo_result_waiters WHERE id = %s"
 # The rows of waiters that died without deleting theirs (the maintainer's retention pass).
-TRIM_EXPIRED_WAITERS = """
-WITH doomed AS (
-    SELECT id FROM dygo_result_waiters WHERE expires_at < now()
-    ORDER BY expires_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED
-), trimmed AS (
-    DELETE FROM dygo_result_waiters WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
-)
-SELECT count(*) FROM trimmed"""
+TRIM_EXPIRED_WAITERS = _TRIM_EXPIRED.format(table="dygo_result_waiters", key="id")
 
 # The latest progress of each job, one statement per batch, fenced by the lease token like a settle:
 # a job settled or lost meanwhile keeps what it had.
