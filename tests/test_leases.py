@@ -83,14 +83,20 @@ def test_settle_is_fenced_by_the_lease_token(conn, db_url):
                         (job_id,)).fetchone() == ("succeeded", "fresh", None)
 
 
-def test_a_claim_commits_without_waiting_for_the_wal_flush_and_leaves_the_session_as_it_was(conn, db_url):
-    # Issue 12, item 7: a slot's claim does not wait on the disk. Seen from inside the claim's transaction
-    # by a trigger; the session's own setting (a pooled server session's, behind PgBouncer) is untouched.
+def record_commit_modes(conn) -> None:
+    """A trigger that writes, for every statement updating dygo_jobs, the synchronous_commit it runs under
+    (read back from test_commit_modes.claim)."""
     conn.execute("""CREATE TABLE test_commit_modes (claim text);
         CREATE FUNCTION test_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN INSERT INTO test_commit_modes VALUES (current_setting('synchronous_commit')); RETURN NULL; END $$;
         CREATE TRIGGER test_commit_mode AFTER UPDATE ON dygo_jobs FOR EACH STATEMENT
             EXECUTE FUNCTION test_commit_mode()""")
+
+
+def test_a_claim_commits_without_waiting_for_the_wal_flush_and_leaves_the_session_as_it_was(conn, db_url):
+    # Issue 12, item 7: a slot's claim does not wait on the disk. Seen from inside the claim's transaction
+    # by a trigger; the session's own setting (a pooled server session's, behind PgBouncer) is untouched.
+    record_commit_modes(conn)
     job = enqueue(conn, "test.noop", {})
 
     async def go():
@@ -290,11 +296,7 @@ def test_the_workers_claim_session_claims_in_one_statement_planned_once_that_doe
     # Issue 12, item 7: on the worker's own claim connection the settings are the session's, so each claim is
     # the claim statement alone (no settings statement before it), prepared with a generic plan, committed
     # asynchronously.
-    conn.execute("""CREATE TABLE test_commit_modes (claim text);
-        CREATE FUNCTION test_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN INSERT INTO test_commit_modes VALUES (current_setting('synchronous_commit')); RETURN NULL; END $$;
-        CREATE TRIGGER test_commit_mode AFTER UPDATE ON dygo_jobs FOR EACH STATEMENT
-            EXECUTE FUNCTION test_commit_mode()""")
+    record_commit_modes(conn)
     enqueue_many(conn, [{"kind": "test.noop"}] * 10)
 
     async def go():
