@@ -10,6 +10,7 @@ import time
 import psycopg
 from dygo.store import Abort, JobContext, Reportable, RetryAfter, Snooze, job
 from dygo.store.db import connect_kwargs
+from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 
 _local = threading.local()
@@ -271,18 +272,26 @@ async def capped(ctx: JobContext, args: Sleep) -> None:
     await asyncio.to_thread(record, ctx, "end")
 
 
-def _conn() -> psycopg.Connection:
-    conn = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = _local.conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, **connect_kwargs())
-    return conn
+_marks_pool: ConnectionPool | None = None
+_marks_lock = threading.Lock()
+
+
+def _marks() -> ConnectionPool:
+    """One pool per worker process for the marks: a sync handler runs in a thread of its own, so a
+    connection per thread would be a new connection per job, its few milliseconds inside the span."""
+    global _marks_pool
+    with _marks_lock:
+        if _marks_pool is None:
+            _marks_pool = ConnectionPool(os.environ["DATABASE_URL"], min_size=1, max_size=4, open=True,
+                                         kwargs={"autocommit": True, **connect_kwargs()})
+        return _marks_pool
 
 
 def _mark(ctx: JobContext, note: str) -> None:
-    # The time is read before connecting: a thread's first connection must not delay its mark.
     at = time.time()
-    _conn().execute("INSERT INTO test_runs (job_id, attempt, pid, note, at) VALUES (%s, %s, %s, %s, to_timestamp(%s))",
-                    (ctx.id, ctx.attempt, os.getpid(), note, at))
+    with _marks().connection() as conn:
+        conn.execute("INSERT INTO test_runs (job_id, attempt, pid, note, at) VALUES (%s, %s, %s, %s, to_timestamp(%s))",
+                     (ctx.id, ctx.attempt, os.getpid(), note, at))
 
 
 @job("test.limited")
