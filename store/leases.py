@@ -129,7 +129,7 @@ async def claim_session(conn: psycopg.AsyncConnection) -> None:
     _claim_sessions.add(conn)
 
 
-async def _roll_back(conn: psycopg.AsyncConnection) -> None:
+async def roll_back(conn: psycopg.AsyncConnection) -> None:
     """After a pipelined transaction failed: roll back what it left open (nothing of it stays)."""
     if not conn.closed and not conn.broken:
         with contextlib.suppress(psycopg.Error, OSError):  # the error that got us here is the one to raise
@@ -270,7 +270,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
             if explicit:
                 await conn.execute(COMMIT)
     except BaseException:
-        await _roll_back(conn)
+        await roll_back(conn)
         raise
     return {row[0] for cursor in cursors for row in await cursor.fetchall()}
 

@@ -248,7 +248,7 @@ async def _claim_limited(conn: psycopg.AsyncConnection, wanted: dict[str, int], 
             await conn.execute(leases.COMMIT)
         rows = await cursor.fetchall()
     except BaseException:
-        await leases._roll_back(conn)
+        await leases.roll_back(conn)
         raise
     held: dict[str, float] = {}
     due: dict[str, float] = {}

@@ -30,6 +30,7 @@ from dygo.store import queries
 from dygo.store.durations import parse_duration
 from dygo.store.errors import NotFound, WaitTimeout
 from dygo.store.inspect import get_job
+from dygo.store.leases import BEGIN, COMMIT, roll_back
 from psycopg.rows import dict_row
 
 CHANNEL = "dygo_finished"
@@ -40,10 +41,6 @@ WAITER_LIFETIME = 60.0
 # A row outlives its wait by this much before the maintainer may delete it: room for a refresh that
 # comes late, and for clock skew between the waiter's process and the database (expiry is on the latter).
 WAITER_GRACE = 30.0
-# A pipelined transaction, explicit (the pipeline's implicit one would commit what went before a
-# statement psycopg failed to send): BEGIN, the statements and COMMIT in one round trip.
-BEGIN = "BEGIN"
-COMMIT = "COMMIT"
 
 
 def finished_ids(payload: str) -> set[int]:
@@ -90,9 +87,7 @@ async def aregister(conn: psycopg.AsyncConnection, job_id: int, seconds: float) 
             await read.execute(queries.GET_JOB, (job_id,))  # its own statement: a snapshot after the lock
             await conn.execute(COMMIT)
     except BaseException:
-        if not conn.closed and not conn.broken:
-            with contextlib.suppress(psycopg.Error, OSError):  # the error that got us here is the one to raise
-                await conn.rollback()
+        await roll_back(conn)
         raise
     return (await inserted.fetchone())[0], await read.fetchone()
 
