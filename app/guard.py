@@ -49,6 +49,7 @@ PRIVATE_PREFIXES = ("/api/", "/metrics", "/dashboard")
 PUBLIC_PREFIXES = ("/dashboard/static/",)
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 DISCONNECT_WAIT = 1.0  # seconds
+VERDICTS_KEPT = 256  # distinct Host headers whose verdict is remembered
 
 
 def split_host(header: str) -> tuple[str, int | None] | None:
@@ -140,6 +141,8 @@ class Perimeter:
 
     def __init__(self, app: ASGIApp, hosts: HostRule) -> None:
         self.app, self.hosts = app, hosts
+        # Host header -> (its host and port, refused?): clients send a handful of values, each parsed once.
+        self._verdicts: dict[str, tuple[tuple[str, int | None] | None, bool]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -164,9 +167,19 @@ class Perimeter:
             with contextlib.suppress(Exception, asyncio.TimeoutError):
                 await asyncio.wait_for(receive(), DISCONNECT_WAIT)
 
+    def _verdict(self, host_header: str) -> tuple[tuple[str, int | None] | None, bool]:
+        verdict = self._verdicts.get(host_header)
+        if verdict is None:
+            host = split_host(host_header) if host_header else None
+            verdict = host, bool(host_header) and (host is None or not self.hosts.admits(host[0]))
+            if len(self._verdicts) >= VERDICTS_KEPT:  # a client making up Host values only empties it
+                self._verdicts.clear()
+            self._verdicts[host_header] = verdict
+        return verdict
+
     def _refusal(self, scope: Scope, headers: dict[bytes, bytes], host_header: str):
-        host = split_host(host_header) if host_header else None
-        if host_header and (host is None or not self.hosts.admits(host[0])):
+        host, refused = self._verdict(host_header)
+        if refused:
             shown = host_header[:100].encode("ascii", "backslashreplace").decode()
             return error_response(400, "host_not_allowed",
                                   f"this service does not answer to the Host {shown!r}; add the name to "
@@ -189,22 +202,38 @@ class Perimeter:
                                                                            "sec_fetch_site": site or None})
 
     def _secured(self, send: Send, path: str, host_header: str) -> Send:
-        policy, private = _policy(path), _private(path)
+        added = _SECURITY_HEADERS[(_policy(path), _private(path))]
 
         async def secured(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                headers.setdefault("x-frame-options", "DENY")
-                headers.setdefault("content-security-policy", policy)
-                headers.setdefault("x-content-type-options", "nosniff")
-                headers.setdefault("referrer-policy", "same-origin")
-                if private:
-                    headers["cache-control"] = "no-store"
-                if message["status"] in REDIRECTS and "location" in headers:
+                # One pass over the raw headers, where MutableHeaders would scan them once per header set.
+                raw = list(message.get("headers", ()))
+                present = {name.lower() for name, _ in raw}
+                if b"cache-control" in added and b"cache-control" in present:
+                    raw = [(name, value) for name, value in raw if name.lower() != b"cache-control"]
+                    present.discard(b"cache-control")
+                raw.extend((name, value) for name, value in added if name not in present)
+                message["headers"] = raw
+                if message["status"] in REDIRECTS and b"location" in present:
+                    headers = MutableHeaders(scope=message)
                     headers["location"] = _relative(headers["location"], host_header)
             await send(message)
 
         return secured
+
+
+def _security_headers(policy: str, private: bool) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers every response gets (each unless the app set it), and `Cache-Control: no-store` (always, in
+    place of the app's) on what needs a token or a session."""
+    headers = [(b"x-frame-options", b"DENY"), (b"content-security-policy", policy.encode("latin-1")),
+               (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"same-origin")]
+    if private:
+        headers.append((b"cache-control", b"no-store"))
+    return tuple(headers)
+
+
+_SECURITY_HEADERS = {(policy, private): _security_headers(policy, private)
+                     for policy in (DASHBOARD_POLICY, DOCS_POLICY, DEFAULT_POLICY) for private in (False, True)}
 
 
 def _relative(location: str, host_header: str) -> str:

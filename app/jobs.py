@@ -105,7 +105,14 @@ async def enqueue_job(
         alias="Idempotency-Key", min_length=1, max_length=255,
         description="Same as the body's idempotency_key (1 to 255 characters)")] = None,
 ) -> JSONResponse:
-    _strict_args(request.app.state.jobs, body)
+    # The caller's traceparent, if any, parents the enqueue span.
+    with tracing.incoming(request.headers):
+        return await enqueue_one(request.app.state, body, idempotency_header)
+
+
+async def enqueue_one(state: Any, body: EnqueueRequest, idempotency_header: str | None) -> JSONResponse:
+    """The answer to one enqueue whose body and header are valid: the route's, and app/fast_enqueue.py's."""
+    _strict_args(state.jobs, body)
     options = _options(body)
     if idempotency_header is not None:
         if options.get("idempotency_key", idempotency_header) != idempotency_header:
@@ -114,32 +121,41 @@ async def enqueue_job(
                            "the Idempotency-Key header and the body's idempotency_key differ; send one, or the same")
         options["idempotency_key"] = idempotency_header
     # Async on the hot pool (app/db.py): no thread hop, and a waiting request holds no thread.
-    with tracing.incoming(request.headers):  # the caller's traceparent, if any, parents the enqueue span
-        async with database(request).connection() as conn:
-            result = await aenqueue(conn, body.kind, body.args, **options)
+    async with state.db.connection() as conn:
+        result = await aenqueue(conn, body.kind, body.args, **options)
     return JSONResponse(_enqueued(result), status_code=200 if result.deduplicated else 201)
 
 
 @router.post("/jobs/batch", status_code=201, response_model=BatchEnqueued, summary="Enqueue many jobs, all or nothing",
              responses=documented(400, 409, 422))
 async def enqueue_batch(body: BatchRequest, request: Request) -> JSONResponse:
-    most = request.app.state.settings.max_batch_size
-    if len(body.jobs) > most:
+    with tracing.incoming(request.headers):
+        return await enqueue_many(request.app.state, body.jobs)
+
+
+async def enqueue_many(state: Any, jobs: list[EnqueueRequest] | list[JobRequest]) -> JSONResponse:
+    """The answer to a batch whose entries are valid request models, or already JobRequests (app/fast_enqueue.py
+    makes one of a plain entry, `{"kind", "args"}` only, without the model)."""
+    most = state.settings.max_batch_size
+    if len(jobs) > most:
         raise ApiError(422, "batch_too_large", f"a batch holds at most {most} jobs (max_batch_size), "
-                       f"got {len(body.jobs)}", {"max": most, "got": len(body.jobs)})
+                       f"got {len(jobs)}", {"max": most, "got": len(jobs)})
     requests = []
-    for index, job in enumerate(body.jobs):
+    registry = state.jobs
+    for index, job in enumerate(jobs):
+        if isinstance(job, JobRequest):
+            requests.append(job)
+            continue
         try:
-            _strict_args(request.app.state.jobs, job)
+            _strict_args(registry, job)
             requests.append(JobRequest(job.kind, job.args, **_options(job)))
         except (EnqueueError, ApiError) as exc:
             code = exc.code
             message = str(exc) if isinstance(exc, EnqueueError) else exc.message
             details = exc.details
             raise EnqueueError(code, f"jobs[{index}]: {message}", {"index": index, "errors": details}) from None
-    with tracing.incoming(request.headers):
-        async with database(request).connection() as conn:
-            results = await aenqueue_many(conn, requests)
+    async with state.db.connection() as conn:
+        results = await aenqueue_many(conn, requests)
     formatted: dict[datetime, str] = {}
     return JSONResponse({"jobs": [_enqueued(result, formatted) for result in results]}, status_code=201)
 

@@ -20,6 +20,7 @@ from dygo.app.dashboard import error_page, install_dashboard, is_dashboard
 from dygo.app.db import RETRY_AFTER_DOWN, Database, DatabaseUnavailable, unavailable_response
 from dygo.app.docs import install_docs
 from dygo.app.errors import ApiError, error_response
+from dygo.app.fast_enqueue import FastEnqueue
 from dygo.app.flow import router as flow_router
 from dygo.app.guard import HostRule, Perimeter
 from dygo.app.jobs import router as jobs_router
@@ -89,7 +90,8 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
     app.state.outage = OutageLog(log)
     install_error_handlers(app)
     # The last middleware added runs first: the perimeter (Host, Origin, headers), auth, then the body
-    # limit, then the routes.
+    # limit, then well-formed enqueues (app/fast_enqueue.py), then the routes.
+    app.add_middleware(FastEnqueue)
     app.add_middleware(BodyLimit, max_bytes=settings.max_payload_bytes)
     app.add_middleware(BearerAuth, tokens=Tokens(settings.api_tokens))
     app.add_middleware(Perimeter, hosts=HostRule(host, settings.allowed_hosts))

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 import psycopg
@@ -28,6 +29,7 @@ MAX_KEY_LENGTH = 255
 # PostgreSQL text and jsonb cannot hold a NUL character, and UTF-8 cannot encode an unpaired surrogate:
 # refused here with the field named, instead of failing inside the driver or the server.
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+NO_TRACE: Mapping[str, str] = MappingProxyType({})  # prepare's trace while tracing is off
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,17 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     `trace`: the trace context to carry in the meta (tracing.carrier()); None takes the current one.
     """
     definition = jobs.get(request.kind)
+    if definition is not None and definition.args_model is None and type(request.args) is dict and _plain(request):
+        # The usual job (a registered kind without an args model, its args a dict, no option set): the row
+        # the general path below gives it, without walking the options it does not have.
+        context = tracing.carrier() if trace is None else trace
+        queue = definition.queue_name
+        _check_queue(queue, jobs)
+        return {
+            "kind": request.kind, "queue": queue, "args": _dump("args", request.args),
+            "meta": _meta_json(None, context) if context else "{}", "priority": _priority(definition.priority),
+            "run_at": None, "delay": 0.0, "max_attempts": None, "key": None, "ttl": None,
+        }
     queue = request.queue
     if definition is None:
         if queue is None:
@@ -79,12 +92,8 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     _check_queue(queue, jobs)
     args_json = _dump("args", args)
 
-    priority = request.priority if request.priority is not None else (definition.priority if definition else 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or not (
-        PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]
-    ):
-        raise EnqueueError("invalid_option", f"priority must be an integer from {PRIORITY_RANGE[0]} to "
-                           f"{PRIORITY_RANGE[1]}, got {priority!r}")
+    priority = _priority(request.priority if request.priority is not None else
+                         (definition.priority if definition else 0))
     # Unset stays NULL: the claiming worker gives the kind's registered max_attempts (or the configured
     # default) at the first lease, so a producer that does not import the kind cannot stamp the wrong one.
     max_attempts = request.max_attempts
@@ -131,6 +140,22 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
         "priority": priority, "run_at": run_at, "delay": delay, "max_attempts": max_attempts,
         "key": key, "ttl": ttl,
     }
+
+
+def _plain(request: JobRequest) -> bool:
+    """No option set: every field but the kind and the args at its default."""
+    return (request.queue is None and request.priority is None and request.run_at is None and request.delay is None
+            and request.max_attempts is None and not request.meta and request.idempotency_key is None
+            and request.idempotency_ttl is None)
+
+
+def _priority(priority: Any) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not (
+        PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]
+    ):
+        raise EnqueueError("invalid_option", f"priority must be an integer from {PRIORITY_RANGE[0]} to "
+                           f"{PRIORITY_RANGE[1]}, got {priority!r}")
+    return priority
 
 
 def _check_queue(queue: Any, jobs: Registry) -> None:
@@ -330,6 +355,8 @@ def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping
 
 async def aenqueue(conn: psycopg.AsyncConnection, kind: str, args: Any = None, **options: Any) -> Enqueued:
     """`enqueue` for an AsyncConnection."""
+    if not tracing.active():  # asked once: no span to open, no trace context to carry
+        return await _ainsert_one(conn, prepare(JobRequest(kind, args, **options), trace=NO_TRACE))
     with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
         row = prepare(JobRequest(kind, args, **options))
         result = await _ainsert_one(conn, row)

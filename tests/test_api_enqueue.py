@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import psycopg
@@ -131,6 +132,71 @@ def test_each_kind_of_bad_input_has_its_own_code_and_writes_nothing(module_api, 
     assert "Traceback" not in response.text
     with psycopg.connect(module_db_url) as conn:
         assert count_jobs(conn) == 0
+
+
+# The same refusals for a batch entry, plain ({"kind", "args"} only) or not: each names the entry's index.
+@pytest.mark.parametrize(("entry", "status", "code", "loc"), [
+    ({"kind": "test.noop", "args": [1]}, 422, "invalid_request", ["body", "jobs", 1, "args"]),
+    ({"kind": 5}, 422, "invalid_request", ["body", "jobs", 1, "kind"]),
+    ({"args": {}}, 422, "invalid_request", ["body", "jobs", 1, "kind"]),
+    ({"kind": "test.noop", "args": {}, "colour": "red"}, 422, "invalid_request", ["body", "jobs", 1, "colour"]),
+    ({"kind": "test.noop", "args": {"k": {"deep": 1}}, "priority": "5"}, 422, "invalid_request",
+     ["body", "jobs", 1, "priority"]),
+    ({"kind": "no.such", "args": {}}, 422, "unknown_kind", None),
+    ({"kind": "test.noop", "args": {"k": "a\ud800b"}}, 422, "invalid_value", None),
+    ({"kind": "test.record", "args": {"seconds": "soon"}}, 422, "invalid_args", None),
+])
+def test_each_bad_batch_entry_is_refused_with_its_index_and_writes_nothing(module_api, module_db_url, entry, status,
+                                                                            code, loc):
+    body = json.dumps({"jobs": [{"kind": "test.noop", "args": {"n": 0}}, entry]})
+    response = module_api.admin.post("/api/v1/jobs/batch", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code, error
+    if loc is None:
+        assert error["message"].startswith("jobs[1]: ") and error["details"]["index"] == 1
+    else:
+        assert [detail["loc"] for detail in error["details"]] == [loc]
+    with psycopg.connect(module_db_url) as conn:
+        assert count_jobs(conn) == 0
+
+
+@pytest.mark.parametrize(("content_type", "status"), [
+    ("application/json", 201),
+    ("application/json; charset=utf-8", 201),
+    ("application/vnd.api+json", 201),
+    ("text/plain", 422),
+    (None, 422),
+])
+def test_a_json_body_is_read_as_json_whatever_json_content_type_names_it(module_api, content_type, status):
+    headers = {} if content_type is None else {"content-type": content_type}
+    for path, body in (("/api/v1/jobs", b'{"kind": "test.noop"}'),
+                       ("/api/v1/jobs/batch", b'{"jobs": [{"kind": "test.noop"}]}')):
+        response = module_api.admin.post(path, content=body, headers=headers)
+        assert response.status_code == status, (path, content_type, response.text)
+
+
+@pytest.mark.parametrize(("key", "status", "code"), [
+    ("", 422, "invalid_request"),
+    ("k" * 256, 422, "invalid_request"),
+    ("k" * 255, 201, None),
+])
+def test_the_idempotency_key_header_holds_1_to_255_characters(module_api, key, status, code):
+    response = module_api.admin.post("/api/v1/jobs", content=b'{"kind": "test.noop"}',
+                                     headers={"content-type": "application/json", "Idempotency-Key": key})
+    assert response.status_code in (status, 200), response.text
+    if code is not None:
+        error = response.json()["error"]
+        assert error["code"] == code and error["details"][0]["loc"] == ["header", "Idempotency-Key"]
+
+
+def test_a_single_enqueue_answers_the_documented_fields_only(api):
+    response = api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "args": {"n": 1}})
+    assert response.status_code == 201
+    body = response.json()
+    assert sorted(body) == ["deduplicated", "id", "run_at"] and body["run_at"].endswith("Z")
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["cache-control"] == "no-store" and response.headers["x-frame-options"] == "DENY"
 
 
 def test_a_kind_registered_elsewhere_can_be_enqueued_with_an_explicit_queue(api, conn):
