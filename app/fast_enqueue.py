@@ -27,12 +27,13 @@ import json
 from typing import Any
 
 from dygo.app.jobs import enqueue_many, enqueue_one
+from dygo.app.limits import replay
 from dygo.app.schemas import EnqueueRequest
 from dygo.store import tracing
 from dygo.store.enqueue import JobRequest
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 ONE = "/api/v1/jobs"
 BATCH = "/api/v1/jobs/batch"
@@ -80,7 +81,7 @@ class FastEnqueue:
             else:
                 answer = enqueue_many(state, _batch_entries(data, state.jobs))
         except (_Refused, ValueError, RecursionError):  # not JSON (JSONDecodeError, too deep), or ValidationError
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay(body, receive), send)
             return
         try:
             response = await answer
@@ -88,7 +89,7 @@ class FastEnqueue:
             handler = _handler(scope["app"].exception_handlers, exc)
             if handler is None:
                 raise
-            request = Request(scope, _replay(body, receive))
+            request = Request(scope, replay(body, receive))
             if inspect.iscoroutinefunction(handler):
                 response = await handler(request, exc)
             else:
@@ -124,19 +125,6 @@ async def _read_body(receive: Receive) -> tuple[bytes, bool]:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks), False
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def _handler(handlers: dict[Any, Any], exc: Exception) -> Any:

@@ -38,20 +38,25 @@ class BodyLimit:
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay(b"".join(chunks), receive), send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = error_response(413, "payload_too_large",
                                   f"the request body is larger than {self.max_bytes} bytes (max_payload_bytes)",
                                   {"max_bytes": self.max_bytes})
         await response(scope, receive, send)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives the app `body`, already read whole, as one message, then whatever `receive`
+    gives (a disconnect)."""
+    replayed = False
+
+    async def replayed_receive() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed_receive
