@@ -49,6 +49,9 @@ def test_a_kind_capped_at_one_never_runs_twice_at_once_while_other_kinds_of_its_
     worker = spawn("worker", "--queue", "default", "--concurrency", "10")
     worker.wait_for_line("started")
     wait_until(lambda: ended(conn, 26), timeout=30, message="all 26 jobs to end")
+    # A handler's 'end' row commits before its job's settle: wait for the settles too.
+    wait_until(lambda: conn.execute("SELECT count(*) FROM dygo_jobs WHERE state IN ('pending', 'active')")
+               .fetchone()[0] == 0, timeout=10, message="all 26 jobs to be settled")
     # Never claimed ahead of a free slot of its kind (to wait in memory, active with its lease running):
     # each capped job was claimed (started_at, the claim's clock) after the previous one's handler ended.
     rows = conn.execute(
