@@ -1,15 +1,17 @@
-"""Do result waiters hold up settles? Migration 0013's lock against 0014's row lock, side by side.
+"""Do result waiters hold up settles? The advisory lock (0013, 0015) against 0014's row lock, side by side.
 
-    .venv/bin/python bench/waiter_locks.py                 # 3 rounds of: none, 0013, 0014
+    .venv/bin/python bench/waiter_locks.py                 # 3 rounds of: none, 0015, 0014
     .venv/bin/python bench/waiter_locks.py --rounds 5 --rate 300
 
 On a fresh database (`bench_waiter_locks` on the embedded server), one `dygo worker --concurrency 50`
 drains 20,000 no-op jobs while a client registers and deletes result waiters at `--rate` a second
 (store.results: what `GET /api/v1/jobs/{id}?wait=` does), all for one delayed job, so that no settle
 has anyone to notify: what is measured is the registration's effect on settles alone. Each round runs
-three variants: no waiters; migration 0013's protocol (the trigger takes an advisory lock shared, a
-registration takes it exclusive), put back for the round; and the current one (0014: no lock, the
-waiter reads its job FOR SHARE). It prints jobs/s and lock waits: the average number of backends seen
+three variants: no waiters; the current protocol (migration 0015, as 0013: the trigger takes an advisory
+lock shared, a registration takes it exclusive; its commit does not wait for the WAL flush); and
+migration 0014's, put back for the round (no lock: the waiter commits its row, then reads its job FOR
+SHARE). 0015 took 0014 back because that row lock made claims pass over pending jobs (see the migration):
+this measures what that cost in settle throughput. It prints jobs/s and lock waits: the average number of backends seen
 waiting on a heavyweight lock in `pg_stat_activity`, sampled every 2 ms, by wait event. Jobs/s moves
 with anything else the machine runs; the lock waits do not.
 """
@@ -40,8 +42,6 @@ from dygo.store.migrate import migrate  # noqa: E402
 
 DATABASE = "bench_waiter_locks"
 MIGRATIONS = ROOT / "store" / "migrations"
-# Migration 0013's registration: the lock exclusive, the row, the read, one transaction.
-LOCK_0013 = "SELECT pg_advisory_xact_lock(hashtext('dygo'), hashtext('dygo.result_waiters'))"
 
 
 def trigger_function(migration: str) -> str:
@@ -49,32 +49,37 @@ def trigger_function(migration: str) -> str:
     return text[text.index("CREATE OR REPLACE FUNCTION"):]
 
 
-def register_0013(conn: psycopg.Connection, job_id: int) -> int:
-    with conn.pipeline():
-        conn.execute("BEGIN")
-        conn.execute(LOCK_0013)
-        inserted = conn.execute(queries.REGISTER_WAITER, {"job_id": job_id, "seconds": 60})
-        conn.execute(queries.GET_JOB, (job_id,))
-        conn.execute("COMMIT")
-    return inserted.fetchone()[0]
+CURRENT = "0015_result_waiters_lock_again.sql"
+ROW_LOCK = "0014_result_waiters_row_lock.sql"
+
+
+def register_current(conn: psycopg.Connection, job_id: int) -> int:
+    return results.register(conn, job_id, 60)[0]
 
 
 def register_0014(conn: psycopg.Connection, job_id: int) -> int:
-    return results.register(conn, job_id, 60)[0]
+    """Migration 0014's registration: the row, committed, then the job read FOR SHARE."""
+    with conn.pipeline():
+        conn.execute("BEGIN")
+        conn.execute(queries.WAITER_TRANSACTION)
+        inserted = conn.execute(queries.REGISTER_WAITER, {"job_id": job_id, "seconds": 60})
+        conn.execute("COMMIT")
+        conn.execute(queries.WAITER_TRANSACTION)
+        conn.execute(queries.GET_JOB + " FOR SHARE", (job_id,))
+    return inserted.fetchone()[0]
 
 
 def one_round(url: str, variant: str, rate: float, jobs: int) -> tuple[float, float, dict[str, float]]:
     """(jobs/s, registrations/s, lock waits per sample by wait event) of one variant."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(trigger_function("0013_result_waiters.sql" if variant == "0013"
-                                      else "0014_result_waiters_row_lock.sql"))
+        conn.execute(trigger_function(ROW_LOCK if variant == "0014" else CURRENT))
         conn.execute("TRUNCATE dygo_jobs, dygo_result_waiters")
         waited = enqueue_many(conn, [{"kind": "example.noop", "delay": "1h"}])[0].id
         stop = threading.Event()
         registrations = [0]
         waits: Counter[str] = Counter()
         samples = [0]
-        register: Callable[[psycopg.Connection, int], int] = register_0013 if variant == "0013" else register_0014
+        register: Callable[[psycopg.Connection, int], int] = register_0014 if variant == "0014" else register_current
 
         def waiter() -> None:
             with psycopg.connect(url, autocommit=True) as own:
@@ -112,7 +117,7 @@ def one_round(url: str, variant: str, rate: float, jobs: int) -> tuple[float, fl
             stop.set()
             worker.terminate()
             worker.wait()
-        conn.execute(trigger_function("0014_result_waiters_row_lock.sql"))
+        conn.execute(trigger_function(CURRENT))
     return jobs / elapsed, registrations[0] / elapsed, {k: v / max(samples[0], 1) for k, v in waits.items()}
 
 
@@ -128,7 +133,7 @@ def main() -> int:
         migrate(conn)
     print(f"{'round':>5}  {'variant':8} {'jobs/s':>8} {'registrations/s':>16}  lock waits per sample")
     for number in range(1, args.rounds + 1):
-        for variant in ("none", "0013", "0014"):
+        for variant in ("none", "0015", "0014"):
             rate, registered, waits = one_round(url, variant, args.rate, args.jobs)
             shown = ", ".join(f"{event} {n:.3f}" for event, n in sorted(waits.items())) or "none"
             print(f"{number:>5}  {variant:8} {rate:>8,.0f} {registered:>16,.0f}  {shown}", flush=True)

@@ -926,7 +926,7 @@ GROUP BY lease_owner, queue"""
 
 # --- Results and progress (store/results.py, worker/progress.py) ------------------------------------
 
-# The channel the dygo_notify_finished trigger (0006, 0013, 0014) sends the ids of jobs that reached a final
+# The channel the dygo_notify_finished trigger (0006, 0013, 0015) sends the ids of jobs that reached a final
 # state to: only the ids some waiter registered for in dygo_result_waiters.
 LISTEN_FOR_FINISHED = "LISTEN dygo_finished"
 # The same notification for a statement the trigger does not see (a deleted job: its waiters find it gone).
@@ -936,12 +936,15 @@ NOTIFY_FINISHED = "SELECT pg_notify('dygo_finished', %s)"
 # Empty, so a process that does not know it (an older serve in a rolling deploy) finds no ids in it.
 NOTIFY_RECHECK = "SELECT pg_notify('dygo_finished', '')"
 
-# A waiter's registration (store/results.py; migration 0014 says why this order cannot miss a settle): its
-# row, committed, then its job read FOR SHARE, which waits for the commit of a settle that has updated the
-# job. Neither transaction's commit waits for the WAL flush: a registration lost in a crash goes with its
-# waiter (its connection), and the row lock of the read holds off a settle of that job until its commit.
+# A waiter's registration (store/results.py; migrations 0013 and 0015 say why this order cannot miss a
+# settle): in its own transaction, this lock EXCLUSIVE (it waits for the commits of the settles that hold
+# it in SHARE mode), then its row, then the read of the job, each a statement of its own. The key is the
+# trigger's, two int4 keys so that it can never be one of dygo's one-bigint advisory locks. No lock on the
+# job's row: a claim passes over a locked row (migration 0015).
+RESULT_WAITERS_LOCK = "SELECT pg_advisory_xact_lock(hashtext('dygo'), hashtext('dygo.result_waiters'))"
+# The registration's commit does not wait for the WAL flush, so the settles queued behind its lock wait
+# less: a registration lost in a crash goes with its waiter (its connection).
 WAITER_TRANSACTION = "SELECT set_config('synchronous_commit', 'off', true)"
-GET_JOB_AFTER_ITS_SETTLE = GET_JOB + " FOR SHARE"
 REGISTER_WAITER = """
 INSERT INTO dygo_result_waiters (job_id, expires_at) VALUES (%(job_id)s, now() + make_interval(secs => %(seconds)s))
 RETURNING id"""

@@ -1,16 +1,17 @@
 """Waiting for a job's result: LISTEN for the ids of jobs that reach a final state, no polling.
 
-The dygo_notify_finished trigger (migrations 0006, 0013, 0014) sends those ids on the `dygo_finished` channel
+The dygo_notify_finished trigger (migrations 0006, 0013, 0015) sends those ids on the `dygo_finished` channel
 when the settling transaction commits, but only the ids that a waiter registered for in
 dygo_result_waiters: a settle nobody waits for sends nothing (a notifying commit is serialised with
 every other one cluster-wide, which capped a fleet's settles). Deleting one job sends its id, and an
 admin statement that deletes jobs in bulk sends an empty payload, which asks every waiter to re-read its
 job once; both whether anyone waits or not.
 
-A waiter LISTENs, then commits its row and reads the job FOR SHARE, which waits for a settle of it in
-flight (`aregister`; migration 0014 says why no settle can slip between the read and the row: settles
-take no lock for it), and deletes its row when done. A crashed waiter's row expires WAITER_GRACE after its
-wait (at most WAITER_LIFETIME: a longer wait moves its expiry on) and the maintainer deletes it.
+A waiter LISTENs, then registers in a transaction of its own that takes the waiters' lock exclusive,
+inserts its row and reads the job (`aregister`; migration 0013 says why no settle can slip between the
+read and the row, 0015 why the job's row is not locked instead), and deletes its row when done. A
+crashed waiter's row expires WAITER_GRACE after its wait (at most WAITER_LIFETIME: a longer wait moves
+its expiry on) and the maintainer deletes it.
 
     job = await result(job_id, timeout="30s")    # the job as GET /api/v1/jobs/{id} shows it
     job["state"], job["result"]                  # 'succeeded', 'dead' or 'cancelled'
@@ -75,20 +76,20 @@ def _registration(job_id: int, seconds: float) -> dict[str, Any]:
 
 async def aregister(conn: psycopg.AsyncConnection, job_id: int, seconds: float) -> tuple[int, dict[str, Any] | None]:
     """Register a waiter for `job_id` for `seconds` (at most WAITER_LIFETIME) and read the job after it:
-    (the waiter's id, the job or None). `conn` is autocommit and idle: the row commits in a transaction of
-    its own, before the read (migration 0014). Settles that finish the job after this read notify it;
-    delete the row with `aunregister` when done. One round trip: the statements are pipelined."""
+    (the waiter's id, the job or None). `conn` is autocommit and idle: the registration must commit on
+    its own, before the settles that then wait for it. Settles that finish the job after this read
+    notify it; delete the row with `aunregister` when done. One round trip: the statements are pipelined."""
     try:
         async with conn.pipeline():
             # Explicit: the pipeline's implicit transaction would commit what went before a statement
             # psycopg failed to send.
             await conn.execute(BEGIN)
             await conn.execute(queries.WAITER_TRANSACTION)
+            await conn.execute(queries.RESULT_WAITERS_LOCK)
             inserted = await conn.execute(queries.REGISTER_WAITER, _registration(job_id, seconds))
-            await conn.execute(COMMIT)
-            await conn.execute(queries.WAITER_TRANSACTION)  # the read's (the pipeline's implicit one)
             read = conn.cursor(row_factory=dict_row)
-            await read.execute(queries.GET_JOB_AFTER_ITS_SETTLE, (job_id,))
+            await read.execute(queries.GET_JOB, (job_id,))  # its own statement: a snapshot after the lock
+            await conn.execute(COMMIT)
     except BaseException:
         await roll_back(conn)
         raise
@@ -101,11 +102,11 @@ def register(conn: psycopg.Connection, job_id: int, seconds: float) -> tuple[int
         with conn.pipeline():
             conn.execute(BEGIN)
             conn.execute(queries.WAITER_TRANSACTION)
+            conn.execute(queries.RESULT_WAITERS_LOCK)
             inserted = conn.execute(queries.REGISTER_WAITER, _registration(job_id, seconds))
-            conn.execute(COMMIT)
-            conn.execute(queries.WAITER_TRANSACTION)
             read = conn.cursor(row_factory=dict_row)
-            read.execute(queries.GET_JOB_AFTER_ITS_SETTLE, (job_id,))
+            read.execute(queries.GET_JOB, (job_id,))
+            conn.execute(COMMIT)
     except BaseException:
         if not conn.closed and not conn.broken:
             with contextlib.suppress(psycopg.Error, OSError):  # the error that got us here is the one to raise

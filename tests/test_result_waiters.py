@@ -8,7 +8,8 @@ from datetime import datetime
 
 import psycopg
 from dygo.store import enqueue
-from dygo.store.results import CHANNEL, finished_ids, register, result, wait_for_result
+from dygo.store.leases import claim
+from dygo.store.results import CHANNEL, finished_ids, register, result, unregister, wait_for_result
 
 from tests.conftest import wait_until
 from tests.test_retention import copy_test_config
@@ -87,6 +88,44 @@ def test_a_waiter_registered_while_settles_run_never_misses_its_job(conn, db_url
     raced = sum(1 for _, _, pending in outcomes if pending)
     assert raced >= 50, raced  # the waits did overlap the settles (not all found their job done)
     assert _waiter_rows(conn) == []  # each waiter deleted its row
+
+
+def test_a_claim_never_passes_over_a_job_because_somebody_is_registering_to_wait_for_it(conn, db_url):
+    # Claims skip locked rows, and a worker told of a new job claims once, then sleeps until its poll
+    # interval: a waiter that locked its pending job while registering would hide it for that long.
+    # Three threads register for the newest job without pause while each job is claimed.
+    newest: list[int] = []
+    stop = threading.Event()
+
+    def keep_registering() -> None:
+        with psycopg.connect(db_url, autocommit=True) as own:
+            while not stop.is_set():
+                if newest:
+                    waiter, _ = register(own, newest[-1], 5.0)
+                    unregister(own, waiter)
+
+    async def claim_each(count: int) -> int:
+        passed_over = 0
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as claimer:
+            for _ in range(count):
+                newest.append(enqueue(conn, "test.noop", {}).id)
+                await asyncio.sleep(0.002)  # the registrations are under way
+                if not await claim(claimer, "default", 1, "w1", 30.0):
+                    passed_over += 1
+                    await claim(claimer, "default", 1, "w1", 30.0)  # once it is free again (or fail below)
+        return passed_over
+
+    threads = [threading.Thread(target=keep_registering) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        passed_over = asyncio.run(claim_each(200))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert passed_over == 0
+    assert _states(conn, newest) == {"active"}
 
 
 def test_an_expired_waiter_row_is_removed_by_the_maintainer(conn, db_url, spawn, tmp_path):
