@@ -86,6 +86,18 @@ def test_default_concurrency_caps_kinds_that_set_none_and_a_kinds_own_cap_wins(c
     assert max_overlap(conn, ("test.span", "test.capped")) == 3
 
 
+def test_a_kind_at_its_cap_never_strands_its_remaining_jobs(conn, db_url, spawn, tmp_path):
+    # A job of the capped kind that ends while a claim is under way, the claim taking the kind's last free
+    # slot, must not leave the rest of the kind waiting for the poll interval (60 s here): short jobs of
+    # varied length make such an end during a claim happen many times over.
+    enqueue_many(conn, [{"kind": "test.span", "args": {"seconds": 0.01 + (n % 5) * 0.005}} for n in range(120)])
+    env = dygo_env(db_url, DYGO_CONFIG_DIR=str(config(tmp_path, "default_concurrency: 2\n")))
+    worker = spawn("worker", "--queue", "default", "--concurrency", "10", "--poll-interval", "60s", env=env)
+    worker.wait_for_line("started")
+    wait_until(lambda: ended(conn, 120), timeout=20, message="all 120 jobs to end")
+    assert max_overlap(conn, ("test.span",)) == 2
+
+
 def spans_in_both_queues(conn) -> None:
     enqueue_many(conn, [{"kind": "test.span", "args": {"seconds": 0.15}} for _ in range(12)]
                  + [{"kind": "test.span", "queue": "other", "args": {"seconds": 0.15}} for _ in range(6)])

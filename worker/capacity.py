@@ -46,9 +46,6 @@ class Capacity:
         """Each capped kind's free slots (0: at its cap), what the claim takes of it at most."""
         return {kind: cap - self.running[kind] for kind, cap in self.kind_caps.items()}
 
-    def full_kinds(self) -> list[str]:
-        return [kind for kind, cap in self.kind_caps.items() if self.running[kind] >= cap]
-
     def total_free(self) -> float:
         return math.inf if self.max_concurrency is None else self.max_concurrency - self.total
 

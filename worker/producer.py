@@ -9,9 +9,9 @@ job) or the poll interval, whichever is first.
 
 The per-worker caps (worker/capacity.py) shape each claim: the process cap trims the wanted counts, and
 the capped kinds' free slots go into the statement, which skips a kind at its cap and takes no more of a
-kind than its free slots. A claim that comes back short because a kind reached its cap during it leaves
-its queues armed (the next claim skips that kind); a job of a kind that was at its cap arms its queue
-when it ends.
+kind than its free slots. A claim that comes back short after a kind took every free slot it was given
+leaves its queues armed (the next claim skips that kind if it is at its cap); a job of a kind that was at
+its cap arms its queue when it ends.
 
 After a claim that came back short, a queue's next walk of the ready index starts at that claim's
 time less LATE_COMMIT_MARGIN rather than at the head, where a held snapshot keeps an entry for every
@@ -92,6 +92,11 @@ class Producer:
         self.recover_first = True
         # Queues the last claim held back on a cluster-wide limit: seconds until worth claiming again.
         self.held: dict[str, float] = {}
+        # What the per-worker caps did to the last claim: some capped kind took every free slot it was given
+        # (capped_out), or had none and was skipped (skipped). Judged from what the claim was given, not from
+        # the caps after it: a job of the kind that ended during the claim had freed a slot it could not see.
+        self.capped_out = False
+        self.skipped = False
 
     # --- signals, from the listener, finished jobs and the worker ---------------------------------
 
@@ -167,7 +172,6 @@ class Producer:
                     self.recover_first = False
                 for name in wanted:  # a NOTIFY during the claim arms it again
                     self.slots[name].armed = False
-                full_before = len(self.capacity.full_kinds())
                 claim = await self.claim(self.conn, wanted, self._walks_from(wanted))
                 failures = 0
                 await self.database.back()
@@ -177,21 +181,24 @@ class Producer:
                     await self.recovery.run_once()
                 counts = Counter(job.queue for job in claim.jobs)
                 short = [name for name, n in wanted.items() if counts[name] < n and name not in self.held]
-                full_after = len(self.capacity.full_kinds())
+                # Rows of a capped kind may be left in line: no walk starts past them.
+                every_due_taken = not (self.capped_out or self.skipped)
                 for name, n in wanted.items():
                     if counts[name] == n:
                         self.slots[name].armed = True  # there may be more ready right now
-                        if name in claim.reached and not full_after:
+                        if name in claim.reached and every_due_taken:
                             # A backlog: the next walk starts about where this one stopped, not at the head
                             # across the entries of every job claimed since a held snapshot began.
                             self.slots[name].since = claim.reached[name] - LATE_COMMIT_MARGIN
-                    elif claim.clock is not None and not full_after:
-                        # Every job due and visible then was taken (none skipped for a kind at its cap).
+                    elif claim.clock is not None and every_due_taken:
+                        # Every job due and visible then was taken.
                         self.slots[name].since = claim.clock - LATE_COMMIT_MARGIN
                 self._hold(self.held)
-                if short and full_after > full_before:
-                    # A kind reached its cap in this claim, so rows of it were left behind (or it took the
-                    # place of others): claim again, skipping it. Bounded: each pass fills another kind.
+                if short and self.capped_out:
+                    # A kind took all its free slots in this claim, so rows of it may be left behind (or it
+                    # took the place of others): claim again, skipping it if it is at its cap now. Not when
+                    # it ended short because the kind was at its cap when it began: that kind's next end
+                    # arms the queue (`finished`), and claiming again would find it still at its cap.
                     for name in short:
                         self.slots[name].armed = True
                 elif short:
@@ -270,6 +277,10 @@ class Producer:
         kind_free = self.capacity.kind_free() if self.capacity.capped else None
         claim = await limits.claim(conn, wanted, self.worker_id, self.lease_ttl, since=since, kind_free=kind_free)
         self.held = claim.held
+        taken = Counter(job.kind for job in claim.jobs)
+        given = kind_free or {}
+        self.capped_out = any(0 < free <= taken[kind] for kind, free in given.items())
+        self.skipped = any(free <= 0 for free in given.values())
         for job in claim.jobs:
             self.slots[job.queue].running += 1
             self.capacity.started(job.kind)
