@@ -1,0 +1,98 @@
+"""Where a concurrency-4 cycle's CPU goes: the worker's claim of 4 jobs and their settle, one after the other.
+
+    .venv/bin/python bench/cycle_cost.py                  # 2 rounds of: triggers on, triggers off
+    .venv/bin/python bench/cycle_cost.py --jobs 20000 --rounds 3
+
+On a fresh database (`bench_cycle_cost` on the embedded server), `--jobs` no-op jobs are enqueued, then
+claimed 4 at a time on a claim session and settled 4 at a time on a second connection, with the store's
+own functions (store/leases.py claim and settle: what the worker's producer and settler send). It prints,
+per job: wall time, this client's CPU, and the CPU of each of the two PostgreSQL backends (read from
+/proc, so run it on the machine of the server). "triggers off" disables the two statement triggers on
+job updates (dygo_jobs_updated: wake-ups for retries; dygo_jobs_finished: result waiters) for the round,
+to show what they cost. No peer, no concurrency: a breakdown of one cycle, not a throughput figure
+(bench/run.py's dygo_c4 line is that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import embedded_server_url, fresh_database  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from dygo.store import enqueue_many, leases  # noqa: E402
+from dygo.store.config import load_settings  # noqa: E402
+from dygo.store.leases import Succeeded  # noqa: E402
+from dygo.store.loading import load_jobs  # noqa: E402
+from dygo.store.migrate import migrate  # noqa: E402
+
+DATABASE = "bench_cycle_cost"
+TRIGGERS = ("dygo_jobs_updated", "dygo_jobs_finished")
+
+
+def backend_cpu(pid: int) -> float:
+    """Seconds of CPU (user + system) PostgreSQL backend `pid` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def cycles(url: str, jobs: int) -> tuple[int, float, float, float, float]:
+    """(jobs settled, wall s, client CPU s, claim backend CPU s, settle backend CPU s)."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as claimer, \
+            await psycopg.AsyncConnection.connect(url, autocommit=True) as settler:
+        await leases.claim_session(claimer)
+        claim_pid, settle_pid = claimer.info.backend_pid, settler.info.backend_pid
+        claim_cpu, settle_cpu = backend_cpu(claim_pid), backend_cpu(settle_pid)
+        began, client = time.perf_counter(), time.process_time()
+        done = 0
+        while done < jobs:
+            claimed = await leases.claim(claimer, "default", 4, "bench", 30.0)
+            if not claimed:
+                break
+            await leases.settle(settler, [Succeeded(job, None) for job in claimed])
+            done += len(claimed)
+        return (done, time.perf_counter() - began, time.process_time() - client,
+                backend_cpu(claim_pid) - claim_cpu, backend_cpu(settle_pid) - settle_cpu)
+
+
+def one_round(server_url: str, triggers: bool, jobs: int) -> str:
+    url = fresh_database(server_url, DATABASE)
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn)
+        if not triggers:
+            for trigger in TRIGGERS:
+                conn.execute(f"ALTER TABLE dygo_jobs DISABLE TRIGGER {trigger}")
+        enqueue_many(conn, [{"kind": "example.noop"}] * jobs)
+        conn.execute("VACUUM ANALYZE dygo_jobs")
+    done, wall, client, claim, settle = asyncio.run(cycles(url, jobs))
+    per_job = 1e6 / done
+    return (f"{'on' if triggers else 'off':>8} {done / wall:>8,.0f} {wall * per_job:>8.0f} {client * per_job:>10.0f} "
+            f"{claim * per_job:>10.0f} {settle * per_job:>11.0f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    args = parser.parse_args()
+    load_jobs(load_settings(ROOT / "config"))
+    server_url = embedded_server_url()
+    print("per job, in microseconds (jobs/s: claim and settle one after the other, one client)")
+    print(f"{'triggers':>8} {'jobs/s':>8} {'wall':>8} {'client CPU':>10} {'claim CPU':>10} {'settle CPU':>11}")
+    for _ in range(args.rounds):
+        for triggers in (True, False):
+            print(one_round(server_url, triggers, args.jobs), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
