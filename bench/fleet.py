@@ -10,8 +10,10 @@ fleet's own connections are measured, not the server's default limit):
 
 Per phase it prints jobs/s (jobs / (last finish - first start), read from the rows), the peak
 number of worker connections in `pg_stat_activity` (and per worker), lock waits (the most worker
-backends seen waiting on a lock at once, and the share of samples with any), and executions per
-job: a claim increments `attempt`, so any job with attempt > 1 ran twice (a duplicate).
+backends seen waiting on a lock at once, and the share of samples with any), executions per
+job: a claim increments `attempt`, so any job with attempt > 1 ran twice (a duplicate), and CPU: per
+job, of all the worker processes together and of the PostgreSQL server (its processes, read from /proc:
+on the server's machine only), and how busy the machine's cores were, from the enqueue to the drain.
 
 Targets (issue "Fleet scale"): 64 workers >= 90% of the best fleet size's jobs/s, <= 3 connections
 per worker, zero duplicates. `--url` measures another server instead. `--pgbouncer` runs the fleet
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +43,16 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, WorkerProcess, log, wait_until  # noqa: E402
+from common import (  # noqa: E402
+    ROOT,
+    WorkerProcess,
+    log,
+    machine_busy_seconds,
+    parent_pid,
+    process_cpu_seconds,
+    server_cpu_seconds,
+    wait_until,
+)
 
 sys.path.insert(0, str(ROOT))
 from tests.pgbouncer import PgBouncer, missing_reason  # noqa: E402
@@ -66,10 +78,39 @@ class Phase:
     max_attempt: int
     waits: Counter[str] = field(default_factory=Counter)  # worker backends seen waiting, by wait event
     trigger: str = ""  # with --compare: the migration whose dygo_notify_finished was in place
+    cpu: Cpu | None = None  # from the enqueue to the drain
 
     @property
     def rate(self) -> float:
         return self.jobs / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Cpu:
+    """CPU seconds used between two readings: the worker processes together, the server, the machine."""
+
+    workers: float
+    server: float
+    machine: float
+    wall: float
+
+    @staticmethod
+    def read(workers: list[WorkerProcess], postmaster: int | None) -> Cpu:
+        server = sum(server_cpu_seconds(postmaster).values()) if postmaster else 0.0
+        return Cpu(sum(process_cpu_seconds(w.pid) for w in workers), server, machine_busy_seconds(),
+                   time.monotonic())
+
+    def since(self, before: Cpu) -> Cpu:
+        return Cpu(self.workers - before.workers, self.server - before.server, self.machine - before.machine,
+                   self.wall - before.wall)
+
+
+def postmaster_of(conn: psycopg.Connection) -> int | None:
+    """The server's postmaster pid when it runs on this machine (the parent of this connection's backend)."""
+    try:
+        return parent_pid(conn.info.backend_pid)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def main() -> int:
@@ -243,6 +284,8 @@ def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
         conn.execute("DELETE FROM dygo_jobs")
         sampler = Sampler(url)
+        postmaster = postmaster_of(conn)
+        before = Cpu.read(workers, postmaster)
         with conn.transaction():
             enqueue_many(conn, [{"kind": kind, "args": job_args} for _ in range(jobs)])
         log(f"{len(workers)} worker(s), {name}: {jobs} jobs enqueued")
@@ -256,11 +299,12 @@ def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_
             wait_until(drained, timeout, f"{jobs} {name} jobs succeeded", interval=0.2)
         finally:
             sampler.stop()
+        cpu = Cpu.read(workers, postmaster).since(before)
         seconds, duplicates, max_attempt = conn.execute(
             "SELECT extract(epoch FROM max(finished_at) - min(started_at)), count(*) FILTER (WHERE attempt > 1),"
             " max(attempt) FROM dygo_jobs").fetchone()
     phase = Phase(len(workers), name, jobs, float(seconds), sampler.peak_connections, sampler.peak_lock_waits,
-                  sampler.lock_wait_share, duplicates, max_attempt, sampler.waits, trigger)
+                  sampler.lock_wait_share, duplicates, max_attempt, sampler.waits, trigger, cpu)
     log(line(phase))
     log(f"  worker backends waiting, by event (backend-samples of {sampler.samples}): {waits(phase)}")
     return phase
@@ -308,13 +352,21 @@ class Sampler:
 # --- the report ------------------------------------------------------------------------------------------
 
 HEADER = ("trigger", "workers", "jobs", "jobs/s", "peak conns", "conns/worker", "lock waits (peak, share)",
-          "duplicates")
+          "duplicates", "CPU/job workers", "CPU/job server", "cores busy")
 
 
 def cells(p: Phase) -> tuple[str, ...]:
     return (p.trigger or "current", f"{p.workers}", f"{p.jobs:,} {p.name}", f"{p.rate:,.0f}", f"{p.peak_connections}",
             f"{p.peak_connections / p.workers:.2f}", f"{p.peak_lock_waits}, {p.lock_wait_share:.0%}",
-            f"{p.duplicates}")
+            f"{p.duplicates}", *cpu_cells(p))
+
+
+def cpu_cells(p: Phase) -> tuple[str, str, str]:
+    if p.cpu is None or p.cpu.wall <= 0:
+        return ("-", "-", "-")
+    cores = os.cpu_count() or 1
+    server = f"{p.cpu.server / p.jobs * 1e6:,.0f} us" if p.cpu.server else "-"
+    return f"{p.cpu.workers / p.jobs * 1e6:,.0f} us", server, f"{p.cpu.machine / p.cpu.wall:.2f} of {cores}"
 
 
 def waits(p: Phase, top: int = 6) -> str:
