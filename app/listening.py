@@ -15,7 +15,7 @@ import contextlib
 from typing import Protocol
 
 import psycopg
-from dygo.store.db import connect_kwargs
+from dygo.store.db import connect_kwargs, notifications
 from dygo.store.outage import OutageLog
 
 # Named for pg_stat_activity, like the worker's `dygo-worker-listen <id>`.
@@ -66,7 +66,7 @@ class Listener:
                         await subscriber.listening(conn)
                     delay = 0.5
                     self.outage.back()
-                    async for notify in conn.notifies():
+                    async for notify in notifications(conn):
                         subscriber = routes.get(notify.channel)
                         if subscriber is not None:
                             subscriber.notified(notify.channel, notify.payload)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import psycopg
 from dygo.store import leases, schedules
+from dygo.store.db import notifications
 from dygo.worker.database import Database
 
 RETRY_MAX = 5.0  # capped low: its reconnect is what wakes every producer once the database is back
@@ -47,7 +48,7 @@ class Listener:
                         await self.database.back()
                     self.wake_all()  # catch up on anything sent while not listening
                     self.schedules_changed.set()
-                    async for notify in conn.notifies():
+                    async for notify in notifications(conn):
                         if notify.channel == schedules.CHANNEL:
                             self.schedules_changed.set()
                         else:
