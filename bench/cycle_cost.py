@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import process_cpu_seconds  # noqa: E402
 from run import embedded_server_url, fresh_database  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,19 +39,13 @@ DATABASE = "bench_cycle_cost"
 TRIGGERS = ("dygo_jobs_updated", "dygo_jobs_finished")
 
 
-def backend_cpu(pid: int) -> float:
-    """Seconds of CPU (user + system) PostgreSQL backend `pid` has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def cycles(url: str, jobs: int) -> tuple[int, float, float, float, float]:
     """(jobs settled, wall s, client CPU s, claim backend CPU s, settle backend CPU s)."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as claimer, \
             await psycopg.AsyncConnection.connect(url, autocommit=True) as settler:
         await leases.claim_session(claimer)
         claim_pid, settle_pid = claimer.info.backend_pid, settler.info.backend_pid
-        claim_cpu, settle_cpu = backend_cpu(claim_pid), backend_cpu(settle_pid)
+        claim_cpu, settle_cpu = process_cpu_seconds(claim_pid), process_cpu_seconds(settle_pid)
         began, client = time.perf_counter(), time.process_time()
         done = 0
         while done < jobs:
@@ -61,7 +55,7 @@ async def cycles(url: str, jobs: int) -> tuple[int, float, float, float, float]:
             await leases.settle(settler, [Succeeded(job, None) for job in claimed])
             done += len(claimed)
         return (done, time.perf_counter() - began, time.process_time() - client,
-                backend_cpu(claim_pid) - claim_cpu, backend_cpu(settle_pid) - settle_cpu)
+                process_cpu_seconds(claim_pid) - claim_cpu, process_cpu_seconds(settle_pid) - settle_cpu)
 
 
 def one_round(server_url: str, triggers: bool, jobs: int) -> str:
