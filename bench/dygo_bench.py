@@ -4,8 +4,9 @@
 
 The worker is the real `dygo worker --queue default --concurrency 200` subprocess, configured
 for throughput through a config directory written here (DYGO_CONFIG_DIR):
-`claim_batch_size` from --claim-batch-size. The log level is the default INFO, so the worker writes
-its one line per job to stderr as a user's would (`--log-level WARNING` measures without them).
+`claim_batch_size` from --claim-batch-size, `claim_ahead` from --claim-ahead. The log level is the
+default INFO, so the worker writes its one line per job to stderr as a user's would (`--log-level
+WARNING` measures without them).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def main() -> int:
     add_plan_arguments(parser)
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--claim-batch-size", type=int, default=100, help="dygo.yml claim_batch_size (default 100)")
+    parser.add_argument("--claim-ahead", default="5ms", help="dygo.yml claim_ahead (default 5ms, dygo's default)")
     parser.add_argument("--log-level", default="INFO", help="the worker's DYGO_LOG_LEVEL")
     parser.add_argument("--profile-with", metavar="PY_SPY", help="py-spy binary: profile one extra processing round")
     parser.add_argument("--profile-jobs", type=int, default=50_000)
@@ -61,7 +63,7 @@ def main() -> int:
     plan = plan_from(args)
 
     with tempfile.TemporaryDirectory(prefix="dygo-bench-config-") as config_dir:
-        write_config(Path(config_dir), args.concurrency, args.claim_batch_size, args.generous_limit)
+        write_config(Path(config_dir), args.concurrency, args.claim_batch_size, args.generous_limit, args.claim_ahead)
         load_jobs(load_settings(config_dir))
         # One client connection for the whole run, as the peers' scripts keep theirs (and as an application's
         # pool would): a fresh session's first insert also compiles the plpgsql trigger functions, a
@@ -72,7 +74,8 @@ def main() -> int:
             system="dygo-limited" if args.generous_limit else "dygo", version=dygo_version(),
             settings=f"dygo worker --queue {QUEUE} --concurrency {args.concurrency}, "
                      f"{GENEROUS_LIMIT.strip() + ', ' if args.generous_limit else ''}"
-                     f"claim_batch_size {args.claim_batch_size}, log level {args.log_level}; "
+                     f"claim_batch_size {args.claim_batch_size}, claim_ahead {args.claim_ahead}, "
+                     f"log level {args.log_level}; "
                      f"enqueue_many batches of {plan.batch_size}",
         )
         result.enqueue_one, result.enqueue_one_rounds = measure_enqueue_one(plan, conn)
@@ -98,12 +101,14 @@ def main() -> int:
 GENEROUS_LIMIT = "concurrency_limit: 100000, rate_limit: 10000000/s"
 
 
-def write_config(config_dir: Path, concurrency: int, claim_batch_size: int, generous_limit: bool = False) -> None:
+def write_config(config_dir: Path, concurrency: int, claim_batch_size: int, generous_limit: bool = False,
+                 claim_ahead: str = "5ms") -> None:
     # `slow` is there because jobs/examples.py declares a job on it.
     limit = f"    {GENEROUS_LIMIT.replace(', ', chr(10) + '    ')}\n" if generous_limit else ""
     (config_dir / "queues.yml").write_text(
         f"queues:\n  - name: {QUEUE}\n    concurrency: {concurrency}\n{limit}  - name: slow\n    concurrency: 2\n")
-    (config_dir / "dygo.yml").write_text(f"jobs: [jobs]\nclaim_batch_size: {claim_batch_size}\n")
+    (config_dir / "dygo.yml").write_text(f"jobs: [jobs]\nclaim_batch_size: {claim_batch_size}\n"
+                                         f"claim_ahead: {claim_ahead}\n")
 
 
 def dygo_version() -> str:

@@ -154,6 +154,8 @@ def all_systems() -> list[System]:
         # dygo with a cluster-wide limit it never reaches (issue 13: at least 85% of dygo's rate).
         dygo("dygo-limited", settings=("--generous-limit",)),
         dygo("dygo_c4", settings=("--concurrency", "4")),
+        # The same without claiming ahead (claim_ahead 0): a claim only for free slots, as before it.
+        dygo("dygo_c4_exact", settings=("--concurrency", "4", "--claim-ahead", "0")),
         pgqueuer("pgqueuer"),
         pgqueuer("pgqueuer_default", settings=("--worker-batch-size", "10", "--max-concurrent-tasks", "0")),
         pgqueuer("pgqueuer_c4", settings=("--worker-batch-size", "2", "--max-concurrent-tasks", "4")),
@@ -370,6 +372,10 @@ def small_concurrency_report(results: list[Result]) -> str:
         c4 = rate["dygo_c4"]
         lines.append(f"  dygo_c4 {c4:,.0f}/s = {c4 / C4_BEFORE:.2f} x the {C4_BEFORE:,}/s before (target >= 2; "
                      f"that figure is from a quiet machine, compare only on one)")
+        if "dygo_c4_exact" in rate:
+            exact = rate["dygo_c4_exact"]
+            lines.append(f"  dygo_c4 {c4:,.0f}/s = {c4 / exact:.2f} x dygo_c4_exact {exact:,.0f}/s (claim_ahead 0: "
+                         f"claims only for free slots; this run's own before)")
         for peer in ("pgqueuer_default", "pgqueuer_c4"):
             if peer in rate:
                 target = " (target >= 1)" if peer == "pgqueuer_default" else ""

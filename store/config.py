@@ -119,6 +119,9 @@ class Settings:
     default_timeout: float = 300.0
     default_max_attempts: int = 20
     claim_batch_size: int = 100
+    # Seconds of a queue's recent throughput a worker claims beyond its free slots while its jobs are short
+    # (worker/ahead.py); 0 claims only for free slots.
+    claim_ahead: float = 0.005
     max_batch_size: int = 1000  # jobs in one POST /api/v1/jobs/batch
     max_payload_bytes: int = 1024 * 1024  # request bodies above this are refused with 413
     max_result_bytes: int = 64 * 1024  # a handler's result above this (as JSON) is stored as a note instead
@@ -295,6 +298,7 @@ SETTING_PARSERS = {
     "default_timeout": ("default_timeout", _duration),
     "default_max_attempts": ("default_max_attempts", _positive_int),
     "claim_batch_size": ("claim_batch_size", _positive_int),
+    "claim_ahead": ("claim_ahead", _duration),
     "max_batch_size": ("max_batch_size", _positive_int),
     "max_payload_bytes": ("max_payload_bytes", _byte_size),
     "max_result_bytes": ("max_result_bytes", _byte_size),

@@ -73,6 +73,7 @@ class Claim:
     held: dict[str, float] = field(default_factory=dict)
     # Queue -> run_at of the last job claimed for it (in claim order): where a backlog's next walk may start.
     reached: dict[str, datetime] = field(default_factory=dict)
+    limited: bool = False  # a cluster-wide limit concerned the claim (it counts claimed jobs as running)
 
 
 def array(values: Iterable[object]) -> str:

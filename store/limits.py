@@ -259,7 +259,7 @@ async def _claim_limited(conn: psycopg.AsyncConnection, wanted: dict[str, int], 
             due[row[2]] = row[11]
         if row[12] is not None:
             held[row[2]] = min(held.get(row[2], row[12]), row[12])
-    return Claim([ClaimedJob(*row[:11]) for row in rows if row[0] is not None], due, held=held)
+    return Claim([ClaimedJob(*row[:11]) for row in rows if row[0] is not None], due, held=held, limited=True)
 
 
 async def freed_queues(conn: psycopg.AsyncConnection, jobs: Iterable[ClaimedJob]) -> list[str]:

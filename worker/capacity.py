@@ -5,8 +5,9 @@ A kind's cap is its `@job(concurrency=N)`, else `default_concurrency`; the proce
 `--max-concurrency`, else `max_concurrency`. Each queue's own concurrency stays with QueueSlots
 (worker/producer.py). The producer alone writes and reads this, on the event loop: `started` when a
 claimed job starts, `finished` when its handler ends. The caps are kept by the claim itself (it is
-given each capped kind's free slots), never by holding claimed jobs back in memory: a claimed job is
-active, its lease running, so one that waited here would only look busy and keep the others back.
+given each capped kind's free slots, less the kind's jobs claimed ahead: worker/ahead.py), never by holding
+claimed jobs back in memory until their kind has room: a claimed job is active, its lease running, so one
+that waited here for its kind would only look busy and keep the others back.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ class Capacity:
         if kind in self.kind_caps:
             self.running[kind] += 1
 
-    def finished(self, kind: str) -> bool:
-        """A job of `kind` ended; True when its kind was at its cap (its queue may have jobs of it waiting)."""
+    def finished(self, kind: str, claimed_ahead: int = 0) -> bool:
+        """A job of `kind` ended; True when its kind was at its cap, counting its `claimed_ahead` jobs waiting
+        for a slot (the claims skipped it, so its queue may have jobs of it pending)."""
         self.total -= 1
         if kind not in self.kind_caps:
             return False
-        was_full = self.running[kind] >= self.kind_caps[kind]
+        was_full = self.running[kind] + claimed_ahead >= self.kind_caps[kind]
         self.running[kind] -= 1
         return was_full
 

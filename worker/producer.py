@@ -25,6 +25,7 @@ behind such a start, so no start is kept then.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import Counter
@@ -33,6 +34,7 @@ from datetime import datetime, timedelta
 import psycopg
 from dygo.store import leases, limits
 from dygo.store.leases import Claim, ClaimedJob
+from dygo.worker.ahead import Ahead
 from dygo.worker.capacity import Capacity
 from dygo.worker.database import Database
 from dygo.worker.maintainer import Recovery
@@ -46,14 +48,17 @@ RECOVER_INTERVAL = 1.0  # at most this often after a claim, so recovery stays ch
 LATE_COMMIT_MARGIN = timedelta(seconds=0.5)
 HEAD_WALK_INTERVAL = 1.0
 
+log = logging.getLogger("dygo.worker")
+
 
 class QueueSlots:
     """One queue's capacity in this process, and whether the producer should claim for it."""
 
-    def __init__(self, name: str, concurrency: int) -> None:
+    def __init__(self, name: str, concurrency: int, claim_ahead: float = 0.0, most: int = 100) -> None:
         self.name = name
         self.concurrency = concurrency
         self.running = 0
+        self.ahead = Ahead(claim_ahead, most)  # jobs claimed beyond the free slots (worker/ahead.py)
         self.armed = True  # it may have ready jobs: claim for it when it has free slots
         self.due_at = math.inf  # monotonic time its timer arms it (inf: armed already, no timer)
         self.since: datetime | None = None  # where its next walk starts (None: at the head)
@@ -64,9 +69,14 @@ class QueueSlots:
     def free(self) -> int:
         return self.concurrency - self.running
 
+    @property
+    def room(self) -> int:
+        """How many more jobs it may claim now: its free slots, plus what it may hold ahead beyond them."""
+        return self.concurrency + self.ahead.count() - self.running - len(self.ahead)
+
     def batch_threshold(self) -> int:
         # Claim in batches once saturated, not one job per freed slot.
-        return max(1, self.concurrency // 4)
+        return max(1, (self.concurrency + self.ahead.count()) // 4)
 
 
 class Producer:
@@ -114,9 +124,13 @@ class Producer:
     def finished(self, job: ClaimedJob) -> None:
         slots = self.slots[job.queue]
         slots.running -= 1
-        if self.capacity.finished(job.kind):
+        slots.ahead.ended()
+        claimed_ahead = self._claimed_ahead()[job.kind] if job.kind in self.capacity.kind_caps else 0
+        if self.capacity.finished(job.kind, claimed_ahead):
             # Its kind was skipped while at its cap: jobs of it may be waiting, anywhere in line.
             slots.armed, slots.since = True, None
+        if not self.stopping.is_set() and (waiting := slots.ahead.next()) is not None:
+            self._start(waiting)  # a job claimed ahead takes the freed slot: no round trip between the two
         self.wake.set()
 
     def requeued(self, name: str, delay: float) -> None:
@@ -150,6 +164,9 @@ class Producer:
         try:
             await self._produce()
         finally:
+            waiting = [job for slots in self.slots.values() for job in slots.ahead.release()]
+            if waiting:
+                self.runs.hand_back(waiting, "claimed-ahead", "not started before the stop")
             if self.conn is not None:
                 await self.conn.close()
                 self.conn = None
@@ -158,6 +175,7 @@ class Producer:
         failures = 0
         while not self.stopping.is_set():
             self.wake.clear()
+            self._hand_back_stale()
             wanted = self._wanted()
             if not wanted:
                 await wait_for_event(self.wake, self._until_next_timer())
@@ -225,8 +243,8 @@ class Producer:
         for slots in self.slots.values():
             if slots.due_at <= now:
                 slots.armed, slots.due_at = True, math.inf
-            if slots.armed and slots.free >= slots.batch_threshold():
-                wanted[slots.name] = min(slots.free, self.batch_size)
+            if slots.armed and slots.room >= slots.batch_threshold():
+                wanted[slots.name] = min(slots.room, self.batch_size)
         return self.capacity.share(wanted) if wanted else wanted
 
     def _walks_from(self, wanted: dict[str, int]) -> dict[str, datetime | None]:
@@ -255,7 +273,17 @@ class Producer:
 
     def _until_next_timer(self) -> float:
         due = min((s.due_at for s in self.slots.values()), default=math.inf)
-        return self.poll_interval if due == math.inf else max(0.0, due - time.monotonic())
+        wait = self.poll_interval if due == math.inf else max(0.0, due - time.monotonic())
+        return min([wait, *(s.ahead.due_in() for s in self.slots.values())])
+
+    def _hand_back_stale(self) -> None:
+        """Jobs claimed ahead that waited too long (the queue's slots stopped freeing) go back to the queue,
+        for another worker to run now."""
+        for slots in self.slots.values():
+            stale = slots.ahead.stale()
+            if stale:
+                self.runs.hand_back(stale, "claimed-ahead", f"waited over {slots.ahead.hand_back_after:g}s for a "
+                                                            f"slot of queue {slots.name}")
 
     def _set_timers(self, queues: list[str], due: dict[str, float]) -> None:
         """Arm each queue again when its next scheduled job is due (the claim said when), or after the poll
@@ -274,15 +302,37 @@ class Producer:
                     since: dict[str, datetime | None] | None = None) -> Claim:
         """Claim up to wanted[queue] jobs per queue (one statement unless a cluster-wide limit concerns them:
         store/limits.py) and start them."""
-        kind_free = self.capacity.kind_free() if self.capacity.capped else None
+        kind_free = self._kind_free() if self.capacity.capped else None
         claim = await limits.claim(conn, wanted, self.worker_id, self.lease_ttl, since=since, kind_free=kind_free)
         self.held = claim.held
         taken = Counter(job.kind for job in claim.jobs)
         given = kind_free or {}
         self.capped_out = any(0 < free <= taken[kind] for kind, free in given.items())
         self.skipped = any(free <= 0 for free in given.values())
+        # The process cap counts started jobs across the queues, a limit counts claimed jobs as running:
+        # under either, no job waits here.
+        for name in wanted:
+            self.slots[name].ahead.allowed = self.capacity.max_concurrency is None and not claim.limited
         for job in claim.jobs:
-            self.slots[job.queue].running += 1
-            self.capacity.started(job.kind)
-            self.runs.start(job, self.finished)
+            slots = self.slots[job.queue]
+            if slots.running < slots.concurrency:
+                self._start(job)
+            else:
+                slots.ahead.hold(job)
+                self.runs.hold(job)
         return claim
+
+    def _kind_free(self) -> dict[str, int]:
+        """Each capped kind's free slots less its jobs claimed ahead: a waiting job takes its kind's slot when
+        it starts, so a kind never runs more than its cap."""
+        waiting = self._claimed_ahead()
+        return {kind: free - waiting[kind] for kind, free in self.capacity.kind_free().items()}
+
+    def _claimed_ahead(self) -> Counter[str]:
+        """Jobs waiting for a slot, by kind."""
+        return Counter(job.kind for slots in self.slots.values() for _, job in slots.ahead.waiting)
+
+    def _start(self, job: ClaimedJob) -> None:
+        self.slots[job.queue].running += 1
+        self.capacity.started(job.kind)
+        self.runs.start(job, self.finished)

@@ -46,6 +46,18 @@ class Runs:
         self.leased[job.lease_token] = job
         self.tasks[job.lease_token] = asyncio.create_task(self._execute(job, finished))
 
+    def hold(self, job: ClaimedJob) -> None:
+        """A job claimed ahead, waiting for a slot (worker/ahead.py): leased, so its lease is renewed."""
+        self.leased[job.lease_token] = job
+
+    def hand_back(self, jobs: list[ClaimedJob], what: str, why: str = "") -> None:
+        """Put claimed jobs that did not run (to the end) straight back in their queue, their attempt refunded."""
+        log.warning("handing back %d %s job(s)%s: %s", len(jobs), what, f" ({why})" if why else "",
+                    ", ".join(str(j.id) for j in jobs))
+        for job in jobs:
+            self.settler.submit(Unsuccessful(job, "pending", refund_attempt=True,
+                                             progress=self.progress.take(job.lease_token)))
+
     async def _execute(self, job: ClaimedJob, finished: Callable[[ClaimedJob], None]) -> None:
         try:
             with tracing.execution_span(job) if self.traced else UNTRACED as span:
@@ -73,8 +85,4 @@ class Runs:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
         if unfinished:
-            log.warning("handing back %d unfinished job(s): %s", len(unfinished),
-                        ", ".join(str(j.id) for j in unfinished))
-            for job in unfinished:
-                self.settler.submit(Unsuccessful(job, "pending", refund_attempt=True,
-                                                 progress=self.progress.take(job.lease_token)))
+            self.hand_back(unfinished, "unfinished")

@@ -55,7 +55,8 @@ class Worker:
         self.database = Database(url, self.id)
         self.stats = WorkerStats()
         leased: dict[UUID, ClaimedJob] = {}  # worker/runs.py says who writes and reads it
-        self.slots = {name: QueueSlots(name, n) for name, n in options.queues.items()}
+        self.slots = {name: QueueSlots(name, n, settings.claim_ahead, settings.claim_batch_size)
+                      for name, n in options.queues.items()}
         self.capacity = Capacity(jobs.concurrency_caps(settings.default_concurrency), options.max_concurrency)
         self.progress = ProgressWriter(self.database.pool, leased, self.database.outage)
         self.settler = Settler(self.database, leased, self.stats, requeued=lambda queue, delay: (

@@ -1,0 +1,88 @@
+"""Claiming ahead (worker/ahead.py, issue 12 item 7): while a queue's jobs are short, a worker claims beyond
+its free slots and starts the extra jobs as slots free; jobs that wait too long, or that a stopping worker
+never started, go back to their queue. Real worker processes on a real database."""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from dygo.store import enqueue_many
+
+from tests.conftest import TEST_CONFIG, dygo_env, wait_until
+
+
+def config(tmp_path: Path, claim_ahead: str) -> Path:
+    (tmp_path / "queues.yml").write_text((TEST_CONFIG / "queues.yml").read_text())
+    (tmp_path / "dygo.yml").write_text((TEST_CONFIG / "dygo.yml").read_text() + f"claim_ahead: {claim_ahead}\n")
+    return tmp_path
+
+
+def count(conn, where: str) -> int:
+    return conn.execute(f"SELECT count(*) FROM dygo_jobs WHERE {where}").fetchone()[0]
+
+
+def learn_the_pace(conn) -> None:
+    """Short jobs through the worker, so it knows its queue's jobs end quickly."""
+    enqueue_many(conn, [{"kind": "test.noop"} for _ in range(300)])
+    wait_until(lambda: count(conn, "state = 'succeeded'") == 300, timeout=30, message="300 no-op jobs")
+
+
+def largest_claim(conn) -> int:
+    # One claim's jobs share its transaction's now() as started_at.
+    return conn.execute("SELECT max(n) FROM (SELECT count(*) AS n FROM dygo_jobs GROUP BY started_at) c").fetchone()[0]
+
+
+@pytest.mark.parametrize(("claim_ahead", "claims_ahead"), [("50ms", True), ("0", False)])
+def test_short_jobs_are_claimed_beyond_the_free_slots_only_while_claim_ahead_is_on(
+        conn, db_url, spawn, tmp_path, claim_ahead, claims_ahead):
+    env = dygo_env(db_url, DYGO_CONFIG_DIR=str(config(tmp_path, claim_ahead)))
+    worker = spawn("worker", "--queue", "default", "--concurrency", "2", env=env)
+    worker.wait_for_line("started")
+    learn_the_pace(conn)
+    enqueue_many(conn, [{"kind": "test.noop"} for _ in range(2000)])
+    wait_until(lambda: count(conn, "state = 'succeeded'") == 2300, timeout=60, message="2,300 jobs to succeed")
+    assert count(conn, "attempt = 1") == 2300  # each ran once: none was handed back
+    if claims_ahead:
+        assert largest_claim(conn) > 2
+    else:
+        assert largest_claim(conn) <= 2
+
+
+def test_jobs_claimed_ahead_go_back_to_the_queue_when_a_slow_job_holds_the_slots(conn, db_url, spawn, tmp_path):
+    # 50ms ahead: jobs that waited 0.5 s go back. The slow job takes 6 s; another worker runs the others.
+    env = dygo_env(db_url, DYGO_CONFIG_DIR=str(config(tmp_path, "50ms")))
+    first = spawn("worker", "--queue", "default", "--concurrency", "1", env=env)
+    first.wait_for_line("started")
+    learn_the_pace(conn)
+    enqueue_many(conn, [{"kind": "test.record", "args": {"seconds": 6}}] + [{"kind": "test.noop"} for _ in range(10)])
+    wait_until(lambda: count(conn, "state = 'active' AND kind = 'test.noop'") > 0, timeout=10,
+               message="no-op jobs claimed ahead behind the slow one")
+    wait_until(lambda: "claimed-ahead job(s) (waited over 0.5s for a slot of queue default)" in first.stderr(),
+               timeout=10, message="the waiting jobs to be handed back")
+    second = spawn("worker", "--queue", "default", "--concurrency", "1", env=env)
+    second.wait_for_line("started")
+    wait_until(lambda: count(conn, "state = 'succeeded'") == 310, timeout=20, message="the 10 no-op jobs to succeed")
+    assert count(conn, "kind = 'test.record' AND state = 'active'") == 1  # the slow one runs still
+    assert count(conn, "kind = 'test.noop' AND attempt = 1") == 310  # handed back with the attempt refunded
+
+
+def test_a_stopping_worker_hands_back_the_jobs_it_claimed_ahead_before_draining(conn, db_url, spawn, tmp_path):
+    # 1s ahead: nothing waits long enough (10 s) to be handed back before the stop.
+    env = dygo_env(db_url, DYGO_CONFIG_DIR=str(config(tmp_path, "1s")))
+    worker = spawn("worker", "--queue", "default", "--concurrency", "1", env=env)
+    worker.wait_for_line("started")
+    learn_the_pace(conn)
+    enqueue_many(conn, [{"kind": "test.record", "args": {"seconds": 1}}] + [{"kind": "test.noop"} for _ in range(10)])
+    wait_until(lambda: count(conn, "state = 'active' AND kind = 'test.noop'") > 0, timeout=10,
+               message="no-op jobs claimed ahead behind the slow one")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    found = re.search(r"handing back (\d+) claimed-ahead job\(s\) \(not started before the stop\)", worker.stderr())
+    assert found, worker.stderr()
+    assert count(conn, "kind = 'test.record' AND state = 'succeeded'") == 1  # the running one was drained
+    assert count(conn, "kind = 'test.noop' AND state = 'pending' AND attempt = 0 AND lease_owner IS NULL") \
+        == int(found.group(1)) > 0
+    assert count(conn, "state = 'active'") == 0
