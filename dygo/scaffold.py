@@ -30,7 +30,7 @@ jobs: [jobs]
 # default_timeout: 5m         # handler deadline for kinds without `timeout` (0 = none)
 # default_max_attempts: 20    # attempts for kinds without `max_attempts`
 # claim_batch_size: 100       # most jobs one claim statement takes
-# claim_ahead: 5ms            # recent throughput claimed beyond free slots while jobs are short (0 = off)
+# claim_ahead: 5ms            # claim beyond free slots what they run in this time, for short jobs (0 = off)
 # default_concurrency: 4     # most jobs of one kind a worker runs at once, for kinds without `concurrency`
 # max_concurrency: 16         # most jobs a worker runs at once, all queues together (--max-concurrency)
 # max_batch_size: 1000        # most jobs in one POST /api/v1/jobs/batch

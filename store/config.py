@@ -119,8 +119,8 @@ class Settings:
     default_timeout: float = 300.0
     default_max_attempts: int = 20
     claim_batch_size: int = 100
-    # Seconds of a queue's recent throughput a worker claims beyond its free slots while its jobs are short
-    # (worker/ahead.py); 0 claims only for free slots.
+    # A worker claims beyond a queue's free slots what they would run in this many seconds at the pace of its
+    # recent jobs (worker/ahead.py); 0 claims only for free slots.
     claim_ahead: float = 0.005
     max_batch_size: int = 1000  # jobs in one POST /api/v1/jobs/batch
     max_payload_bytes: int = 1024 * 1024  # request bodies above this are refused with 413

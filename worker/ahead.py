@@ -3,17 +3,18 @@ here, leased to this worker, until a slot frees (issue 12, item 7).
 
 A job of a millisecond costs a claim and a settle round trip and the statements behind them; claimed one
 free slot at a time, those cost more than the job. Claimed ahead, a freed slot starts the next job at once
-and a claim takes many jobs per statement. What a queue holds ahead is about `window` seconds of its
-recent throughput (the interval between its jobs' ends, smoothed): for jobs of a millisecond, tens of jobs;
-for jobs of a second, none. So a job waits here about `window` at most while its slots keep going, and a
-queue of slow jobs never hoards work another worker could run.
+and a claim takes many jobs per statement. A queue holds ahead what its slots would run in `window`
+seconds at the pace of its recent jobs (the time a slot spent on each, smoothed): for jobs of a
+millisecond at concurrency 4, tens of jobs; for jobs of 10 ms, two; for jobs of 50 ms or more, none. So
+a queue of slow jobs never hoards work another worker could run.
 
-When the slots stop freeing (a slow job among quick ones), the jobs waiting here longer than
-`hand_back_after` go back to their queue (their attempt refunded, like a hand-back at shutdown), and the
-queue claims nothing ahead until its jobs end quickly again. A job waiting here shows as active, its
-started_at the time of its claim. A waiting job of a capped kind counts against its kind's cap (the
-producer's claim gives the kind its free slots less its waiting jobs). No claiming ahead under the process
-cap, nor for a queue a cluster-wide limit concerns (it would count a waiting job as running).
+When the slots stop freeing (slow jobs among quick ones hold every slot) and jobs wait here, the waiting
+jobs go back to their queue after `hand_back_after` without a slot freed (their attempt refunded, like a
+hand-back at shutdown), and the queue claims nothing ahead until its jobs end quickly again. A job
+waiting here shows as active, its started_at the time of its claim. A waiting job of a capped kind counts
+against its kind's cap (the producer's claim gives the kind its free slots less its waiting jobs). No
+claiming ahead under the process cap, nor for a queue a cluster-wide limit concerns (it would count a
+waiting job as running).
 """
 
 from __future__ import annotations
@@ -24,38 +25,38 @@ from collections import deque
 
 from dygo.store.leases import ClaimedJob
 
-SMOOTHING = 0.2  # weight of the newest interval between two jobs' ends
-FASTEST = 1e-5  # an interval shorter than this counts as this (no-op jobs ending in the same loop pass)
+SMOOTHING = 0.2  # weight of the newest job in the smoothed time per job
+# A slot spends about this much on a job besides its handler (the task, the log line, the settle's share):
+# the pace of no-op jobs, however quick their handlers.
+LEAST_PER_JOB = 0.0002
 
 
 class Ahead:
     """One queue's jobs claimed ahead, and how many it may hold."""
 
-    def __init__(self, window: float, most: int) -> None:
-        self.window = window  # seconds of recent throughput to hold ahead (0: off)
+    def __init__(self, concurrency: int, window: float, most: int) -> None:
+        self.concurrency = concurrency
+        self.window = window  # seconds of the slots' work to hold ahead (0: off)
         self.most = most  # never more than one claim takes
         self.hand_back_after = max(10 * window, 0.1)
         self.waiting: deque[tuple[float, ClaimedJob]] = deque()  # (monotonic time claimed, job), claim order
-        self.interval = math.inf  # smoothed seconds between two jobs' ends (inf: nothing known yet)
-        self.last_end: float | None = None
-        self.allowed = True  # False while a cap or a limit concerns the queue
+        self.per_job = math.inf  # smoothed seconds a slot spent on a job (inf: none ended yet)
+        self.last_end = -math.inf  # monotonic time a job of the queue last ended
+        self.allowed = True  # False while the process cap or a limit concerns the queue
 
     def __len__(self) -> int:
         return len(self.waiting)
 
     def count(self) -> int:
         """How many jobs the queue may hold beyond its free slots now."""
-        if not self.allowed or self.window <= 0 or self.interval == math.inf:
+        if not self.allowed or self.window <= 0 or self.per_job == math.inf:
             return 0
-        return min(self.most, int(self.window / max(self.interval, FASTEST)))
+        return min(self.most, int(self.concurrency * self.window / max(self.per_job, LEAST_PER_JOB)))
 
-    def ended(self) -> None:
-        """A job of the queue ended: learn the pace."""
-        now = time.monotonic()
-        if self.last_end is not None:
-            gap = now - self.last_end
-            self.interval = gap if self.interval == math.inf else self.interval + SMOOTHING * (gap - self.interval)
-        self.last_end = now
+    def ended(self, took: float) -> None:
+        """A job of the queue ended after `took` seconds in its slot: learn the pace."""
+        self.last_end = time.monotonic()
+        self.per_job = took if self.per_job == math.inf else self.per_job + SMOOTHING * (took - self.per_job)
 
     def hold(self, job: ClaimedJob) -> None:
         self.waiting.append((time.monotonic(), job))
@@ -64,9 +65,9 @@ class Ahead:
         return self.waiting.popleft()[1] if self.waiting else None
 
     def stale(self) -> list[ClaimedJob]:
-        """Take out the jobs that waited longer than hand_back_after (the slots stopped freeing): they go back
-        to the queue, and the queue holds nothing ahead until its pace is learnt again."""
-        if not self.waiting or time.monotonic() - self.waiting[0][0] < self.hand_back_after:
+        """Take out the waiting jobs when no slot freed for hand_back_after while they waited: they go back to
+        the queue, and the queue holds nothing ahead until its pace is learnt again."""
+        if not self.waiting or self.due_in() > 0:
             return []
         return self.release()
 
@@ -74,11 +75,12 @@ class Ahead:
         """Take out every waiting job, and forget the pace."""
         jobs = [job for _, job in self.waiting]
         self.waiting.clear()
-        self.interval, self.last_end = math.inf, None
+        self.per_job = math.inf
         return jobs
 
     def due_in(self) -> float:
-        """Seconds until the oldest waiting job is stale (inf: none waiting)."""
+        """Seconds until the waiting jobs are stale unless a slot frees first (inf: none waiting)."""
         if not self.waiting:
             return math.inf
-        return max(0.0, self.waiting[0][0] + self.hand_back_after - time.monotonic())
+        since = max(self.last_end, self.waiting[0][0])
+        return max(0.0, since + self.hand_back_after - time.monotonic())

@@ -58,7 +58,7 @@ class QueueSlots:
         self.name = name
         self.concurrency = concurrency
         self.running = 0
-        self.ahead = Ahead(claim_ahead, most)  # jobs claimed beyond the free slots (worker/ahead.py)
+        self.ahead = Ahead(concurrency, claim_ahead, most)  # jobs claimed beyond the free slots (worker/ahead.py)
         self.armed = True  # it may have ready jobs: claim for it when it has free slots
         self.due_at = math.inf  # monotonic time its timer arms it (inf: armed already, no timer)
         self.since: datetime | None = None  # where its next walk starts (None: at the head)
@@ -121,10 +121,10 @@ class Producer:
             slots.armed, slots.since = True, None  # whatever was missed meanwhile may sit anywhere in line
         self.wake.set()
 
-    def finished(self, job: ClaimedJob) -> None:
+    def finished(self, job: ClaimedJob, took: float) -> None:
         slots = self.slots[job.queue]
         slots.running -= 1
-        slots.ahead.ended()
+        slots.ahead.ended(took)
         claimed_ahead = self._claimed_ahead()[job.kind] if job.kind in self.capacity.kind_caps else 0
         if self.capacity.finished(job.kind, claimed_ahead):
             # Its kind was skipped while at its cap: jobs of it may be waiting, anywhere in line.
@@ -277,13 +277,13 @@ class Producer:
         return min([wait, *(s.ahead.due_in() for s in self.slots.values())])
 
     def _hand_back_stale(self) -> None:
-        """Jobs claimed ahead that waited too long (the queue's slots stopped freeing) go back to the queue,
-        for another worker to run now."""
+        """Jobs claimed ahead go back to the queue when its slots stopped freeing, for another worker to run
+        now."""
         for slots in self.slots.values():
             stale = slots.ahead.stale()
             if stale:
-                self.runs.hand_back(stale, "claimed-ahead", f"waited over {slots.ahead.hand_back_after:g}s for a "
-                                                            f"slot of queue {slots.name}")
+                self.runs.hand_back(stale, "claimed-ahead", f"no slot of queue {slots.name} freed for "
+                                                            f"{slots.ahead.hand_back_after:g}s")
 
     def _set_timers(self, queues: list[str], due: dict[str, float]) -> None:
         """Arm each queue again when its next scheduled job is due (the claim said when), or after the poll

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from uuid import UUID
 
@@ -40,8 +41,9 @@ class Runs:
         # opentelemetry-instrument), before a worker exists; untraced, a job pays nothing for tracing.
         self.traced = tracing.active()
 
-    def start(self, job: ClaimedJob, finished: Callable[[ClaimedJob], None]) -> None:
-        """Run a claimed job's handler in a task; `finished` is called when it ends, whatever happened."""
+    def start(self, job: ClaimedJob, finished: Callable[[ClaimedJob, float], None]) -> None:
+        """Run a claimed job's handler in a task; `finished` is called when it ends, whatever happened, with the
+        seconds its slot spent on it."""
         self.stats.claimed_job(job.queue, job.kind, job.waited)
         self.leased[job.lease_token] = job
         self.tasks[job.lease_token] = asyncio.create_task(self._execute(job, finished))
@@ -58,7 +60,8 @@ class Runs:
             self.settler.submit(Unsuccessful(job, "pending", refund_attempt=True,
                                              progress=self.progress.take(job.lease_token)))
 
-    async def _execute(self, job: ClaimedJob, finished: Callable[[ClaimedJob], None]) -> None:
+    async def _execute(self, job: ClaimedJob, finished: Callable[[ClaimedJob, float], None]) -> None:
+        began = time.monotonic()
         try:
             with tracing.execution_span(job) if self.traced else UNTRACED as span:
                 outcome, elapsed = await self.executor.run(job)
@@ -69,7 +72,7 @@ class Runs:
             self.settler.submit(outcome)
         finally:
             del self.tasks[job.lease_token]
-            finished(job)
+            finished(job, time.monotonic() - began)
 
     async def wait(self) -> None:
         """Until every running handler has ended (--once)."""
