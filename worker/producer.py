@@ -7,6 +7,9 @@ timer, a claim that came back full, the start). A claim that comes back short di
 NOTIFY or its timer: the next pending job's run_at (a retry this worker scheduled itself, a delayed
 job) or the poll interval, whichever is first.
 
+While a queue's jobs are short it claims beyond its free slots (worker/ahead.py): the extra jobs wait
+here and a freed slot starts the next at once.
+
 The per-worker caps (worker/capacity.py) shape each claim: the process cap trims the wanted counts, and
 the capped kinds' free slots go into the statement, which skips a kind at its cap and takes no more of a
 kind than its free slots. A claim that comes back short after a kind took every free slot it was given

@@ -1,6 +1,7 @@
 """The worker process: wires its services, starts them, watches them, and stops them in one order.
 
-* producer      - claim ready jobs for every queue in one statement, start them (worker/producer.py)
+* producer      - claim ready jobs for every queue in one statement, start them, and while jobs are short
+                  claim ahead of the free slots (worker/producer.py, worker/ahead.py)
 * listener      - LISTEN for new or requeued jobs and schedule changes, wake the others (worker/listener.py)
 * scheduler     - fire due cron schedules (worker/scheduler.py)
 * maintainer    - heartbeat, recovery of expired leases, stale workers, retention (worker/maintainer.py)
