@@ -135,9 +135,10 @@ def main() -> int:
 def run(server: str, args: argparse.Namespace) -> int:
     url = fresh_database(server, args.direct_url)
     through = f" through PgBouncer ({server})" if args.pgbouncer else ""
-    log(f"database {DATABASE}{through}; fleets {args.workers}; concurrency {args.concurrency} each")
+    log(f"database {DATABASE}{through}; fleets {args.workers}; concurrency {args.concurrency} each; "
+        f"claim_ahead {args.claim_ahead}")
     with tempfile.TemporaryDirectory(prefix="dygo-fleet-") as config:
-        write_config(Path(config), args.concurrency)
+        write_config(Path(config), args.concurrency, args.claim_ahead)
         # The bench's folder (bench_jobs) ahead of any PYTHONPATH given (e.g. another dygo tree to compare).
         path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")]))
         env = {"DATABASE_URL": url, "DYGO_CONFIG_DIR": config, "DYGO_LOG_LEVEL": "WARNING", "PYTHONPATH": path}
@@ -182,6 +183,7 @@ def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 16, 64], help="fleet sizes to run")
     parser.add_argument("--concurrency", type=int, default=4, help="each worker's --concurrency")
+    parser.add_argument("--claim-ahead", default="5ms", help="dygo.yml claim_ahead (default 5ms, dygo's default)")
     parser.add_argument("--noop-jobs", type=int, default=50_000)
     parser.add_argument("--sleep-jobs", type=int, default=5_000)
     parser.add_argument("--sleep-ms", type=int, default=10)
@@ -234,9 +236,9 @@ def fresh_database(server: str, direct: str | None) -> str:
     return with_database(server)
 
 
-def write_config(config: Path, concurrency: int) -> None:
+def write_config(config: Path, concurrency: int, claim_ahead: str) -> None:
     (config / "queues.yml").write_text(f"queues:\n  - name: default\n    concurrency: {concurrency}\n")
-    (config / "dygo.yml").write_text("jobs: [bench_jobs]\n")
+    (config / "dygo.yml").write_text(f"jobs: [bench_jobs]\nclaim_ahead: {claim_ahead}\n")
 
 
 def migrate(env: dict[str, str]) -> None:
