@@ -87,3 +87,20 @@ def test_a_stopping_worker_hands_back_the_jobs_it_claimed_ahead_before_draining(
     assert count(conn, "kind = 'test.noop' AND state = 'pending' AND attempt = 0 AND lease_owner IS NULL") \
         == int(found.group(1)) > 0
     assert count(conn, "state = 'active'") == 0
+
+
+def test_a_capped_kind_claimed_ahead_never_runs_over_its_cap(conn, db_url, spawn, tmp_path):
+    from tests.test_flow_caps import ended, max_overlap
+
+    # Short jobs and a wide claim_ahead: the worker holds many jobs, the capped kind's among them. A held job
+    # of the kind counts against its cap, so the kind never runs two at once, however its jobs are held.
+    env = dygo_env(db_url, DYGO_CONFIG_DIR=str(config(tmp_path, "200ms")))
+    worker = spawn("worker", "--queue", "default", "--concurrency", "8", "--poll-interval", "60s", env=env)
+    worker.wait_for_line("started")
+    learn_the_pace(conn)
+    enqueue_many(conn, [{"kind": kind, "args": {"seconds": 0.002}} for _ in range(60)
+                        for kind in ("test.capped", "test.span")])
+    wait_until(lambda: ended(conn, 120), timeout=30, message="all 120 jobs to end")
+    assert max_overlap(conn, ("test.capped",)) == 1
+    assert max_overlap(conn, ("test.span",)) > 1
+    assert largest_claim(conn) > 8  # it did claim ahead of its 8 slots
