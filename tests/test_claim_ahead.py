@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from dygo.store import enqueue_many
 
-from tests.conftest import TEST_CONFIG, dygo_env, wait_until
+from tests.conftest import TEST_CONFIG, dygo_env, free_port, wait_until
+from tests.test_telemetry import scrape_worker
 
 
 def config(tmp_path: Path, claim_ahead: str) -> Path:
@@ -73,19 +74,23 @@ def test_jobs_claimed_ahead_go_back_to_the_queue_when_a_slow_job_holds_the_slots
 def test_a_stopping_worker_hands_back_the_jobs_it_claimed_ahead_before_draining(conn, db_url, spawn, tmp_path):
     # 1s ahead: the slot is not stuck long enough (10 s) for the waiting jobs to be handed back before the stop.
     env = dygo_env(db_url, DYGO_CONFIG_DIR=str(config(tmp_path, "1s")))
-    worker = spawn("worker", "--queue", "default", "--concurrency", "1", env=env)
+    port = free_port()
+    worker = spawn("worker", "--queue", "default", "--concurrency", "1", "--metrics-port", str(port), env=env)
     worker.wait_for_line("started")
     learn_the_pace(conn)
-    enqueue_many(conn, [{"kind": "test.record", "args": {"seconds": 1}}] + [{"kind": "test.noop"} for _ in range(10)])
+    enqueue_many(conn, [{"kind": "test.record", "args": {"seconds": 2}}] + [{"kind": "test.noop"} for _ in range(10)])
     wait_until(lambda: count(conn, "state = 'active' AND kind = 'test.noop'") > 0, timeout=10,
                message="no-op jobs claimed ahead behind the slow one")
+    waiting = wait_until(lambda: scrape_worker(port).get(("dygo_worker_claimed_ahead", (("queue", "default"),))),
+                         message="the worker's gauge of jobs claimed ahead")
+    assert waiting == count(conn, "state = 'active' AND kind = 'test.noop'")
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0
     found = re.search(r"handing back (\d+) claimed-ahead job\(s\) \(not started before the stop\)", worker.stderr())
     assert found, worker.stderr()
     assert count(conn, "kind = 'test.record' AND state = 'succeeded'") == 1  # the running one was drained
     assert count(conn, "kind = 'test.noop' AND state = 'pending' AND attempt = 0 AND lease_owner IS NULL") \
-        == int(found.group(1)) > 0
+        == int(found.group(1)) == waiting
     assert count(conn, "state = 'active'") == 0
 
 

@@ -28,7 +28,6 @@ behind such a start, so no start is kept then.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections import Counter
@@ -50,8 +49,6 @@ RECOVER_INTERVAL = 1.0  # at most this often after a claim, so recovery stays ch
 # keeps its run_at) waits for the next walk from the head.
 LATE_COMMIT_MARGIN = timedelta(seconds=0.5)
 HEAD_WALK_INTERVAL = 1.0
-
-log = logging.getLogger("dygo.worker")
 
 
 class QueueSlots:

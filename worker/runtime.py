@@ -98,9 +98,9 @@ class Worker:
                 # Before the first claim, so it claims under the file's limits (store/limits.py sync).
                 await limits.sync(conn, self.settings.limits)
             if self.options.metrics_port is not None:
-                bound = serve_worker_metrics(self.options.metrics_host, self.options.metrics_port, self.stats,
-                                             lambda: {n: (s.running, s.concurrency) for n, s in self.slots.items()},
-                                             self.is_ready)
+                bound = serve_worker_metrics(
+                    self.options.metrics_host, self.options.metrics_port, self.stats,
+                    lambda: {n: (s.running, s.concurrency, len(s.ahead)) for n, s in self.slots.items()}, self.is_ready)
                 say(f"dygo worker metrics: http://{self.options.metrics_host}:{bound}/metrics")
             if self.options.once:
                 return await self._run_once()

@@ -63,9 +63,9 @@ class WorkerStats:
 class WorkerCollector(Collector):
     """Reads WorkerStats and the live slot counts on each scrape."""
 
-    def __init__(self, stats: WorkerStats, slots: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
+    def __init__(self, stats: WorkerStats, slots: Callable[[], Mapping[str, tuple[int, int, int]]]) -> None:
         self.stats = stats
-        self.slots = slots  # queue -> (running, concurrency)
+        self.slots = slots  # queue -> (running, concurrency, claimed ahead and waiting for a slot)
 
     def collect(self) -> Iterator[Metric]:
         stats = self.stats
@@ -92,10 +92,13 @@ class WorkerCollector(Collector):
         busy = GaugeMetricFamily("dygo_worker_busy_slots", "Jobs running now in this process", labels=["queue"])
         concurrency = GaugeMetricFamily("dygo_worker_concurrency", "Jobs this process may run at once",
                                         labels=["queue"])
-        for queue, (running, most) in sorted(self.slots().items()):
+        ahead = GaugeMetricFamily("dygo_worker_claimed_ahead", "Jobs claimed ahead of a free slot, waiting in this "
+                                  "process for one (worker/ahead.py)", labels=["queue"])
+        for queue, (running, most, waiting) in sorted(self.slots().items()):
             busy.add_metric([queue], running)
             concurrency.add_metric([queue], most)
-        yield from (busy, concurrency)
+            ahead.add_metric([queue], waiting)
+        yield from (busy, concurrency, ahead)
         histograms = {
             "latency": HistogramMetricFamily(
                 "dygo_worker_start_latency_seconds", "Seconds from when a job became due (run_at, or its enqueue "
@@ -129,7 +132,7 @@ def serve_metrics(host: str, port: int, collector: Collector, ready: Callable[[]
 
 
 def serve_worker_metrics(host: str, port: int, stats: WorkerStats,
-                         slots: Callable[[], Mapping[str, tuple[int, int]]], ready: Callable[[], bool]) -> int:
+                         slots: Callable[[], Mapping[str, tuple[int, int, int]]], ready: Callable[[], bool]) -> int:
     """serve_metrics for a worker's figures; a port that cannot be bound is a configuration error."""
     try:
         return serve_metrics(host, port, WorkerCollector(stats, slots), ready)
