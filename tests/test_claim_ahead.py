@@ -53,7 +53,7 @@ def test_short_jobs_are_claimed_beyond_the_free_slots_only_while_claim_ahead_is_
 
 
 def test_jobs_claimed_ahead_go_back_to_the_queue_when_a_slow_job_holds_the_slots(conn, db_url, spawn, tmp_path):
-    # 50ms ahead: the waiting jobs go back after 0.5 s with the slot held. The slow job takes 6 s; another
+    # 50ms ahead: the waiting jobs go back after 1 s (the floor) with the slot held. The slow job takes 6 s; another
     # worker runs the others meanwhile.
     env = dygo_env(db_url, DYGO_CONFIG_DIR=str(config(tmp_path, "50ms")))
     first = spawn("worker", "--queue", "default", "--concurrency", "1", env=env)
@@ -62,7 +62,7 @@ def test_jobs_claimed_ahead_go_back_to_the_queue_when_a_slow_job_holds_the_slots
     enqueue_many(conn, [{"kind": "test.record", "args": {"seconds": 6}}] + [{"kind": "test.noop"} for _ in range(10)])
     wait_until(lambda: count(conn, "state = 'active' AND kind = 'test.noop'") > 0, timeout=10,
                message="no-op jobs claimed ahead behind the slow one")
-    wait_until(lambda: "claimed-ahead job(s) (no slot of queue default freed for 0.5s)" in first.stderr(),
+    wait_until(lambda: "claimed-ahead job(s) (no slot of queue default freed for 1s)" in first.stderr(),
                timeout=10, message="the waiting jobs to be handed back")
     second = spawn("worker", "--queue", "default", "--concurrency", "1", env=env)
     second.wait_for_line("started")

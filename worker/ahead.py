@@ -38,7 +38,9 @@ class Ahead:
         self.concurrency = concurrency
         self.window = window  # seconds of the slots' work to hold ahead (0: off)
         self.most = most  # never more than one claim takes
-        self.hand_back_after = max(10 * window, 0.1)
+        # At least a second: in a fleet that shares few cores, a busy process can go a tenth of a second without
+        # running, and a shorter wait handed back jobs its slots were about to take (12% of a 64-worker drain).
+        self.hand_back_after = max(10 * window, 1.0)
         self.waiting: deque[tuple[float, ClaimedJob]] = deque()  # (monotonic time claimed, job), claim order
         self.per_job = math.inf  # smoothed seconds a slot spent on a job (inf: none ended yet)
         self.last_end = -math.inf  # monotonic time a job of the queue last ended
