@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 
 from dygo.store.leases import ClaimedJob
 
@@ -42,6 +42,7 @@ class Ahead:
         # running, and a shorter wait handed back jobs its slots were about to take (12% of a 64-worker drain).
         self.hand_back_after = max(10 * window, 1.0)
         self.waiting: deque[tuple[float, ClaimedJob]] = deque()  # (monotonic time claimed, job), claim order
+        self.kinds: Counter[str] = Counter()  # the waiting jobs by kind, for the per-kind caps (worker/producer.py)
         self.per_job = math.inf  # smoothed seconds a slot spent on a job (inf: none ended yet)
         self.last_end = -math.inf  # monotonic time a job of the queue last ended
         self.allowed = True  # False while the process cap or a limit concerns the queue
@@ -62,9 +63,14 @@ class Ahead:
 
     def hold(self, job: ClaimedJob) -> None:
         self.waiting.append((time.monotonic(), job))
+        self.kinds[job.kind] += 1
 
     def next(self) -> ClaimedJob | None:
-        return self.waiting.popleft()[1] if self.waiting else None
+        if not self.waiting:
+            return None
+        job = self.waiting.popleft()[1]
+        self.kinds[job.kind] -= 1
+        return job
 
     def stale(self) -> list[ClaimedJob]:
         """Take out the waiting jobs when no slot freed for hand_back_after while they waited: they go back to
@@ -77,6 +83,7 @@ class Ahead:
         """Take out every waiting job, and forget the pace."""
         jobs = [job for _, job in self.waiting]
         self.waiting.clear()
+        self.kinds.clear()
         self.per_job = math.inf
         return jobs
 

@@ -54,7 +54,7 @@ HEAD_WALK_INTERVAL = 1.0
 class QueueSlots:
     """One queue's capacity in this process, and whether the producer should claim for it."""
 
-    def __init__(self, name: str, concurrency: int, claim_ahead: float = 0.0, most: int = 100) -> None:
+    def __init__(self, name: str, concurrency: int, claim_ahead: float, most: int) -> None:
         self.name = name
         self.concurrency = concurrency
         self.running = 0
@@ -125,7 +125,7 @@ class Producer:
         slots = self.slots[job.queue]
         slots.running -= 1
         slots.ahead.ended(took)
-        claimed_ahead = self._claimed_ahead()[job.kind] if job.kind in self.capacity.kind_caps else 0
+        claimed_ahead = self._claimed_ahead(job.kind) if job.kind in self.capacity.kind_caps else 0
         if self.capacity.finished(job.kind, claimed_ahead):
             # Its kind was skipped while at its cap: jobs of it may be waiting, anywhere in line.
             slots.armed, slots.since = True, None
@@ -325,12 +325,11 @@ class Producer:
     def _kind_free(self) -> dict[str, int]:
         """Each capped kind's free slots less its jobs claimed ahead: a waiting job takes its kind's slot when
         it starts, so a kind never runs more than its cap."""
-        waiting = self._claimed_ahead()
-        return {kind: free - waiting[kind] for kind, free in self.capacity.kind_free().items()}
+        return {kind: free - self._claimed_ahead(kind) for kind, free in self.capacity.kind_free().items()}
 
-    def _claimed_ahead(self) -> Counter[str]:
-        """Jobs waiting for a slot, by kind."""
-        return Counter(job.kind for slots in self.slots.values() for _, job in slots.ahead.waiting)
+    def _claimed_ahead(self, kind: str) -> int:
+        """Jobs of `kind` waiting for a slot, in all queues."""
+        return sum(slots.ahead.kinds[kind] for slots in self.slots.values())
 
     def _start(self, job: ClaimedJob) -> None:
         self.slots[job.queue].running += 1
