@@ -13,12 +13,18 @@ number of worker connections in `pg_stat_activity` (and per worker), lock waits 
 backends seen waiting on a lock at once, and the share of samples with any), executions per
 job: a claim increments `attempt`, so any job with attempt > 1 ran twice (a duplicate), and CPU: per
 job, of all the worker processes together and of the PostgreSQL server (its processes, read from /proc:
-on the server's machine only), and how busy the machine's cores were, from the enqueue to the drain.
+on the server's machine only), and how busy the machine's cores were, from the enqueue's commit to the
+drain (the enqueue itself, a COPY of every job, is not the fleet's work).
 
 Targets (issue "Fleet scale"): 64 workers >= 90% of the best fleet size's jobs/s, <= 3 connections
 per worker, zero duplicates. `--url` measures another server instead. `--pgbouncer` runs the fleet
 through a PgBouncer of its own (Debian's 1.18, transaction pooling, 20 server connections for the
 database: tests/pgbouncer.py) in front of the private server, LISTEN and migrations on the direct URL.
+
+`--reference` runs, after each dygo fleet, a fleet of as many `bench/bare_worker.py` processes (no dygo
+code: claim a batch in dygo's order with SKIP LOCKED, run it, settle it, one connection, no leases, logs or
+metrics) on the same jobs: what one PostgreSQL and this machine's cores allow a fleet of Python workers,
+measured in the same run, so dygo's own fall from its best fleet size can be told from the machine's.
 
 `--compare` runs each fleet size twice, back to back in the same run: first with migration 0006's
 `dygo_notify_finished` trigger function put back (a NOTIFY at every settle that leaves jobs final,
@@ -78,7 +84,7 @@ class Phase:
     max_attempt: int
     waits: Counter[str] = field(default_factory=Counter)  # worker backends seen waiting, by wait event
     trigger: str = ""  # with --compare: the migration whose dygo_notify_finished was in place
-    cpu: Cpu | None = None  # from the enqueue to the drain
+    cpu: Cpu | None = None  # from the enqueue's commit to the drain
 
     @property
     def rate(self) -> float:
@@ -147,15 +153,19 @@ def run(server: str, args: argparse.Namespace) -> int:
         migrate(env)
         phases: list[Phase] = []
         for count in args.workers:
-            if not args.compare:
-                phases += run_fleet(url, env, count, args)
+            if args.compare:
+                for migration in COMPARED_TRIGGERS:
+                    install_trigger_function(url, migration)
+                    phases += run_fleet(url, env, count, args, trigger=migration)
                 continue
-            for migration in COMPARED_TRIGGERS:
-                install_trigger_function(url, migration)
-                phases += run_fleet(url, env, count, args, trigger=migration)
+            phases += run_fleet(url, env, count, args)
+            if args.reference:
+                phases += run_fleet(url, env, count, args, trigger=BARE)
     print(table(phases))
     for trigger in dict.fromkeys(p.trigger for p in phases):
-        if trigger:
+        if trigger == BARE:
+            print("the bare reference (bench/bare_worker.py, the same fleet sizes, in the same run):")
+        elif trigger:
             print(f"with the dygo_notify_finished of {trigger}:")
         print(verdict([p for p in phases if p.trigger == trigger], pooled=args.pgbouncer))
     return 0
@@ -164,6 +174,8 @@ def run(server: str, args: argparse.Namespace) -> int:
 # --compare: the trigger function as migration 0006 created it (a NOTIFY at every settle), then as
 # migration 0013 replaced it (a NOTIFY only for the jobs a waiter registered for).
 COMPARED_TRIGGERS = ("0006", "0013")
+# --reference: after each dygo fleet, the same number of bench/bare_worker.py processes drain the same jobs.
+BARE = "bare"
 MIGRATIONS = ROOT / "store" / "migrations"
 
 
@@ -196,6 +208,9 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--compare", action="store_true",
                         help="each fleet twice: with migration 0006's dygo_notify_finished (a NOTIFY at every "
                              "settle), then with the current one (only for waited-for jobs)")
+    parser.add_argument("--reference", action="store_true",
+                        help="after each dygo fleet, as many bench/bare_worker.py processes (the least a Python "
+                             "worker does per job: claim, run, settle) drain the same jobs: the machine's ceiling")
     return parser.parse_args()
 
 
@@ -250,25 +265,34 @@ def migrate(env: dict[str, str]) -> None:
 
 
 def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespace, trigger: str = "") -> list[Phase]:
+    """One fleet of `count` dygo workers, or with trigger BARE of `count` bare_worker.py processes."""
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
         conn.execute("DELETE FROM dygo_jobs")
         conn.execute("DELETE FROM dygo_workers")
         conn.execute("VACUUM ANALYZE dygo_jobs")
-    log(f"{count} worker(s): starting")
-    command = [sys.executable, "-m", "dygo", "worker", "--concurrency", str(args.concurrency)]
+    log(f"{count} {'bare ' if trigger == BARE else ''}worker(s): starting")
+    if trigger == BARE:
+        command = [sys.executable, str(Path(__file__).resolve().parent / "bare_worker.py"), env["DATABASE_URL"],
+                   "--concurrency", str(args.concurrency)]
+        started = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dygo-worker-bare%'"
+    else:
+        command = [sys.executable, "-m", "dygo", "worker", "--concurrency", str(args.concurrency)]
+        started = "SELECT count(*) FROM dygo_workers"
     workers = [WorkerProcess(command, env=env) for _ in range(count)]
     try:
         with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
             def registered() -> bool:
                 for worker in workers:
                     worker.check_alive()
-                return conn.execute("SELECT count(*) FROM dygo_workers").fetchone()[0] >= count
+                return conn.execute(started).fetchone()[0] >= count
 
             wait_until(registered, args.timeout, f"{count} workers registered", interval=0.5)
         phases = [
-            run_phase(url, workers, "no-op", "bench.noop", {}, args.noop_jobs, args.timeout, trigger),
-            run_phase(url, workers, f"{args.sleep_ms} ms", "bench.sleep", {"ms": args.sleep_ms}, args.sleep_jobs,
-                      args.timeout, trigger),
+            run_phase(url, workers, name, kind, job_args, jobs, args.timeout, trigger)
+            for name, kind, job_args, jobs in [("no-op", "bench.noop", {}, args.noop_jobs),
+                                               (f"{args.sleep_ms} ms", "bench.sleep", {"ms": args.sleep_ms},
+                                                args.sleep_jobs)]
+            if jobs > 0  # `--sleep-jobs 0` runs the no-op phase alone
         ]
     finally:
         for worker in workers:
@@ -287,9 +311,9 @@ def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_
         conn.execute("DELETE FROM dygo_jobs")
         sampler = Sampler(url)
         postmaster = postmaster_of(conn)
-        before = Cpu.read(workers, postmaster)
         with conn.transaction():
             enqueue_many(conn, [{"kind": kind, "args": job_args} for _ in range(jobs)])
+        before = Cpu.read(workers, postmaster)
         log(f"{len(workers)} worker(s), {name}: {jobs} jobs enqueued")
 
         def drained() -> bool:
