@@ -211,6 +211,8 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--reference", action="store_true",
                         help="after each dygo fleet, as many bench/bare_worker.py processes (the least a Python "
                              "worker does per job: claim, run, settle) drain the same jobs: the machine's ceiling")
+    parser.add_argument("--bare-batch", type=int, default=32,
+                        help="with --reference: jobs per claim of a bare worker (default 32; dygo's fleet claims ~35)")
     return parser.parse_args()
 
 
@@ -273,7 +275,7 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
     log(f"{count} {'bare ' if trigger == BARE else ''}worker(s): starting")
     if trigger == BARE:
         command = [sys.executable, str(Path(__file__).resolve().parent / "bare_worker.py"), env["DATABASE_URL"],
-                   "--concurrency", str(args.concurrency)]
+                   "--concurrency", str(args.concurrency), "--batch", str(args.bare_batch)]
         started = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dygo-worker-bare%'"
     else:
         command = [sys.executable, "-m", "dygo", "worker", "--concurrency", str(args.concurrency)]
