@@ -30,7 +30,7 @@ import psycopg
 from dygo.store import leases, queries
 from dygo.store.config import Limit, parse_concurrency_limit, parse_limit_key, parse_rate
 from dygo.store.errors import ConfigError
-from dygo.store.leases import Claim, ClaimedJob, claim_with_next_due
+from dygo.store.leases import Claim, ClaimedJob, claim_with_next_due, claimed_job
 from dygo.store.registry import Registry, registry
 
 # How long a process trusts the limits it read: a change made through the API reaches every claim
@@ -142,14 +142,13 @@ WITH lim AS MATERIALIZED (
     UNION ALL
     SELECT DISTINCT c.queue, 0::float8 FROM cand c JOIN refused r ON r.id = c.id
 )
-SELECT id, kind, queue, args, meta, attempt, max_attempts, enqueued_at, lease_token, lease_deadline,
-       extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8,  -- start latency (store/timings.py)
+SELECT {queries.CLAIMED_JOB_COLUMNS},
        NULL::float8 AS due_in, NULL::float8 AS wait, priority, run_at
 FROM claimed
 UNION ALL
-SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, NULL, NULL FROM next_due
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, NULL, NULL FROM next_due
 UNION ALL
-SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, NULL, NULL FROM held
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, NULL, NULL FROM held
 ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 
@@ -255,11 +254,11 @@ async def _claim_limited(conn: psycopg.AsyncConnection, wanted: dict[str, int], 
     for row in rows:
         if row[0] is not None:
             continue
+        if row[10] is not None:
+            due[row[2]] = row[10]
         if row[11] is not None:
-            due[row[2]] = row[11]
-        if row[12] is not None:
-            held[row[2]] = min(held.get(row[2], row[12]), row[12])
-    return Claim([ClaimedJob(*row[:11]) for row in rows if row[0] is not None], due, held=held, limited=True)
+            held[row[2]] = min(held.get(row[2], row[11]), row[11])
+    return Claim([claimed_job(row) for row in rows if row[0] is not None], due, held=held, limited=True)
 
 
 async def freed_queues(conn: psycopg.AsyncConnection, jobs: Iterable[ClaimedJob]) -> list[str]:
