@@ -75,9 +75,10 @@ bench-dashboard: setup
 	$(BIN)/python bench/dashboard_pages.py
 
 # 1, 4, 16 and 64 worker processes drain 50,000 no-op jobs, then 5,000 jobs of 10 ms, from one private
-# embedded server (.dygo/bench-fleet): jobs/s, peak connections, lock waits, duplicates (bench/README.md).
+# embedded server (.dygo/bench-fleet): jobs/s, peak connections, lock waits, duplicates (bench/README.md);
+# after each, as many bare reference workers (bench/bare_worker.py) on the same jobs: the ceiling.
 bench-fleet: setup
-	$(BIN)/python bench/fleet.py
+	$(BIN)/python bench/fleet.py --reference
 
 # One worker at 200 jobs/s while another connection holds an xid for 10 minutes: pickup latency and
 # sequential scans of dygo_jobs, clean against held (bench/README.md).
