@@ -26,6 +26,9 @@ code: claim a batch in dygo's order with SKIP LOCKED, run it, settle it, one con
 metrics) on the same jobs: what one PostgreSQL and this machine's cores allow a fleet of Python workers,
 measured in the same run, so dygo's own fall from its best fleet size can be told from the machine's.
 
+`--repeat N` runs every fleet size N times, the sizes taking turns, and judges each phase by its median
+pass: on this VM one pass of a 64-worker fleet can be 15 points off another.
+
 `--compare` runs each fleet size twice, back to back in the same run: first with migration 0006's
 `dygo_notify_finished` trigger function put back (a NOTIFY at every settle that leaves jobs final,
 whether anyone waits or not: what dygo did before migration 0013), then with the current one (a NOTIFY
@@ -35,6 +38,7 @@ only for jobs a waiter registered for). Nobody waits in this bench, so the secon
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import subprocess
@@ -152,16 +156,23 @@ def run(server: str, args: argparse.Namespace) -> int:
             env["DATABASE_DIRECT_URL"] = with_database(args.direct_url)
         migrate(env)
         phases: list[Phase] = []
-        for count in args.workers:
-            if args.compare:
-                for migration in COMPARED_TRIGGERS:
-                    install_trigger_function(url, migration)
-                    phases += run_fleet(url, env, count, args, trigger=migration)
-                continue
-            phases += run_fleet(url, env, count, args)
-            if args.reference:
-                phases += run_fleet(url, env, count, args, trigger=BARE)
+        for number in range(1, args.repeat + 1):
+            if args.repeat > 1:
+                log(f"pass {number} of {args.repeat}")
+            for count in args.workers:
+                if args.compare:
+                    for migration in COMPARED_TRIGGERS:
+                        install_trigger_function(url, migration)
+                        phases += run_fleet(url, env, count, args, trigger=migration)
+                    continue
+                phases += run_fleet(url, env, count, args)
+                if args.reference:
+                    phases += run_fleet(url, env, count, args, trigger=BARE)
     print(table(phases))
+    if args.repeat > 1:
+        phases = medians(phases)
+        print(f"the median pass of {args.repeat} (by jobs/s), per fleet and phase:")
+        print(table(phases))
     for trigger in dict.fromkeys(p.trigger for p in phases):
         if trigger == BARE:
             print("the bare reference (bench/bare_worker.py, the same fleet sizes, in the same run):")
@@ -208,6 +219,9 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--compare", action="store_true",
                         help="each fleet twice: with migration 0006's dygo_notify_finished (a NOTIFY at every "
                              "settle), then with the current one (only for waited-for jobs)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="passes over every fleet size, taking turns; the verdict is read from each phase's "
+                             "median pass")
     parser.add_argument("--reference", action="store_true",
                         help="after each dygo fleet, as many bench/bare_worker.py processes (the least a Python "
                              "worker does per job: claim, run, settle) drain the same jobs: the machine's ceiling")
@@ -410,6 +424,19 @@ def table(phases: list[Phase]) -> str:
     rendered = ["| " + " | ".join(row) + " |" for row in rows]
     rendered.insert(1, "|" + "---|" * len(HEADER))
     return "\n".join(rendered)
+
+
+def medians(phases: list[Phase]) -> list[Phase]:
+    """Per fleet size, variant and phase, the pass with the median jobs/s (the lower middle of an even count):
+    this VM's speed drifts from minute to minute, and one pass of a 64-worker fleet can be 15 points off.
+    Duplicates are every pass's together, and connections the most any pass held."""
+    groups: dict[tuple[str, int, str], list[Phase]] = {}
+    for phase in phases:
+        groups.setdefault((phase.trigger, phase.workers, phase.name), []).append(phase)
+    return [dataclasses.replace(sorted(runs, key=lambda p: p.rate)[(len(runs) - 1) // 2],
+                                duplicates=sum(p.duplicates for p in runs),
+                                peak_connections=max(p.peak_connections for p in runs))
+            for runs in groups.values()]
 
 
 def verdict(phases: list[Phase], pooled: bool = False) -> str:
