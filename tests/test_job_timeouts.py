@@ -1,4 +1,5 @@
-"""A handler's timeout (worker/executor.py `within`): asyncio.timeout's behaviour at less cost per job.
+"""A handler's timeout and the services' timed waits (worker/service.py `within`): asyncio.timeout's
+behaviour at less cost per job.
 
 The worker's own tests run a hanging handler to its timeout through a real worker (test_worker.py); these
 pin the cases a worker rarely shows: a cancel from outside during a timeout, and a handler that swallows it.
@@ -7,9 +8,10 @@ pin the cases a worker rarely shows: a cancel from outside during a timeout, and
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
-from dygo.worker.executor import within
+from dygo.worker.service import wait_for_event, within
 
 
 def test_a_handler_past_its_timeout_is_cancelled_with_timeout_error_and_its_task_is_left_uncancelled():
@@ -62,6 +64,19 @@ def test_a_cancel_from_outside_racing_the_timeout_stays_a_cancel():
             await task
 
     asyncio.run(go())
+
+
+def test_a_wait_for_an_event_ends_when_it_is_set_or_when_its_time_is_up():
+    async def go() -> tuple[bool, bool, float]:
+        event = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.02, event.set)
+        await wait_for_event(event, 5)
+        started = time.monotonic()
+        await wait_for_event(asyncio.Event(), 0.05)
+        return event.is_set(), asyncio.current_task().cancelling() == 0, time.monotonic() - started
+
+    is_set, uncancelled, waited = asyncio.run(go())
+    assert is_set and uncancelled and 0.04 <= waited < 1
 
 
 def test_a_handler_that_swallows_the_timeout_returns_and_its_task_is_left_uncancelled():

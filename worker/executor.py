@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -22,6 +22,7 @@ from dygo.store.errors import Abort, Reportable, RetryAfter, Snooze
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
 from dygo.store.registry import JobContext, JobDefinition, Registry
 from dygo.worker.execution_log import ExecutionLog
+from dygo.worker.service import within
 
 log = logging.getLogger("dygo.worker")
 
@@ -129,36 +130,6 @@ class Executor:
             fields["error"] = outcome.error
         self.execution_log.write(level, f"job {job.id} {job.kind} attempt {job.attempt}/{job.max_attempts} {word} "
                                         f"in {format_duration(elapsed)}{detail}", fields)
-
-async def within(call: Awaitable[Any], seconds: float) -> Any:
-    """`await call`, cancelled with TimeoutError after `seconds`, as `asyncio.timeout` does it (the same checks
-    of the task's cancel count, so a cancel from outside stays a cancel), without its context manager's
-    objects and awaits: those were a sixth of a no-op job's cost in the worker (issue 12, item 7)."""
-    task = asyncio.current_task()
-    assert task is not None
-    cancelling = task.cancelling()
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        task.cancel()
-
-    loop = task.get_loop()
-    handle = loop.call_at(loop.time() + seconds, expire)
-    try:
-        return await call
-    except asyncio.CancelledError as exc:
-        if expired:
-            expired = False
-            if task.uncancel() <= cancelling:
-                raise TimeoutError from exc
-        raise
-    finally:
-        handle.cancel()
-        if expired:  # it fired, and the handler swallowed the cancel: undo it, as asyncio.timeout does
-            task.uncancel()
-
 
 def encode_result(result: Any) -> str | None:
     """The result as JSON text for the jsonb column, or UnstorableResult saying why it cannot be stored."""
