@@ -13,8 +13,8 @@ number of worker connections in `pg_stat_activity` (and per worker), lock waits 
 backends seen waiting on a lock at once, and the share of samples with any), executions per
 job: a claim increments `attempt`, so any job with attempt > 1 ran twice (a duplicate), and CPU: per
 job, of all the worker processes together and of the PostgreSQL server (its processes, read from /proc:
-on the server's machine only), and how busy the machine's cores were, from the enqueue's commit to the
-drain (the enqueue itself, a COPY of every job, is not the fleet's work).
+on the server's machine only), and how busy the machine's cores were, from just before the enqueue's commit
+to the drain (the enqueue itself, a COPY of every job, is not the fleet's work).
 
 Targets (issue "Fleet scale"): 64 workers >= 90% of the best fleet size's jobs/s, <= 3 connections
 per worker, zero duplicates. `--url` measures another server instead. `--pgbouncer` runs the fleet
@@ -88,7 +88,7 @@ class Phase:
     max_attempt: int
     waits: Counter[str] = field(default_factory=Counter)  # worker backends seen waiting, by wait event
     trigger: str = ""  # with --compare: the migration whose dygo_notify_finished was in place
-    cpu: Cpu | None = None  # from the enqueue's commit to the drain
+    cpu: Cpu | None = None  # from just before the enqueue's commit to the drain
 
     @property
     def rate(self) -> float:
@@ -329,7 +329,9 @@ def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_
         postmaster = postmaster_of(conn)
         with conn.transaction():
             enqueue_many(conn, [{"kind": kind, "args": job_args} for _ in range(jobs)])
-        before = Cpu.read(workers, postmaster)
+            # After the COPY, before the commit: nobody can see the jobs yet. Read after the commit, the reading
+            # (~300 processes in /proc) took so long beside 64 busy workers that their start went uncounted.
+            before = Cpu.read(workers, postmaster)
         log(f"{len(workers)} worker(s), {name}: {jobs} jobs enqueued")
 
         def drained() -> bool:
@@ -366,11 +368,14 @@ class Sampler:
     def _run(self) -> None:
         while not self.stopping.wait(SAMPLE_INTERVAL):
             # What each worker backend waits on (Lock: the lock's type, from pg_locks), but not the idle
-            # wait for the client's next statement (ClientRead) nor a LISTEN session's.
+            # wait for the client's next statement (ClientRead) nor a LISTEN session's. pg_locks is read only
+            # for a backend waiting on a lock (a one-time filter): read for each of 192 backends, the whole
+            # lock table each time, it cost the server ~10 ms a sample.
             events = self.conn.execute(
                 "SELECT a.wait_event_type, a.wait_event, a.state, l.locktype, l.mode FROM pg_stat_activity a"
-                " LEFT JOIN LATERAL (SELECT locktype, mode FROM pg_locks WHERE pid = a.pid AND NOT granted"
-                " LIMIT 1) l ON true WHERE a.application_name LIKE %s", (WORKERS_LIKE,)).fetchall()
+                " LEFT JOIN LATERAL (SELECT locktype, mode FROM pg_locks WHERE a.wait_event_type = 'Lock'"
+                " AND pid = a.pid AND NOT granted LIMIT 1) l ON true WHERE a.application_name LIKE %s",
+                (WORKERS_LIKE,)).fetchall()
             connections = len(events)
             waiting = sum(event_type == "Lock" for event_type, *_ in events)
             for event_type, event, state, locktype, mode in events:
