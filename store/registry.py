@@ -38,6 +38,15 @@ class JobContext:
     # Set by the worker; receives (lease token, fraction, message). None in `make_context` contexts.
     reporter: Callable[[UUID, float, str | None], None] | None = field(default=None, repr=False, compare=False)
 
+    @classmethod
+    def for_run(cls, **fields: Any) -> JobContext:
+        """The worker's context for one run, every field given. A frozen dataclass's __init__ sets each field
+        through object.__setattr__: ~3 us of a no-op job's ~80 in the worker (issue 12, item 7). This sets
+        them at once."""
+        context = object.__new__(cls)
+        context.__dict__.update(fields)
+        return context
+
     @property
     def is_retry(self) -> bool:
         return self.attempt > 1

@@ -107,3 +107,25 @@ def test_lifecycle_lines_are_printed_whatever_the_log_level(conn, db_url, spawn)
     serve = spawn("serve", "--port", "0", env=quiet)
     serve.wait_for_line("dygo serve: http://")
     serve.wait_for_line("dygo serve: auth")
+
+
+def test_every_control_character_is_escaped_and_printable_text_is_kept_as_it_is():
+    from dygo.logs import CONTROL_ESCAPES, escape_controls
+
+    plain = "job 12 email.send attempt 1/5 failed in 2ms, retry in 1.2s: ValueError: café ≠ 💥"
+    assert escape_controls(plain) is plain
+    for code, escaped in CONTROL_ESCAPES.items():
+        assert escape_controls(f"a{chr(code)}b") == f"a{escaped}b"
+
+
+def test_lines_that_share_a_record_each_get_the_prefix_and_their_own_escapes():
+    import logging
+
+    from dygo.logs import FORMAT, TextFormatter
+
+    record = logging.LogRecord("dygo.worker", logging.INFO, __file__, 1, "ignored", None, None)
+    record.lines = [("job 1 a.b attempt 1/3 succeeded in 1ms", {}), ("job 2 a.b\nforged", {})]
+    formatted = TextFormatter(FORMAT).format(record).split("\n")
+    prefix = formatted[0].split("job 1 ")[0]
+    assert prefix.endswith(" INFO dygo.worker: ")
+    assert formatted == [prefix + "job 1 a.b attempt 1/3 succeeded in 1ms", prefix + "job 2 a.b\\nforged"]

@@ -109,3 +109,20 @@ def test_unresolvable_args_annotation_fails_at_definition():
 def test_make_context_builds_a_context_for_tests():
     ctx = make_context("report.build", attempt=1, meta={"tenant": "acme"})
     assert (ctx.kind, ctx.attempt, ctx.is_retry, ctx.meta["tenant"]) == ("report.build", 1, False, "acme")
+
+
+def test_the_workers_context_is_the_one_the_constructor_makes():
+    from dataclasses import fields
+    from datetime import UTC, datetime
+    from uuid import uuid4
+
+    from dygo.store.registry import JobContext
+
+    values = {"id": 7, "kind": "report.build", "queue": "default", "attempt": 2, "max_attempts": 5,
+              "enqueued_at": datetime.now(UTC), "meta": {"tenant": "acme"}, "deadline": datetime.now(UTC),
+              "lease_token": uuid4(), "reporter": print}
+    assert set(values) == {f.name for f in fields(JobContext)}  # for_run must be given every field
+    made, fast = JobContext(**values), JobContext.for_run(**values)
+    assert fast == made and fast.reporter is print and fast.is_retry
+    with pytest.raises(AttributeError):
+        fast.attempt = 3  # still frozen

@@ -10,7 +10,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -54,10 +54,10 @@ class Executor:
 
     async def _run_handler(self, definition: JobDefinition, job: ClaimedJob) -> Outcome:
         timeout = definition.timeout if definition.timeout is not None else self.settings.default_timeout
-        deadline = datetime.now(UTC) + timedelta(seconds=timeout) if timeout else None
-        ctx = JobContext(id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt,
-                         max_attempts=job.max_attempts, enqueued_at=job.enqueued_at, meta=job.meta,
-                         deadline=deadline, lease_token=job.lease_token, reporter=self.progress)
+        deadline = datetime.fromtimestamp(time.time() + timeout, UTC) if timeout else None
+        ctx = JobContext.for_run(id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt,
+                                 max_attempts=job.max_attempts, enqueued_at=job.enqueued_at, meta=job.meta,
+                                 deadline=deadline, lease_token=job.lease_token, reporter=self.progress)
         try:
             args = definition.build_args(job.args)
             if definition.is_async:
