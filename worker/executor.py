@@ -21,8 +21,8 @@ from dygo.store.durations import format_duration
 from dygo.store.errors import Abort, Reportable, RetryAfter, Snooze
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
 from dygo.store.registry import JobContext, JobDefinition, Registry
+from dygo.worker.deadlines import Deadlines
 from dygo.worker.execution_log import ExecutionLog
-from dygo.worker.service import within
 
 log = logging.getLogger("dygo.worker")
 
@@ -38,6 +38,7 @@ class Executor:
         self.jobs = jobs
         self.progress = progress  # where ctx.progress reports go (worker.progress.ProgressWriter.report)
         self.execution_log = ExecutionLog()
+        self.deadlines = Deadlines()  # the handlers' timeouts
 
     async def run(self, job: ClaimedJob) -> tuple[Outcome, float]:
         """The outcome, and how long the handler ran in seconds (the log line's and the metrics' duration)."""
@@ -64,7 +65,7 @@ class Executor:
                 call = definition.handler(ctx, args)
             else:
                 call = run_in_daemon_thread(definition.handler, ctx, args)
-            result = await (within(call, timeout) if timeout else call)
+            result = await (self.deadlines.within(call, timeout) if timeout else call)
             return Succeeded(job, self._stored_result(job, encode_result(result)))
         except asyncio.CancelledError:
             raise
