@@ -10,7 +10,8 @@ Each system gets a fresh database on the same server (bench_dygo, bench_pgqueuer
 bench_procrastinate) and runs in its own interpreter, printing one JSON line that this script
 collects: dygo with .venv (`bench/dygo_bench.py`), the peers with `.venv-bench`
 (`bench/peer_pgqueuer.py`, `bench/peer_procrastinate.py`). A line is a system at one setting:
-`dygo` and `pgqueuer` at their fastest (concurrency 200), `dygo_c4` at the seed's default
+`dygo` and `pgqueuer` at concurrency 200 (claims of 100), `dygo_c500` and `pgqueuer_b500` with claims of 500
+(concurrency 500 and 1,000: each one's fastest here for a backlog of no-op jobs), `dygo_c4` at the seed's default
 concurrency 4, `pgqueuer_default` with pgqueuer's own defaults (batch 10, no concurrency cap) and
 `pgqueuer_c4` capped at 4 concurrent tasks (batch 2: its cap must be at least twice the batch).
 Peers are skipped, with a note, when `.venv-bench` or their package is missing. Set it up once with:
@@ -153,10 +154,13 @@ def all_systems() -> list[System]:
         dygo("dygo"),
         # dygo with a cluster-wide limit it never reaches (issue 13: at least 85% of dygo's rate).
         dygo("dygo-limited", settings=("--generous-limit",)),
+        # Larger claims for a backlog: the best setting on this machine (issue 12, item 7), beside its peer's.
+        dygo("dygo_c500", settings=("--concurrency", "500", "--claim-batch-size", "500")),
         dygo("dygo_c4", settings=("--concurrency", "4")),
         # The same without claiming ahead (claim_ahead 0): a claim only for free slots, as before it.
         dygo("dygo_c4_exact", settings=("--concurrency", "4", "--claim-ahead", "0")),
         pgqueuer("pgqueuer"),
+        pgqueuer("pgqueuer_b500", settings=("--worker-batch-size", "500", "--max-concurrent-tasks", "1000")),
         pgqueuer("pgqueuer_default", settings=("--worker-batch-size", "10", "--max-concurrent-tasks", "0")),
         pgqueuer("pgqueuer_c4", settings=("--worker-batch-size", "2", "--max-concurrent-tasks", "4")),
         System("procrastinate", "peer_procrastinate.py", peer_python, ("procrastinate", "psycopg")),
