@@ -75,11 +75,15 @@ class Timings:
 
     def observe_unlocked(self, queue: str, kind: str, measure: str, seconds: float) -> None:
         """`observe` for a caller already holding `lock`."""
-        key = (queue, kind, measure)
-        histogram = self.totals.get(key)
+        histogram = self.totals.get((queue, kind, measure))
         if histogram is None:
-            histogram = self.totals[key] = Histogram()
-        histogram.observe(max(0.0, seconds))
+            histogram = self.totals[(queue, kind, measure)] = Histogram()
+        # Histogram.observe inlined: a worker observes twice per job, and each call cost ~0.5 us.
+        if seconds < 0.0:
+            seconds = 0.0
+        histogram.buckets[bisect_left(BOUNDS, seconds)] += 1
+        histogram.sum += seconds
+        histogram.count += 1
 
     def snapshot(self) -> dict[Key, Histogram]:
         with self.lock:
