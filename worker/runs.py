@@ -10,7 +10,6 @@ worker again while its first run is still going; by id, the two runs overwrote e
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -24,9 +23,6 @@ from dygo.worker.settler import Settler
 from dygo.worker.telemetry import WorkerStats, outcome_name
 
 log = logging.getLogger("dygo.worker")
-
-UNTRACED = contextlib.nullcontext()
-
 
 class Runs:
     def __init__(self, leased: dict[UUID, ClaimedJob], executor: Executor, settler: Settler,
@@ -63,12 +59,14 @@ class Runs:
     async def _execute(self, job: ClaimedJob, finished: Callable[[ClaimedJob, float], None]) -> None:
         began = time.monotonic()
         try:
-            with tracing.execution_span(job) if self.traced else UNTRACED as span:
+            if self.traced:
+                with tracing.execution_span(job) as span:
+                    outcome, elapsed = await self.executor.run(job)
+                    tracing.record_outcome(span, outcome_name(outcome), getattr(outcome, "error", None))
+            else:
                 outcome, elapsed = await self.executor.run(job)
-                outcome.progress = self.progress.take(job.lease_token)  # stored by the settle
-                name = outcome_name(outcome)
-                tracing.record_outcome(span, name, getattr(outcome, "error", None))
-            self.stats.executed(job.queue, job.kind, name, elapsed)
+            outcome.progress = self.progress.take(job.lease_token)  # stored by the settle
+            self.stats.executed(job.queue, job.kind, outcome_name(outcome), elapsed)
             self.settler.submit(outcome)
         finally:
             del self.tasks[job.lease_token]

@@ -14,7 +14,7 @@ from uuid import UUID
 
 import psycopg
 from dygo.store import leases, limits
-from dygo.store.leases import ClaimedJob, Outcome, Unsuccessful
+from dygo.store.leases import ClaimedJob, Outcome, Succeeded
 from dygo.worker.database import Database
 from dygo.worker.telemetry import WorkerStats, outcome_name
 
@@ -80,11 +80,18 @@ class Settler:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
+            succeeded, outcomes = 0, Counter[str]()  # successes counted apart: the usual batch has nothing else
             for outcome in batch:
-                self.leased.pop(outcome.job.lease_token, None)
-                if outcome.job.id not in settled:
-                    log.warning("job %s: lease lost before settling; its outcome was discarded", outcome.job.id)
-                elif isinstance(outcome, Unsuccessful) and outcome.state == "pending":
-                    self.requeued(outcome.job.queue, outcome.delay)
-            outcomes = Counter(outcome_name(o) for o in batch if o.job.id in settled)
+                job = outcome.job
+                self.leased.pop(job.lease_token, None)
+                if job.id not in settled:
+                    log.warning("job %s: lease lost before settling; its outcome was discarded", job.id)
+                elif type(outcome) is Succeeded:
+                    succeeded += 1
+                else:
+                    outcomes[outcome_name(outcome)] += 1
+                    if outcome.state == "pending":
+                        self.requeued(job.queue, outcome.delay)
+            if succeeded:
+                outcomes["succeeded"] = succeeded
             self.stats.settled_batch(outcomes, len(batch) - outcomes.total())
