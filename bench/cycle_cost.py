@@ -1,15 +1,17 @@
-"""Where a concurrency-4 cycle's CPU goes: the worker's claim of 4 jobs and their settle, one after the other.
+"""Where a worker's cycle's CPU goes: its claim of a batch of jobs and their settle, one after the other.
 
     .venv/bin/python bench/cycle_cost.py                  # 2 rounds of: triggers on, triggers off
     .venv/bin/python bench/cycle_cost.py --jobs 20000 --rounds 3
+    .venv/bin/python bench/cycle_cost.py --jobs 50000 --batch 500  # the claims of a worker at concurrency 500
 
 On a fresh database (`bench_cycle_cost` on the embedded server), `--jobs` no-op jobs are enqueued, then
-claimed 4 at a time on a claim session and settled 4 at a time on a second connection, with the store's
-own functions (store/leases.py claim and settle: what the worker's producer and settler send). It prints,
-per job: wall time, this client's CPU, and the CPU of each of the two PostgreSQL backends (read from
-/proc, so run it on the machine of the server). "triggers off" disables the two statement triggers on
-job updates (dygo_jobs_updated: wake-ups for retries; dygo_jobs_finished: result waiters) for the round,
-to show what they cost. No peer, no concurrency: a breakdown of one cycle, not a throughput figure
+claimed `--batch` (4: concurrency 4's claims) at a time on a claim session and settled as many at a time on a
+second connection, with the store's own functions (store/leases.py claim and settle: what the worker's
+producer and settler send). It prints, per job: wall time, this client's CPU, and the CPU of each of the two
+PostgreSQL backends (read from /proc, so run it on the machine of the server). "triggers off" disables the
+two statement triggers on job updates (dygo_jobs_updated: wake-ups for retries; dygo_jobs_finished: result
+waiters) for the round, to show what they cost. No peer, no concurrency: a breakdown of one cycle, not a
+throughput figure
 (bench/run.py's dygo_c4 line is that).
 """
 
@@ -39,7 +41,7 @@ DATABASE = "bench_cycle_cost"
 TRIGGERS = ("dygo_jobs_updated", "dygo_jobs_finished")
 
 
-async def cycles(url: str, jobs: int) -> tuple[int, float, float, float, float]:
+async def cycles(url: str, jobs: int, batch: int) -> tuple[int, float, float, float, float]:
     """(jobs settled, wall s, client CPU s, claim backend CPU s, settle backend CPU s)."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as claimer, \
             await psycopg.AsyncConnection.connect(url, autocommit=True) as settler:
@@ -49,7 +51,7 @@ async def cycles(url: str, jobs: int) -> tuple[int, float, float, float, float]:
         began, client = time.perf_counter(), time.process_time()
         done = 0
         while done < jobs:
-            claimed = await leases.claim(claimer, "default", 4, "bench", 30.0)
+            claimed = await leases.claim(claimer, "default", batch, "bench", 30.0)
             if not claimed:
                 break
             await leases.settle(settler, [Succeeded(job, None) for job in claimed])
@@ -58,7 +60,7 @@ async def cycles(url: str, jobs: int) -> tuple[int, float, float, float, float]:
                 process_cpu_seconds(claim_pid) - claim_cpu, process_cpu_seconds(settle_pid) - settle_cpu)
 
 
-def one_round(server_url: str, triggers: bool, jobs: int) -> str:
+def one_round(server_url: str, triggers: bool, jobs: int, batch: int) -> str:
     url = fresh_database(server_url, DATABASE)
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
@@ -67,7 +69,7 @@ def one_round(server_url: str, triggers: bool, jobs: int) -> str:
                 conn.execute(f"ALTER TABLE dygo_jobs DISABLE TRIGGER {trigger}")
         enqueue_many(conn, [{"kind": "example.noop"}] * jobs)
         conn.execute("VACUUM ANALYZE dygo_jobs")
-    done, wall, client, claim, settle = asyncio.run(cycles(url, jobs))
+    done, wall, client, claim, settle = asyncio.run(cycles(url, jobs, batch))
     per_job = 1e6 / done
     return (f"{'on' if triggers else 'off':>8} {done / wall:>8,.0f} {wall * per_job:>8.0f} {client * per_job:>10.0f} "
             f"{claim * per_job:>10.0f} {settle * per_job:>11.0f}")
@@ -77,14 +79,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=4, help="jobs per claim and per settle (the worker's at "
+                        "concurrency 4; 100 and 500 are its claims at concurrency 200 and 500)")
     args = parser.parse_args()
     load_jobs(load_settings(ROOT / "config"))
     server_url = embedded_server_url()
-    print("per job, in microseconds (jobs/s: claim and settle one after the other, one client)")
+    print(f"per job, in microseconds, {args.batch} jobs per claim and per settle (jobs/s: claim and settle one "
+          f"after the other, one client)")
     print(f"{'triggers':>8} {'jobs/s':>8} {'wall':>8} {'client CPU':>10} {'claim CPU':>10} {'settle CPU':>11}")
     for _ in range(args.rounds):
         for triggers in (True, False):
-            print(one_round(server_url, triggers, args.jobs), flush=True)
+            print(one_round(server_url, triggers, args.jobs, args.batch), flush=True)
     return 0
 
 
