@@ -10,8 +10,8 @@ Each system gets a fresh database on the same server (bench_dygo, bench_pgqueuer
 bench_procrastinate) and runs in its own interpreter, printing one JSON line that this script
 collects: dygo with .venv (`bench/dygo_bench.py`), the peers with `.venv-bench`
 (`bench/peer_pgqueuer.py`, `bench/peer_procrastinate.py`). A line is a system at one setting:
-`dygo` and `pgqueuer` at concurrency 200 (claims of 100), `dygo_c500` and `pgqueuer_b500` with claims of 500
-(concurrency 500 and 1,000: each one's fastest here for a backlog of no-op jobs), `dygo_c4` at the seed's default
+`dygo` and `pgqueuer` at concurrency 200 (claims of 100), `dygo_c1000` and `pgqueuer_b500` at concurrency
+1,000 with claims of 500 (each one's fastest here for a backlog of no-op jobs), `dygo_c4` at the seed's default
 concurrency 4, `pgqueuer_default` with pgqueuer's own defaults (batch 10, no concurrency cap) and
 `pgqueuer_c4` capped at 4 concurrent tasks (batch 2: its cap must be at least twice the batch).
 Peers are skipped, with a note, when `.venv-bench` or their package is missing. Set it up once with:
@@ -154,8 +154,8 @@ def all_systems() -> list[System]:
         dygo("dygo"),
         # dygo with a cluster-wide limit it never reaches (issue 13: at least 85% of dygo's rate).
         dygo("dygo-limited", settings=("--generous-limit",)),
-        # Larger claims for a backlog: the best setting on this machine (issue 12, item 7), beside its peer's.
-        dygo("dygo_c500", settings=("--concurrency", "500", "--claim-batch-size", "500")),
+        # Larger claims for a backlog at pgqueuer_b500's concurrency: the fastest setting here (issue 12, item 7).
+        dygo("dygo_c1000", settings=("--concurrency", "1000", "--claim-batch-size", "500")),
         dygo("dygo_c4", settings=("--concurrency", "4")),
         # The same without claiming ahead (claim_ahead 0): a claim only for free slots, as before it.
         dygo("dygo_c4_exact", settings=("--concurrency", "4", "--claim-ahead", "0")),
