@@ -315,6 +315,20 @@ class WorkerProcess:
         self.stop()
 
 
+# Sessions of this benchmark's database other than the caller's own: a worker left running from an earlier run
+# (or another person's) would take a share of the jobs and halve the measured CPU per job.
+OTHER_CLIENTS = """SELECT pid, coalesce(nullif(application_name, ''), 'no application name') FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"""
+
+
+def refuse_other_clients(conn: Any, system: str) -> None:
+    """Stop the run, naming them, if other clients are connected to `conn`'s database (a psycopg connection)."""
+    others = [f"pid {pid} ({name})" for pid, name in conn.execute(OTHER_CLIENTS).fetchall()]
+    if others:
+        raise SystemExit(f"{system}: other clients are connected to this benchmark's database and would take its "
+                         f"jobs: {', '.join(others)}. Stop them (a worker left from an earlier run?) and run again.")
+
+
 def wait_for_rows(count_done: Callable[[], int], expected: int, worker: WorkerProcess, timeout: float,
                   what: str) -> None:
     """Poll (lightly: this script shares the two cores) until `expected` jobs are settled."""

@@ -36,6 +36,7 @@ from common import (
     plan_from,
     py_spy,
     rate,
+    refuse_other_clients,
     summarise_profile,
     wait_for_rows,
 )
@@ -69,6 +70,7 @@ def main() -> int:
         # pool would): a fresh session's first insert also compiles the plpgsql trigger functions, a
         # once-per-connection cost (~1.5 ms) that would otherwise be the first latency sample of every pass.
         conn = psycopg.connect(plan.url, autocommit=True)
+        refuse_other_clients(conn, "dygo")
         migrate(conn)
         result = Result(
             system="dygo-limited" if args.generous_limit else "dygo", version=dygo_version(),
