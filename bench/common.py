@@ -321,9 +321,9 @@ OTHER_CLIENTS = """SELECT pid, coalesce(nullif(application_name, ''), 'no applic
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"""
 
 
-def refuse_other_clients(conn: Any, system: str) -> None:
-    """Stop the run, naming them, if other clients are connected to `conn`'s database (a psycopg connection)."""
-    others = [f"pid {pid} ({name})" for pid, name in conn.execute(OTHER_CLIENTS).fetchall()]
+def refuse_other_clients(rows: Sequence[Sequence[Any]], system: str) -> None:
+    """Stop the run, naming them, if OTHER_CLIENTS found any (`rows`: its result, from whichever driver)."""
+    others = [f"pid {pid} ({name})" for pid, name in rows]
     if others:
         raise SystemExit(f"{system}: other clients are connected to this benchmark's database and would take its "
                          f"jobs: {', '.join(others)}. Stop them (a worker left from an earlier run?) and run again.")

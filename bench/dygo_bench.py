@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psycopg
 from common import (
+    OTHER_CLIENTS,
     OUTPUT_DIR,
     CpuMeter,
     Plan,
@@ -70,7 +71,7 @@ def main() -> int:
         # pool would): a fresh session's first insert also compiles the plpgsql trigger functions, a
         # once-per-connection cost (~1.5 ms) that would otherwise be the first latency sample of every pass.
         conn = psycopg.connect(plan.url, autocommit=True)
-        refuse_other_clients(conn, "dygo")
+        refuse_other_clients(conn.execute(OTHER_CLIENTS).fetchall(), "dygo")
         migrate(conn)
         result = Result(
             system="dygo-limited" if args.generous_limit else "dygo", version=dygo_version(),

@@ -29,6 +29,7 @@ import pgqueuer
 import uvloop
 from common import (
     BENCH_DIR,
+    OTHER_CLIENTS,
     CpuMeter,
     Plan,
     ProcessingRound,
@@ -42,6 +43,7 @@ from common import (
     parent_pid,
     plan_from,
     rate,
+    refuse_other_clients,
 )
 from pgqueuer import AsyncpgDriver, PgQueuer, Queries
 from pgqueuer.models import Job
@@ -90,6 +92,7 @@ def main() -> int:
 
 async def run(plan: Plan, worker_batch_size: int, max_concurrent_tasks: int) -> Result:
     connection = await asyncpg.connect(plan.url)
+    refuse_other_clients(await connection.fetch(OTHER_CLIENTS), "pgqueuer")
     queries = Queries(AsyncpgDriver(connection))
     if not await queries.has_table("pgqueuer"):
         await queries.install()  # `pgq install`

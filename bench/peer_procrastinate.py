@@ -24,6 +24,7 @@ import procrastinate
 import psycopg
 from common import (
     BENCH_DIR,
+    OTHER_CLIENTS,
     CpuMeter,
     Plan,
     ProcessingRound,
@@ -37,6 +38,7 @@ from common import (
     parent_pid,
     plan_from,
     rate,
+    refuse_other_clients,
 )
 
 QUEUE = "default"
@@ -66,6 +68,8 @@ async def run(plan: Plan, concurrency: int) -> Result:
         settings=f"procrastinate worker --queues={QUEUE} --concurrency={concurrency}; "
                  f"batch_defer_async batches of {plan.batch_size}",
     )
+    async with await psycopg.AsyncConnection.connect(plan.url, autocommit=True) as check:  # before the app's pool
+        refuse_other_clients(await (await check.execute(OTHER_CLIENTS)).fetchall(), "procrastinate")
     connector = procrastinate.PsycopgConnector(conninfo=plan.url)
     with app.replace_connector(connector):
         async with app.open_async(), await psycopg.AsyncConnection.connect(plan.url, autocommit=True) as conn:
