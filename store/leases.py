@@ -281,9 +281,10 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
                 }
                 cursors.append(await conn.execute(queries.SETTLE_SUCCEEDED, params))
             if others:
+                ids = plain_array([str(o.job.id) for o in others])
                 params = {
-                    "lock": plain_array([str(o.job.id) for o in others]),  # the batch when it has no successes
-                    "ids": plain_array([str(o.job.id) for o in others]),
+                    "lock": ids,  # the whole batch when it has no successes
+                    "ids": ids,
                     "tokens": plain_array([o.job.lease_token.hex for o in others]),
                     "states": array(o.state for o in others),
                     "delays": array(float(o.delay) for o in others),

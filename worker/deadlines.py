@@ -5,7 +5,8 @@ first. At thousands of jobs a second that was ~5 us of a no-op job's cost: the l
 heap ordered by Python-level comparisons and sweeps the cancelled ones out (issue 12, item 7). Jobs with
 the same timeout reach their deadlines in the order they started, so each timeout length keeps its running
 calls in start order and one timer, for the first of them. When it fires, the calls past their deadline are
-cancelled with TimeoutError, exactly as `within` does it, and the timer moves on to the first still running.
+cancelled with TimeoutError, exactly as `within` does it (service.Timed), and the timer moves on to the first
+still running.
 """
 
 from __future__ import annotations
@@ -14,22 +15,13 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-
-class _Timed:
-    """One call under a deadline."""
-
-    __slots__ = ("task", "deadline", "expired")
-
-    def __init__(self, task: asyncio.Task[Any], deadline: float) -> None:
-        self.task = task
-        self.deadline = deadline  # loop time
-        self.expired = False  # its deadline passed and its task was cancelled for it
+from dygo.worker.service import Timed
 
 
 class Deadlines:
     def __init__(self) -> None:
         # Timeout length -> its calls still running, in start order (a dict: one leaves from anywhere in O(1)).
-        self.lines: dict[float, dict[_Timed, None]] = {}
+        self.lines: dict[float, dict[Timed, None]] = {}
         self.timers: dict[float, asyncio.TimerHandle] = {}  # timeout length -> its timer, while it has one
 
     async def within(self, call: Awaitable[Any], seconds: float) -> Any:
@@ -37,26 +29,22 @@ class Deadlines:
         task = asyncio.current_task()
         assert task is not None
         loop = task.get_loop()
-        timed = _Timed(task, loop.time() + seconds)
+        timed = Timed(task, loop.time() + seconds)
         line = self.lines.get(seconds)
         if line is None:
             line = self.lines[seconds] = {}
         line[timed] = None
         if seconds not in self.timers:
             self.timers[seconds] = loop.call_at(timed.deadline, self._expire, seconds, loop)
-        cancelling = task.cancelling()
         try:
             return await call
         except asyncio.CancelledError as exc:
-            if timed.expired:
-                timed.expired = False
-                if task.uncancel() <= cancelling:
-                    raise TimeoutError from exc
+            if timed.timed_out():
+                raise TimeoutError from exc
             raise
         finally:
             line.pop(timed, None)  # gone already if it expired
-            if timed.expired:  # it expired, and the handler swallowed the cancel: undo it, as asyncio.timeout does
-                task.uncancel()
+            timed.ended()
 
     def _expire(self, seconds: float, loop: asyncio.AbstractEventLoop) -> None:
         """The timer of one timeout length: cancel its calls past their deadline, then wait for the next."""
@@ -69,8 +57,7 @@ class Deadlines:
             due.append(timed)
         for timed in due:
             del line[timed]
-            timed.expired = True
-            timed.task.cancel()
+            timed.expire()
         if line:
             self.timers[seconds] = loop.call_at(next(iter(line)).deadline, self._expire, seconds, loop)
         else:

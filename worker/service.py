@@ -35,34 +35,53 @@ async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
         await within(event.wait(), timeout)
 
 
+class Timed:
+    """One call under a timeout, as asyncio.timeout keeps it: whether its own cancel fired, and the task's cancel
+    count when the call began, so a cancel from outside stays a cancel (`within`, worker/deadlines.py)."""
+
+    __slots__ = ("task", "deadline", "expired", "cancelling")
+
+    def __init__(self, task: asyncio.Task[Any], deadline: float) -> None:
+        self.task = task
+        self.deadline = deadline  # loop time
+        self.expired = False  # its deadline passed and its task was cancelled for it
+        self.cancelling = task.cancelling()
+
+    def expire(self) -> None:
+        self.expired = True
+        self.task.cancel()
+
+    def timed_out(self) -> bool:
+        """On a CancelledError during the call: whether it is this timeout's own (then raise TimeoutError)."""
+        if not self.expired:
+            return False
+        self.expired = False
+        return self.task.uncancel() <= self.cancelling
+
+    def ended(self) -> None:
+        """When the call ends, however: a cancel it swallowed after expiring is undone, as asyncio.timeout does."""
+        if self.expired:
+            self.task.uncancel()
+
+
 async def within(call: Awaitable[Any], seconds: float) -> Any:
-    """`await call`, cancelled with TimeoutError after `seconds`, as `asyncio.timeout` does it (the same checks
-    of the task's cancel count, so a cancel from outside stays a cancel), without its context manager's
-    objects and awaits: those were a sixth of a no-op job's cost in the worker (issue 12, item 7)."""
+    """`await call`, cancelled with TimeoutError after `seconds`, as `asyncio.timeout` does it (Timed), without
+    its context manager's objects and awaits: those were a sixth of a no-op job's cost in the worker (issue 12,
+    item 7)."""
     task = asyncio.current_task()
     assert task is not None
-    cancelling = task.cancelling()
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        task.cancel()
-
     loop = task.get_loop()
-    handle = loop.call_at(loop.time() + seconds, expire)
+    timed = Timed(task, loop.time() + seconds)
+    handle = loop.call_at(timed.deadline, timed.expire)
     try:
         return await call
     except asyncio.CancelledError as exc:
-        if expired:
-            expired = False
-            if task.uncancel() <= cancelling:
-                raise TimeoutError from exc
+        if timed.timed_out():
+            raise TimeoutError from exc
         raise
     finally:
         handle.cancel()
-        if expired:  # it fired, and the handler swallowed the cancel: undo it, as asyncio.timeout does
-            task.uncancel()
+        timed.ended()
 
 
 def failure_backoff(failures: int) -> float:
