@@ -26,6 +26,7 @@ import time
 import psycopg
 import pytest
 from dygo.store import enqueue, enqueue_many, maintenance
+from dygo.store.config import load_settings
 from dygo.store.leases import (
     Succeeded,
     Unsuccessful,
@@ -36,6 +37,9 @@ from dygo.store.leases import (
     report_progress,
     settle,
 )
+from dygo.store.registry import registry
+from dygo.worker.options import WorkerOptions
+from dygo.worker.runtime import Worker
 
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
 
@@ -327,3 +331,28 @@ def test_recovery_looks_back_to_its_previous_pass_and_a_whole_pass_finds_older_l
             await database.pool.close()
 
     assert asyncio.run(go()) == [{recent}, {recent, old}]
+
+
+def test_jobs_of_a_claim_still_run_when_the_stop_comes_before_their_tasks_are_made(conn, db_url):
+    """The producer's claimed jobs get their tasks on the loop's next turn, once its next claim is on its way
+    (worker/runs.py Runs.start). A drain in between makes them first: they run and settle like any other."""
+    ids = [job.id for job in enqueue_many(conn, [{"kind": "test.noop"}] * 3)]
+
+    async def go() -> None:
+        worker = Worker(load_settings(TEST_CONFIG), registry, WorkerOptions({"default": 4}), db_url)
+        await worker.database.pool.open()
+        try:
+            async with worker.database.connection() as claimer:
+                jobs = await claim_queues(claimer, {"default": 4}, worker.id, 30)
+            finished = []
+            worker.runs.start(jobs, lambda job, took: finished.append(job.id))
+            assert not worker.runs.tasks  # made on the loop's next turn, not here
+            await worker.runs.drain(timeout=5)
+            await worker.settler.flush()
+            assert sorted(finished) == ids
+        finally:
+            await worker.database.pool.close()
+
+    asyncio.run(go())
+    rows = conn.execute("SELECT state, attempt FROM dygo_jobs WHERE id = ANY(%s)", (ids,)).fetchall()
+    assert rows == [("succeeded", 1)] * 3

@@ -313,13 +313,18 @@ class Producer:
         # under either, no job waits here.
         for name in wanted:
             self.slots[name].ahead.allowed = self.capacity.max_concurrency is None and not claim.limited
+        starting = []
         for job in claim.jobs:
             slots = self.slots[job.queue]
             if slots.running < slots.concurrency:
-                self._start(job)
+                slots.running += 1
+                self.capacity.started(job.kind)
+                starting.append(job)
             else:
                 slots.ahead.hold(job)
                 self.runs.hold(job)
+        if starting:
+            self.runs.start(starting, self.finished)
         return claim
 
     def _kind_free(self) -> dict[str, int]:
@@ -334,4 +339,4 @@ class Producer:
     def _start(self, job: ClaimedJob) -> None:
         self.slots[job.queue].running += 1
         self.capacity.started(job.kind)
-        self.runs.start(job, self.finished)
+        self.runs.start([job], self.finished)

@@ -29,6 +29,8 @@ class Runs:
                  progress: ProgressWriter, stats: WorkerStats) -> None:
         self.leased = leased
         self.tasks: dict[UUID, asyncio.Task[None]] = {}  # handlers still running, by lease token
+        # Jobs started, and their `finished`: their tasks are made on the loop's next turn (`start`).
+        self.starting: list[tuple[list[ClaimedJob], Callable[[ClaimedJob, float], None]]] = []
         self.executor = executor
         self.settler = settler
         self.progress = progress
@@ -37,12 +39,24 @@ class Runs:
         # opentelemetry-instrument), before a worker exists; untraced, a job pays nothing for tracing.
         self.traced = tracing.active()
 
-    def start(self, job: ClaimedJob, finished: Callable[[ClaimedJob, float], None]) -> None:
-        """Run a claimed job's handler in a task; `finished` is called when it ends, whatever happened, with the
-        seconds its slot spent on it."""
-        self.stats.claimed_job(job.queue, job.kind, job.waited)
-        self.leased[job.lease_token] = job
-        self.tasks[job.lease_token] = asyncio.create_task(self._execute(job, finished))
+    def start(self, jobs: list[ClaimedJob], finished: Callable[[ClaimedJob, float], None]) -> None:
+        """Run each claimed job's handler in a task; `finished` is called when one ends, whatever happened, with
+        the seconds its slot spent on it. The tasks are made on the loop's next turn: the producer's next claim
+        is on its way by then, and the server works on it while these jobs run (issue 12, item 7)."""
+        for job in jobs:
+            self.stats.claimed_job(job.queue, job.kind, job.waited)
+            self.leased[job.lease_token] = job
+        if not self.starting:
+            asyncio.get_running_loop().call_soon(self._launch)
+        self.starting.append((jobs, finished))
+
+    def _launch(self) -> None:
+        """Make the tasks of the jobs `start` was given."""
+        starting, self.starting = self.starting, []
+        create_task = asyncio.get_running_loop().create_task
+        for jobs, finished in starting:
+            for job in jobs:
+                self.tasks[job.lease_token] = create_task(self._execute(job, finished))
 
     def hold(self, job: ClaimedJob) -> None:
         """A job claimed ahead, waiting for a slot (worker/ahead.py): leased, so its lease is renewed."""
@@ -74,10 +88,12 @@ class Runs:
 
     async def wait(self) -> None:
         """Until every running handler has ended (--once)."""
+        self._launch()
         await asyncio.gather(*self.tasks.values())
 
     async def drain(self, timeout: float) -> None:
         """Let running jobs finish within `timeout`, then hand the rest straight back to their queue."""
+        self._launch()
         if self.tasks:
             await asyncio.wait(list(self.tasks.values()), timeout=timeout)
         unfinished = [self.leased[token] for token in self.tasks]
