@@ -142,7 +142,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         lines = getattr(record, "lines", None)
         if lines is not None:  # several execution lines in one record (worker/execution_log.py)
-            return "\n".join(self._object(record, message, fields) for message, fields in lines)
+            return "\n".join(self._object(record, message, fields()) for message, fields in lines)
         return self._object(record, record.getMessage(), getattr(record, "fields", None))
 
     def _object(self, record: logging.LogRecord, message: str, fields: dict[str, Any] | None) -> str:

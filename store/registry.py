@@ -9,7 +9,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, get_type_hints
-from uuid import UUID
 
 from dygo.store.config import Settings
 from dygo.store.durations import parse_duration
@@ -34,9 +33,9 @@ class JobContext:
     meta: Mapping[str, str] = field(default_factory=dict)
     deadline: datetime | None = None
     # This run's lease: a fencing token for downstream writes (accept one only from the newest lease).
-    lease_token: UUID | None = None
+    lease_token: str | None = None
     # Set by the worker; receives (lease token, fraction, message). None in `make_context` contexts.
-    reporter: Callable[[UUID, float, str | None], None] | None = field(default=None, repr=False, compare=False)
+    reporter: Callable[[str, float, str | None], None] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def for_run(cls, **fields: Any) -> JobContext:

@@ -135,7 +135,7 @@ def test_a_settle_stores_each_runs_last_progress_fenced_by_its_lease_token(conn,
     jobs = {j.id: j for j in claim_now(db_url)}
     conn.execute("""UPDATE dygo_jobs SET progress = '{"fraction": 0.5, "message": "written"}' WHERE id = %s""",
                  (silent,))
-    stolen = dataclasses.replace(jobs[fenced], lease_token=uuid.uuid4())  # a run that lost its lease
+    stolen = dataclasses.replace(jobs[fenced], lease_token=str(uuid.uuid4()))  # a run that lost its lease
 
     async def go():
         async with await aconnect(db_url) as c:

@@ -124,7 +124,7 @@ def test_lines_that_share_a_record_each_get_the_prefix_and_their_own_escapes():
     from dygo.logs import FORMAT, TextFormatter
 
     record = logging.LogRecord("dygo.worker", logging.INFO, __file__, 1, "ignored", None, None)
-    record.lines = [("job 1 a.b attempt 1/3 succeeded in 1ms", {}), ("job 2 a.b\nforged", {})]
+    record.lines = [("job 1 a.b attempt 1/3 succeeded in 1ms", dict), ("job 2 a.b\nforged", dict)]
     formatted = TextFormatter(FORMAT).format(record).split("\n")
     prefix = formatted[0].split("job 1 ")[0]
     assert prefix.endswith(" INFO dygo.worker: ")

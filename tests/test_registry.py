@@ -120,7 +120,7 @@ def test_the_workers_context_is_the_one_the_constructor_makes():
 
     values = {"id": 7, "kind": "report.build", "queue": "default", "attempt": 2, "max_attempts": 5,
               "enqueued_at": datetime.now(UTC), "meta": {"tenant": "acme"}, "deadline": datetime.now(UTC),
-              "lease_token": uuid4(), "reporter": print}
+              "lease_token": str(uuid4()), "reporter": print}
     assert set(values) == {f.name for f in fields(JobContext)}  # for_run must be given every field
     made, fast = JobContext(**values), JobContext.for_run(**values)
     assert fast == made and fast.reporter is print and fast.is_retry

@@ -12,7 +12,6 @@ import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
 
 from dygo.store import tracing
 from dygo.store.backoff import retry_delay
@@ -33,7 +32,7 @@ class UnstorableResult(Exception):
 
 class Executor:
     def __init__(self, settings: Settings, jobs: Registry,
-                 progress: Callable[[UUID, float, str | None], None] | None = None) -> None:
+                 progress: Callable[[str, float, str | None], None] | None = None) -> None:
         self.settings = settings
         self.jobs = jobs
         self.progress = progress  # where ctx.progress reports go (worker.progress.ProgressWriter.report)
@@ -124,13 +123,20 @@ class Executor:
                 logging.WARNING
         if not log.isEnabledFor(level):
             return
-        # The fields are what a JSON log line carries (dygo.logs.JsonFormatter); text lines ignore them.
-        fields = {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt,
-                  "max_attempts": job.max_attempts, "outcome": word, "duration_ms": round(elapsed * 1000, 3)}
-        if isinstance(outcome, Unsuccessful) and outcome.error:
-            fields["error"] = outcome.error
+        error = outcome.error if isinstance(outcome, Unsuccessful) else None
         self.execution_log.write(level, f"job {job.id} {job.kind} attempt {job.attempt}/{job.max_attempts} {word} "
-                                        f"in {format_duration(elapsed)}{detail}", fields)
+                                        f"in {format_duration(elapsed)}{detail}",
+                                 lambda: execution_fields(job, word, elapsed, error))
+
+
+def execution_fields(job: ClaimedJob, word: str, elapsed: float, error: str | None) -> dict[str, Any]:
+    """What a JSON execution line carries besides its message (dygo.logs.JsonFormatter)."""
+    fields = {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt,
+              "max_attempts": job.max_attempts, "outcome": word, "duration_ms": round(elapsed * 1000, 3)}
+    if error:
+        fields["error"] = error
+    return fields
+
 
 def encode_result(result: Any) -> str | None:
     """The result as JSON text for the jsonb column, or UnstorableResult saying why it cannot be stored."""

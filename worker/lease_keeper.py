@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from uuid import UUID
 
 import psycopg
 from dygo.store import leases
@@ -21,7 +20,7 @@ log = logging.getLogger("dygo.worker")
 class LeaseKeeper:
     name = "lease-keeper"
 
-    def __init__(self, database: Database, leased: dict[UUID, ClaimedJob], ttl: float) -> None:
+    def __init__(self, database: Database, leased: dict[str, ClaimedJob], ttl: float) -> None:
         self.database = database
         self.leased = leased  # read only: worker/runs.py
         self.ttl = ttl

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from uuid import UUID
 
 import psycopg
 from dygo.store import leases
@@ -30,14 +29,14 @@ INTERVAL = 1.0
 class ProgressWriter:
     name = "progress"
 
-    def __init__(self, pool: AsyncConnectionPool, leased: dict[UUID, ClaimedJob], outage: OutageLog) -> None:
+    def __init__(self, pool: AsyncConnectionPool, leased: dict[str, ClaimedJob], outage: OutageLog) -> None:
         self.pool = pool
         self.outage = outage  # the worker's: a failed write during an outage is not logged once per second
         self.leased = leased  # the worker's claimed-and-not-settled jobs: their lease tokens fence the write
         # The latest report of each run, by lease token like the worker's leases, kept after it is written
         # until the run ends (take) so its settle can store it; `changed`: not written yet.
-        self.latest: dict[UUID, Progress] = {}
-        self.changed: set[UUID] = set()
+        self.latest: dict[str, Progress] = {}
+        self.changed: set[str] = set()
         self.pending = False  # a report is waiting for the next write (ready is set or about to be)
         self.lock = threading.Lock()  # sync handlers report from their own threads
         self.ready = asyncio.Event()
@@ -48,7 +47,7 @@ class ProgressWriter:
         self.loop = asyncio.get_running_loop()
         return asyncio.create_task(self.run(), name=self.name)
 
-    def report(self, lease_token: UUID, fraction: float, message: str | None) -> None:
+    def report(self, lease_token: str, fraction: float, message: str | None) -> None:
         """Record the latest progress of a job's current run; callable from any thread."""
         with self.lock:
             self.latest[lease_token] = (fraction, message)
@@ -65,7 +64,7 @@ class ProgressWriter:
         else:
             self.loop.call_soon_threadsafe(self.ready.set)
 
-    def take(self, lease_token: UUID) -> Progress | None:
+    def take(self, lease_token: str) -> Progress | None:
         """The latest report of a run that has ended, for its settle to store; None if it never reported.
         The run is forgotten here; only a sync handler abandoned at its timeout can report after this, and
         such a report is written, if at all, by the loop while the settle is still pending."""

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from uuid import UUID
 
 from dygo.store import tracing
 from dygo.store.leases import ClaimedJob, Unsuccessful
@@ -25,10 +24,10 @@ from dygo.worker.telemetry import WorkerStats, outcome_name
 log = logging.getLogger("dygo.worker")
 
 class Runs:
-    def __init__(self, leased: dict[UUID, ClaimedJob], executor: Executor, settler: Settler,
+    def __init__(self, leased: dict[str, ClaimedJob], executor: Executor, settler: Settler,
                  progress: ProgressWriter, stats: WorkerStats) -> None:
         self.leased = leased
-        self.tasks: dict[UUID, asyncio.Task[None]] = {}  # handlers still running, by lease token
+        self.tasks: dict[str, asyncio.Task[None]] = {}  # handlers still running, by lease token
         # Jobs started, and their `finished`: their tasks are made on the loop's next turn (`start`).
         self.starting: list[tuple[list[ClaimedJob], Callable[[ClaimedJob, float], None]]] = []
         self.executor = executor
@@ -43,8 +42,8 @@ class Runs:
         """Run each claimed job's handler in a task; `finished` is called when one ends, whatever happened, with
         the seconds its slot spent on it. The tasks are made on the loop's next turn: the producer's next claim
         is on its way by then, and the server works on it while these jobs run (issue 12, item 7)."""
+        self.stats.claimed_jobs(jobs)
         for job in jobs:
-            self.stats.claimed_job(job.queue, job.kind, job.waited)
             self.leased[job.lease_token] = job
         if not self.starting:
             asyncio.get_running_loop().call_soon(self._launch)

@@ -22,7 +22,6 @@ import asyncio
 import gc
 import logging
 import signal
-from uuid import UUID
 
 from dygo.store import leases, limits
 from dygo.store.config import Settings
@@ -55,7 +54,7 @@ class Worker:
         self.id = make_worker_id()
         self.database = Database(url, self.id)
         self.stats = WorkerStats()
-        leased: dict[UUID, ClaimedJob] = {}  # worker/runs.py says who writes and reads it
+        leased: dict[str, ClaimedJob] = {}  # worker/runs.py says who writes and reads it
         self.slots = {name: QueueSlots(name, n, settings.claim_ahead, settings.claim_batch_size)
                       for name, n in options.queues.items()}
         self.capacity = Capacity(jobs.concurrency_caps(settings.default_concurrency), options.max_concurrency)

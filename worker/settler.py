@@ -10,7 +10,6 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
-from uuid import UUID
 
 import psycopg
 from dygo.store import leases, limits
@@ -26,7 +25,7 @@ SETTLE_BATCH = 1000
 class Settler:
     name = "settler"
 
-    def __init__(self, database: Database, leased: dict[UUID, ClaimedJob], stats: WorkerStats,
+    def __init__(self, database: Database, leased: dict[str, ClaimedJob], stats: WorkerStats,
                  requeued: Callable[[str, float], None] = lambda queue, delay: None,
                  takes_freed: Callable[[str], bool] = lambda queue: False,
                  refill: Callable[[list[str]], None] = lambda queues: None) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from wsgiref.simple_server import make_server
 
 from dygo.store.errors import ConfigError
-from dygo.store.leases import Outcome, Succeeded
+from dygo.store.leases import ClaimedJob, Outcome, Succeeded
 from dygo.store.timings import Timings
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -44,10 +44,13 @@ class WorkerStats:
         self.settled: Counter[str] = Counter()  # outcome
         self.lease_lost = 0  # outcomes discarded: the lease was recovered by another worker first
 
-    def claimed_job(self, queue: str, kind: str, waited: float) -> None:
+    def claimed_jobs(self, jobs: Iterable[ClaimedJob]) -> None:
+        """Each job's start latency and its queue's count: a claim's jobs under one lock."""
+        observe, claimed = self.timings.observe_unlocked, self.claimed
         with self.lock:
-            self.timings.observe_unlocked(queue, kind, "latency", waited)
-            self.claimed[queue] += 1
+            for job in jobs:
+                observe(job.queue, job.kind, "latency", job.waited)
+                claimed[job.queue] += 1
 
     def executed(self, queue: str, kind: str, outcome: str, seconds: float) -> None:
         with self.lock:
