@@ -317,8 +317,7 @@ class Producer:
         for job in claim.jobs:
             slots = self.slots[job.queue]
             if slots.running < slots.concurrency:
-                slots.running += 1
-                self.capacity.started(job.kind)
+                self._take_slot(job)
                 starting.append(job)
             else:
                 slots.ahead.hold(job)
@@ -337,6 +336,9 @@ class Producer:
         return sum(slots.ahead.kinds[kind] for slots in self.slots.values())
 
     def _start(self, job: ClaimedJob) -> None:
+        self._take_slot(job)
+        self.runs.start([job], self.finished)
+
+    def _take_slot(self, job: ClaimedJob) -> None:
         self.slots[job.queue].running += 1
         self.capacity.started(job.kind)
-        self.runs.start([job], self.finished)
