@@ -11,8 +11,7 @@ producer and settler send). It prints, per job: wall time, this client's CPU, an
 PostgreSQL backends (read from /proc, so run it on the machine of the server). "triggers off" disables the
 two statement triggers on job updates (dygo_jobs_updated: wake-ups for retries; dygo_jobs_finished: result
 waiters) for the round, to show what they cost. No peer, no concurrency: a breakdown of one cycle, not a
-throughput figure
-(bench/run.py's dygo_c4 line is that).
+throughput figure (bench/run.py's dygo_c4 line is that).
 """
 
 from __future__ import annotations
