@@ -351,18 +351,32 @@ def check_books(conn: psycopg.Connection, report: Report, expect_dead: dict[str,
         report.notes["examples"] = examples[:10]
 
 
-def max_first_run_after(conn: psycopg.Connection, events: list[tuple[float, list[int]]]) -> float | None:
-    """For each (moment, job ids) event: how long until all those jobs had run again; the worst one."""
+def max_first_run_after(conn: psycopg.Connection, events: list[tuple[float, list[int]]],
+                        notes: dict[str, Any] | None = None) -> float | None:
+    """For each (moment, job ids) event: how long until all those jobs had run again; the worst one. `notes`
+    gets the slowest job's history (its errors and runs), so a slow recovery explains itself in the report."""
     worst: float | None = None
     for moment, ids in events:
         if not ids:
             continue
         row = conn.execute(
-            "SELECT max(first)::float8 FROM (SELECT min(extract(epoch FROM at)) AS first FROM chaos_runs "
-            "WHERE job_id = ANY(%s) AND at > to_timestamp(%s) GROUP BY job_id) t", (ids, moment)).fetchone()
-        if row[0] is not None:
-            worst = max(worst or 0.0, row[0] - moment)
+            "SELECT job_id, first::float8 FROM (SELECT job_id, min(extract(epoch FROM at)) AS first FROM chaos_runs "
+            "WHERE job_id = ANY(%s) AND at > to_timestamp(%s) GROUP BY job_id) t ORDER BY first DESC LIMIT 1",
+            (ids, moment)).fetchone()
+        if row is not None and (worst is None or row[1] - moment > worst):
+            worst = row[1] - moment
+            if notes is not None:
+                notes["slowest_recovery"] = job_history(conn, row[0], moment)
     return worst
+
+
+def job_history(conn: psycopg.Connection, job_id: int, moment: float) -> dict[str, Any]:
+    """A job's errors and runs, their times in seconds after `moment`."""
+    errors, reaps = conn.execute("SELECT errors, reap_count FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()
+    runs = conn.execute("SELECT round((extract(epoch FROM at) - %s)::numeric, 3)::float8, pid FROM chaos_runs "
+                        "WHERE job_id = %s ORDER BY at", (moment, job_id)).fetchall()
+    return {"job": job_id, "reaps": reaps, "runs (s after the fault, pid)": [list(r) for r in runs],
+            "errors": [{k: e.get(k) for k in ("attempt", "at", "worker", "error")} for e in errors or []]}
 
 
 def active_ids_of(conn: psycopg.Connection, pid: int) -> list[int]:
@@ -425,7 +439,7 @@ def scenario_kill(lab: Lab, plan: Plan, rng: random.Random) -> Report:
         time.sleep(0.5)
         settle_down(conn)
         check_books(conn, report)
-        report.max_recovery = max_first_run_after(conn, events)
+        report.max_recovery = max_first_run_after(conn, events, report.notes)
     counts = worker_log_counts(lab.processes)
     report.refused_settles = counts["refused_settles"]
     report.faults = kills + freezes

@@ -319,16 +319,22 @@ def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str
 
 
 RECOVER_BATCH = 1000  # leases recovered per pass at most
-WHOLE_INDEX = 1e9  # seconds: a window that reaches every deadline (~31 years)
+
+
+@dataclass
+class Recovered:
+    jobs: list[tuple[int, str]]  # (id, new state): pending again, or dead as poison
+    clock: datetime  # the database's now() for the pass: deadlines before it that it could see are done
 
 
 async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int,
-                          window: float = WHOLE_INDEX) -> list[tuple[int, str]]:
-    """Return (id, new state) for every job whose lease had expired in the last `window` seconds (at
-    most RECOVER_BATCH of them)."""
+                          since: datetime | None = None) -> Recovered:
+    """Put back (or kill as poison) the jobs whose lease expired at `since` or later (None: whenever), at most
+    RECOVER_BATCH of them."""
     cursor = await _on_indexes(conn, queries.RECOVER_EXPIRED_LEASES,
-                               {"max_reaps": max_reaps, "window": window, "batch": RECOVER_BATCH})
-    return [(row[0], row[1]) for row in await cursor.fetchall()]
+                               {"max_reaps": max_reaps, "since": since, "batch": RECOVER_BATCH})
+    clock, ids, states = await cursor.fetchone()
+    return Recovered(list(zip(ids, states, strict=True)), clock)
 
 
 async def heartbeat(conn: psycopg.AsyncConnection, worker_id: str, hostname: str, pid: int,

@@ -277,14 +277,15 @@ SELECT id FROM settled"""
 # A lease that ran out means its worker died or stalled: the job goes back, its attempt refunded,
 # unless this has happened more than max_reaps times (poison: dead). It keeps its run_at, and so its
 # place at the head of the line: behind a backlog, a crash would otherwise cost it the whole backlog.
-# `window`: only deadlines that passed in the last so many seconds (the time since the previous pass and
-# a margin). While something holds back VACUUM, the index keeps an entry for every lease taken since, and
-# a walk from the oldest deadline visits them all (37.7 ms at 100,000); the window walks the last second's.
+# `since`: only deadlines from then on (the database's clock when the previous pass began, less a margin;
+# NULL: every deadline). While something holds back VACUUM, the index keeps an entry for every lease taken
+# since, and a walk from the oldest deadline visits them all (37.7 ms at 100,000); this walks the last
+# second's. The one row returned carries the statement's clock, where the next pass takes up.
 RECOVER_EXPIRED_LEASES = """
 WITH expired AS (
     SELECT id FROM dygo_jobs
     WHERE state = 'active' AND lease_deadline < now()
-      AND lease_deadline >= now() - make_interval(secs => %(window)s)
+      AND lease_deadline >= coalesce(%(since)s::timestamptz, '-infinity')
     ORDER BY lease_deadline
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
@@ -310,7 +311,7 @@ RETURNING j.id, j.state, j.queue, j.kind
     SELECT (now() AT TIME ZONE 'UTC')::date, queue, kind, count(*), count(*) FILTER (WHERE state = 'dead')
     FROM recovered GROUP BY queue, kind
 )
-SELECT id, state FROM recovered"""
+SELECT now(), coalesce(array_agg(id), '{}'), coalesce(array_agg(state), '{}') FROM recovered"""
 
 # --- Workers -------------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ def test_killed_and_frozen_workers_lose_no_job_and_stale_settles_are_refused(dat
     report = short(data_dir, "kill", tmp_path)
     assert report["notes"]["kills"] >= 1 and report["notes"]["freezes"] >= 1
     # Recovery waits for the lease TTL (3s) to run out, then for the next recovery pass.
-    assert report["max_recovery"] is not None and report["max_recovery"] < 3.0 + 4.0
+    assert report["max_recovery"] is not None and report["max_recovery"] < 3.0 + 4.0, report["notes"]
 
 
 def test_database_restart_is_survived_logged_once_and_serve_answers_503_meanwhile(data_dir, tmp_path):

@@ -70,7 +70,7 @@ def test_settle_is_fenced_by_the_lease_token(conn, db_url):
 
     async def go():
         async with await aconnect(db_url) as c:
-            assert await recover_expired(c, max_reaps=3) == [(job_id, "pending")]
+            assert (await recover_expired(c, max_reaps=3)).jobs == [(job_id, "pending")]
             [fresh] = await claim(c, "default", 1, "w2", 30)
             assert await settle(c, [Succeeded(stale, json.dumps("stale"))]) == set()
             assert await settle(c, [Unsuccessful(stale, "dead", error="stale")]) == set()
@@ -185,7 +185,7 @@ def test_expired_lease_is_recovered_then_dies_as_poison_after_max_reaps(conn, db
         async with await aconnect(db_url) as c:
             await claim(c, "default", 1, "crashy", 30)
             await c.execute("UPDATE dygo_jobs SET lease_deadline = now() - interval '1s'")
-            return await recover_expired(c, max_reaps=2)
+            return (await recover_expired(c, max_reaps=2)).jobs
 
     assert run(crash_once()) == [(job_id, "pending")]
     assert state(conn, job_id) == ("pending", 0, False)  # the lost attempt is refunded

@@ -130,4 +130,4 @@ async def settle_now(url: str, outcomes: list) -> set[int]:
 
 async def recover_now(url: str, max_reaps: int) -> list:
     async with await aconnect(url) as c:
-        return await recover_expired(c, max_reaps=max_reaps)
+        return (await recover_expired(c, max_reaps=max_reaps)).jobs

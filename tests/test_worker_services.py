@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -134,7 +135,7 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
                              Unsuccessful(jobs[2], "dead", error="bust")])
             await claim_with_next_due(c, {"default": 5}, "w2", 0.001)  # leases that expire at once
             await asyncio.sleep(0.05)
-            assert len(await recover_expired(c, 3)) == 5
+            assert len((await recover_expired(c, 3)).jobs) == 5
             last = await claim_with_next_due(c, {"default": 30}, "w3", 30)
             assert len(last.jobs) == 10  # the 5 never claimed and the 5 recovered
             await asyncio.sleep(1.1)  # past a retention of 1 s: the history and the jobs settled above go
@@ -332,6 +333,35 @@ def test_recovery_looks_back_to_its_previous_pass_and_a_whole_pass_finds_older_l
 
     assert asyncio.run(go()) == [{recent}, {recent, old}]
 
+
+
+def test_a_recovery_pass_that_waited_for_its_connection_still_finds_a_lease_that_expired_meanwhile(
+        conn, db_url, monkeypatch):
+    # The chaos suite once saw a killed worker's job wait 74 s for the next whole pass: a pass that waits for
+    # the shared connection (a stalled server) must look back to the previous pass's clock, not further up.
+    from dygo.worker import maintainer
+    from dygo.worker.database import Database
+
+    monkeypatch.setattr(maintainer, "RECOVERY_MARGIN", timedelta(seconds=1))
+    job_id = enqueue(conn, "test.noop", {}).id
+    claim(db_url, {"default": 1})
+
+    async def go() -> str:
+        database = Database(db_url, "test:1:abc")
+        await database.pool.open(wait=True)
+        try:
+            recovery = maintainer.Recovery(database, max_reaps=3)
+            await recovery.run_once()  # whole; the next pass looks back from this one's clock
+            conn.execute("UPDATE dygo_jobs SET lease_deadline = now() WHERE id = %s", (job_id,))
+            async with database.connection():  # the pass begins now, and waits 2 s for the connection
+                waiting = asyncio.create_task(recovery.run_once())
+                await asyncio.sleep(2.0)
+            await waiting
+            return conn.execute("SELECT state FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()[0]
+        finally:
+            await database.pool.close()
+
+    assert asyncio.run(go()) == "pending"
 
 def test_jobs_of_a_claim_still_run_when_the_stop_comes_before_their_tasks_are_made(conn, db_url):
     """The producer's claimed jobs get their tasks on the loop's next turn, once its next claim is on its way

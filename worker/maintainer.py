@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+from datetime import datetime, timedelta
 
 import psycopg
 from dygo.store import leases, limits, maintenance
@@ -40,9 +41,11 @@ class Heartbeat:
             await leases.worker_gone(conn, self.worker_id)
 
 
-# A pass looks at the deadlines passed since the previous one began, and this much before: a lease
-# renewed or claimed by a transaction that committed late, a row another pass had locked and let go.
-RECOVERY_MARGIN = 5.0
+# A pass looks at the deadlines from the database's clock when the previous one began, less this much: a
+# lease renewed or claimed by a transaction that committed late, a row another pass had locked and let go.
+# The clock is the database's, not this process's: a pass that waited for its connection (a stalled server,
+# a busy shared connection) would otherwise leave a gap behind the one before it, found only by a whole pass.
+RECOVERY_MARGIN = timedelta(seconds=5)
 WHOLE_RECOVERY_INTERVAL = 60.0  # and a pass over every deadline this often, whatever a window missed
 
 
@@ -54,21 +57,21 @@ class Recovery:
         self.database = database
         self.max_reaps = max_reaps
         self.last = 0.0  # monotonic time of the last pass
-        self.covered = float("-inf")  # when the last pass that finished began: deadlines before it are done
+        self.covered: datetime | None = None  # the clock of the last pass that finished: deadlines before it are done
         self.last_whole = float("-inf")
 
     async def run_once(self) -> None:
         self.last = started = time.monotonic()
-        whole = started - self.last_whole >= WHOLE_RECOVERY_INTERVAL
-        window = leases.WHOLE_INDEX if whole else started - self.covered + RECOVERY_MARGIN
+        whole = started - self.last_whole >= WHOLE_RECOVERY_INTERVAL or self.covered is None
+        since = None if whole else self.covered - RECOVERY_MARGIN
         async with self.database.connection() as conn:
-            recovered = await leases.recover_expired(conn, self.max_reaps, window)
+            recovered = await leases.recover_expired(conn, self.max_reaps, since)
         # A full batch may have left expired leases behind: the next pass starts where this one did.
-        if len(recovered) < leases.RECOVER_BATCH:
-            self.covered = started
+        if len(recovered.jobs) < leases.RECOVER_BATCH:
+            self.covered = recovered.clock
             if whole:
                 self.last_whole = started
-        for job_id, state in recovered:
+        for job_id, state in recovered.jobs:
             log.warning("job %s: lease expired, %s", job_id,
                         "dead as poison (recovered too often)" if state == "dead" else "back to pending")
 
