@@ -321,7 +321,7 @@ def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str
 RECOVER_BATCH = 1000  # leases recovered per pass at most
 
 
-@dataclass
+@dataclass(slots=True)
 class Recovered:
     jobs: list[tuple[int, str]]  # (id, new state): pending again, or dead as poison
     clock: datetime  # the database's now() for the pass: deadlines before it that it could see are done
