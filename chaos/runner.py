@@ -352,10 +352,11 @@ def check_books(conn: psycopg.Connection, report: Report, expect_dead: dict[str,
 
 
 def max_first_run_after(conn: psycopg.Connection, events: list[tuple[float, list[int]]],
-                        notes: dict[str, Any] | None = None) -> float | None:
+                        notes: dict[str, Any]) -> float | None:
     """For each (moment, job ids) event: how long until all those jobs had run again; the worst one. `notes`
     gets the slowest job's history (its errors and runs), so a slow recovery explains itself in the report."""
     worst: float | None = None
+    slowest: tuple[int, float] | None = None  # (job id, moment of its event)
     for moment, ids in events:
         if not ids:
             continue
@@ -364,9 +365,9 @@ def max_first_run_after(conn: psycopg.Connection, events: list[tuple[float, list
             "WHERE job_id = ANY(%s) AND at > to_timestamp(%s) GROUP BY job_id) t ORDER BY first DESC LIMIT 1",
             (ids, moment)).fetchone()
         if row is not None and (worst is None or row[1] - moment > worst):
-            worst = row[1] - moment
-            if notes is not None:
-                notes["slowest_recovery"] = job_history(conn, row[0], moment)
+            worst, slowest = row[1] - moment, (row[0], moment)
+    if slowest is not None:
+        notes["slowest_recovery"] = job_history(conn, *slowest)
     return worst
 
 
