@@ -52,6 +52,7 @@ pgbouncer:
 
 test: setup browsers pgbouncer
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/pytest
 
@@ -61,6 +62,7 @@ docs: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: setup
 	$(BIN)/python bench/run.py

@@ -104,8 +104,9 @@ class BearerAuth:
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return error_response(401, "unauthorized", "this API needs a bearer token: Authorization: Bearer <token>",
-                                  headers=challenge)
+            return error_response(
+                401, "unauthorized", "this API needs a bearer token: Authorization: Bearer <token>", headers=challenge
+            )
         role = self.tokens.role_of(token.strip())
         state = scope["app"].state
         throttle: AuthThrottle = state.auth_throttle
@@ -128,10 +129,14 @@ class BearerAuth:
 
 def locked_out(until: float, throttle: AuthThrottle):
     wait = max(1, math.ceil(until - time.time()))
-    return error_response(429, "too_many_failures",
-                          f"{throttle.attempts} wrong tokens from your address within {throttle.window:g}s: tokens "
-                          f"from it are refused for {wait}s (the right one too); check the token you send",
-                          {"retry_after_seconds": wait}, headers={"Retry-After": str(wait)})
+    return error_response(
+        429,
+        "too_many_failures",
+        f"{throttle.attempts} wrong tokens from your address within {throttle.window:g}s: tokens "
+        f"from it are refused for {wait}s (the right one too); check the token you send",
+        {"retry_after_seconds": wait},
+        headers={"Retry-After": str(wait)},
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -149,9 +154,27 @@ def is_loopback(host: str) -> bool:
 # seen earlier in the token (abcabc).
 MIN_TOKEN_BITS = 64
 GENERATE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
-COMMON_WORDS = ("password", "passw0rd", "p@ssword", "qwerty", "azerty", "letmein", "welcome", "changeme",
-                "default", "iloveyou", "monkey", "dragon", "master", "secret", "admin", "token", "login",
-                "dygo", "test")
+COMMON_WORDS = (
+    "password",
+    "passw0rd",
+    "p@ssword",
+    "qwerty",
+    "azerty",
+    "letmein",
+    "welcome",
+    "changeme",
+    "default",
+    "iloveyou",
+    "monkey",
+    "dragon",
+    "master",
+    "secret",
+    "admin",
+    "token",
+    "login",
+    "dygo",
+    "test",
+)
 _WORDS = re.compile("|".join(sorted(COMMON_WORDS, key=len, reverse=True)), re.IGNORECASE)
 
 
@@ -167,7 +190,7 @@ def token_bits(token: str) -> float:
         # The longest earlier substring (4+ characters) starting here counts as one symbol.
         length = 0
         for size in range(min(16, len(text) - index), 3, -1):
-            if text[index:index + size] in text[:index]:
+            if text[index : index + size] in text[:index]:
                 length = size
                 break
         if length:
@@ -196,16 +219,20 @@ def check_protection(settings: Settings, host: str | None) -> None:
         for role, token in settings.api_tokens:
             if weak_token(token):  # the token itself is never put in a message
                 raise ConfigError(
-                    "dygo serve", f"{role} token",
+                    "dygo serve",
+                    f"{role} token",
                     f"a token (from {TOKEN_ENV[role]} or api_tokens in dygo.yml) is too simple to be random "
                     f"(about {token_bits(token):.0f} bits; production needs {MIN_TOKEN_BITS}: no repeated or "
-                    f"running characters like aaaa or 1234, no words like 'password'); generate one with {GENERATE}")
+                    f"running characters like aaaa or 1234, no words like 'password'); generate one with {GENERATE}",
+                )
     if settings.api_tokens:
         return
     how = f"set {TOKEN_ENV['admin']} (and {TOKEN_ENV['read']} for read-only access), or api_tokens in dygo.yml"
     if settings.env != "development":
-        raise ConfigError("dygo serve", f"environment {settings.env}",
-                          f"the API must be protected outside development: {how}")
+        raise ConfigError(
+            "dygo serve", f"environment {settings.env}", f"the API must be protected outside development: {how}"
+        )
     if host is not None and not is_loopback(host):
-        raise ConfigError("dygo serve", f"host {host}",
-                          f"binding beyond localhost exposes the API, so it must be protected: {how}")
+        raise ConfigError(
+            "dygo serve", f"host {host}", f"binding beyond localhost exposes the API, so it must be protected: {how}"
+        )

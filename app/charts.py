@@ -75,8 +75,15 @@ def nice_ceiling(value: float) -> int:
     return int(10 * magnitude)
 
 
-def throughput_chart(name: str, title: str, rows: Sequence[dict[str, Any]], key: str,
-                     label: Callable[[Any], str], tick_every: int, style: Literal["lines", "bars"]) -> Chart:
+def throughput_chart(
+    name: str,
+    title: str,
+    rows: Sequence[dict[str, Any]],
+    key: str,
+    label: Callable[[Any], str],
+    tick_every: int,
+    style: Literal["lines", "bars"],
+) -> Chart:
     """A chart of succeeded, failed attempts and dead over `rows` (oldest first, one per bucket at `key`),
     with an x label every `tick_every` buckets (counted back from the newest, so it is always labelled)."""
     count = max(len(rows), 1)
@@ -90,14 +97,29 @@ def throughput_chart(name: str, title: str, rows: Sequence[dict[str, Any]], key:
     for index, (field, text) in enumerate(SERIES):
         points = " ".join(f"{round((i + 0.5) * step, 2)},{y(row[field])}" for i, row in enumerate(rows))
         bar_width = step * 0.8 / len(SERIES)
-        bars = [Mark(round(i * step + step * 0.1 + index * bar_width, 2), y(row[field]), round(bar_width, 2),
-                     round(HEIGHT - y(row[field]), 2)) for i, row in enumerate(rows) if row[field]]
+        bars = [
+            Mark(
+                round(i * step + step * 0.1 + index * bar_width, 2),
+                y(row[field]),
+                round(bar_width, 2),
+                round(HEIGHT - y(row[field]), 2),
+            )
+            for i, row in enumerate(rows)
+            if row[field]
+        ]
         series.append(Series(field, text, sum(row[field] for row in rows), points, bars))
-    buckets = [Bucket(round(i * step, 2), round(step, 2), f"{label(row[key])}: " + ", ".join(
-        f"{row[field]} {text}" for field, text in SERIES)) for i, row in enumerate(rows)]
+    buckets = [
+        Bucket(
+            round(i * step, 2),
+            round(step, 2),
+            f"{label(row[key])}: " + ", ".join(f"{row[field]} {text}" for field, text in SERIES),
+        )
+        for i, row in enumerate(rows)
+    ]
     values = [top] + ([top // 2] if top >= 2 else []) + [0]
     y_ticks = [Tick(f"{value:,}", round(100 - 100 * HEADROOM * value / top, 2)) for value in values]
-    x_ticks = [Tick(label(rows[i][key]), round(100 * (i + 0.5) / count, 2))
-               for i in range(len(rows) - 1, -1, -tick_every)][::-1]
+    x_ticks = [
+        Tick(label(rows[i][key]), round(100 * (i + 0.5) / count, 2)) for i in range(len(rows) - 1, -1, -tick_every)
+    ][::-1]
     totals = ", ".join(f"{s.total} {s.label}" for s in series)
     return Chart(name, title, style, series, buckets, y_ticks, x_ticks, f"{title}: {totals}")

@@ -37,8 +37,15 @@ from fastapi.templating import Jinja2Templates
 PREFIX = "/dashboard"
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 PAGE_SIZE = 50
-JOB_ACTIONS = {"retry": "retried", "cancel": "cancelled", "pause": "paused", "resume": "resumed",
-               "run-now": "set to run now", "archive": "archived", "delete": "deleted"}
+JOB_ACTIONS = {
+    "retry": "retried",
+    "cancel": "cancelled",
+    "pause": "paused",
+    "resume": "resumed",
+    "run-now": "set to run now",
+    "archive": "archived",
+    "delete": "deleted",
+}
 QUEUE_ACTIONS = ("pause", "resume", "purge", "retry-dead")
 SCHEDULE_ACTIONS = ("pause", "resume", "trigger")
 
@@ -113,8 +120,15 @@ class Visitor:
 
     def keep(self, response: Response) -> Response:
         if self.fresh:
-            response.set_cookie(SESSION_COOKIE, self.session.dump(self.signer), max_age=SESSION_SECONDS,
-                                path=PREFIX, httponly=True, samesite="lax", secure=self.secure)
+            response.set_cookie(
+                SESSION_COOKIE,
+                self.session.dump(self.signer),
+                max_age=SESSION_SECONDS,
+                path=PREFIX,
+                httponly=True,
+                samesite="lax",
+                secure=self.secure,
+            )
         return response
 
 
@@ -141,19 +155,26 @@ async def form_fields(request: Request) -> dict[str, str]:
 def checked_form(fields: dict[str, str], who: Visitor) -> dict[str, str]:
     presented = fields.get("csrf", "").encode("utf-8", "surrogateescape")
     if who.fresh or not hmac.compare_digest(presented, who.csrf.encode()):
-        raise Refused(403, "This form has expired",
-                      "The form was not sent from this dashboard session (missing or stale CSRF token). "
-                      "Go back, reload the page and try again.")
+        raise Refused(
+            403,
+            "This form has expired",
+            "The form was not sent from this dashboard session (missing or stale CSRF token). "
+            "Go back, reload the page and try again.",
+        )
     return fields
 
 
-def acting(fields: Annotated[dict[str, str], Depends(form_fields)],
-           who: Annotated[Visitor, Depends(signed_in)]) -> Visitor:
+def acting(
+    fields: Annotated[dict[str, str], Depends(form_fields)], who: Annotated[Visitor, Depends(signed_in)]
+) -> Visitor:
     """The visitor of an action: a checked CSRF token and an admin role."""
     checked_form(fields, who)
     if not who.can_act:
-        raise Refused(403, "Read-only access", "You are signed in with a read-only token; "
-                      "changing jobs, queues or schedules needs an admin token.")
+        raise Refused(
+            403,
+            "Read-only access",
+            "You are signed in with a read-only token; changing jobs, queues or schedules needs an admin token.",
+        )
     return who
 
 
@@ -167,8 +188,12 @@ Fields = Annotated[dict[str, str], Depends(form_fields)]
 
 def render(request: Request, who: Visitor, template: str, status: int = 200, **context: Any) -> Response:
     flash = who.signer.loads(request.cookies.get(FLASH_COOKIE))
-    response = templates.TemplateResponse(request, template, {
-        "who": who, "csrf": who.csrf, "flash": flash, "prefix": PREFIX, **context}, status_code=status)
+    response = templates.TemplateResponse(
+        request,
+        template,
+        {"who": who, "csrf": who.csrf, "flash": flash, "prefix": PREFIX, **context},
+        status_code=status,
+    )
     if flash is not None:
         response.delete_cookie(FLASH_COOKIE, path=PREFIX)
     return who.keep(response)
@@ -176,16 +201,26 @@ def render(request: Request, who: Visitor, template: str, status: int = 200, **c
 
 def redirect(who: Visitor, to: str, message: str, level: str = "ok") -> Response:
     response = RedirectResponse(to, status_code=303)
-    response.set_cookie(FLASH_COOKIE, who.signer.dumps({"message": message, "level": level}), max_age=60,
-                        path=PREFIX, httponly=True, samesite="lax", secure=who.secure)
+    response.set_cookie(
+        FLASH_COOKIE,
+        who.signer.dumps({"message": message, "level": level}),
+        max_age=60,
+        path=PREFIX,
+        httponly=True,
+        samesite="lax",
+        secure=who.secure,
+    )
     return who.keep(response)
 
 
 def error_page(request: Request, status: int, title: str, message: str) -> Response:
     who = Visitor(request)  # unverified: from exception handlers, maybe with the database down
-    return templates.TemplateResponse(request, "error.html", {
-        "who": who, "csrf": who.csrf, "flash": None, "prefix": PREFIX, "title": title, "message": message},
-        status_code=status)
+    return templates.TemplateResponse(
+        request,
+        "error.html",
+        {"who": who, "csrf": who.csrf, "flash": None, "prefix": PREFIX, "title": title, "message": message},
+        status_code=status,
+    )
 
 
 def _span(seconds: float | None) -> str:
@@ -239,10 +274,16 @@ def _locked_out(request: Request, who: Visitor, until: float) -> Response:
     wait = max(1, math.ceil(until - time.time()))
     at = datetime.fromtimestamp(until, UTC).strftime("%H:%M:%S UTC")
     throttle: AuthThrottle = request.app.state.auth_throttle
-    response = render(request, who, "error.html", status=429, title="Too many failed sign-ins",
-                      message=f"There were {throttle.attempts} failed sign-ins from your address within "
-                              f"{_in_words(throttle.window)}, so signing in from it is paused. Try again in "
-                              f"{_in_words(wait)} (at {at}); check that you paste the whole API token.")
+    response = render(
+        request,
+        who,
+        "error.html",
+        status=429,
+        title="Too many failed sign-ins",
+        message=f"There were {throttle.attempts} failed sign-ins from your address within "
+        f"{_in_words(throttle.window)}, so signing in from it is paused. Try again in "
+        f"{_in_words(wait)} (at {at}); check that you paste the whole API token.",
+    )
     response.headers["Retry-After"] = str(wait)
     return response
 
@@ -259,8 +300,14 @@ def login(request: Request, fields: Fields, who: Annotated[Visitor, Depends(visi
     if role is None:
         if (until := throttle.failed_on(conn, address)) is not None:
             return _locked_out(request, who, until)
-        return render(request, who, "login.html", status=401, next=_next_page(fields.get("next")),
-                      error="That token is not valid.")
+        return render(
+            request,
+            who,
+            "login.html",
+            status=401,
+            next=_next_page(fields.get("next")),
+            error="That token is not valid.",
+        )
     if who.tokens.enabled:
         throttle.succeeded_on(conn, address)
         who.start(conn, role, token)
@@ -284,8 +331,13 @@ def _configured(request: Request) -> dict[str, int]:
 def _overview(request: Request, conn: Conn) -> dict[str, Any]:
     queues = admin.list_queues(conn, _configured(request))
     totals = {state: sum(q["counts"][state] for q in queues) for state in admin.COUNTED_STATES}
-    return {"queues": queues, "totals": totals, "states": admin.COUNTED_STATES,
-            "workers": admin.live_workers(conn, WORKER_SEEN_WITHIN), "lag": admin.queue_lag(conn)}
+    return {
+        "queues": queues,
+        "totals": totals,
+        "states": admin.COUNTED_STATES,
+        "workers": admin.live_workers(conn, WORKER_SEEN_WITHIN),
+        "lag": admin.queue_lag(conn),
+    }
 
 
 THROUGHPUT_MINUTES = 60
@@ -295,22 +347,36 @@ THROUGHPUT_DAYS = 30
 def throughput_charts(conn: Conn, days: bool = True) -> dict[str, charts.Chart]:
     """Per minute for the last hour and (with `days`) per day for the last 30 days, from the rollups."""
     minutes = admin.minute_stats(conn, THROUGHPUT_MINUTES)
-    drawn = {"minute_chart": charts.throughput_chart(
-        "minutes", "Per minute, last hour", minutes, "minute", lambda at: at.astimezone(UTC).strftime("%H:%M"),
-        10, "lines")}
+    drawn = {
+        "minute_chart": charts.throughput_chart(
+            "minutes",
+            "Per minute, last hour",
+            minutes,
+            "minute",
+            lambda at: at.astimezone(UTC).strftime("%H:%M"),
+            10,
+            "lines",
+        )
+    }
     if days:
         daily = admin.daily_stats(conn, None, THROUGHPUT_DAYS)["daily"]
         drawn["day_chart"] = charts.throughput_chart(
-            "days", f"Per day, last {THROUGHPUT_DAYS} days", daily, "day", lambda day: day.strftime("%b %-d"), 7,
-            "bars")
+            "days", f"Per day, last {THROUGHPUT_DAYS} days", daily, "day", lambda day: day.strftime("%b %-d"), 7, "bars"
+        )
     return drawn
 
 
 @router.get("/")
 def overview(request: Request, who: Page, conn: Conn) -> Response:
     admin.fold_stats(conn)  # fresh numbers; skipped harmlessly while another process folds
-    return render(request, who, "overview.html", failing=admin.failing_kinds(conn), **throughput_charts(conn),
-                  **_overview(request, conn))
+    return render(
+        request,
+        who,
+        "overview.html",
+        failing=admin.failing_kinds(conn),
+        **throughput_charts(conn),
+        **_overview(request, conn),
+    )
 
 
 @router.get("/live")
@@ -330,13 +396,22 @@ def overview_live_minutes(request: Request, who: Page, conn: Conn) -> Response:
 
 def _job_filter(queue: str, kind: str, state: str, q: str) -> admin.JobFilter:
     """A jobs list's filter from its query (or a bulk form's hidden fields): the same for both."""
-    return admin.JobFilter(queue=queue or None, kind=kind or None,
-                           state=state if state in admin.STATES else None, text=q[:255] or None)
+    return admin.JobFilter(
+        queue=queue or None, kind=kind or None, state=state if state in admin.STATES else None, text=q[:255] or None
+    )
 
 
 @router.get("/jobs")
-def jobs_page(request: Request, who: Page, conn: Conn, queue: str = "", kind: str = "", state: str = "",
-              q: str = "", cursor: str = "") -> Response:
+def jobs_page(
+    request: Request,
+    who: Page,
+    conn: Conn,
+    queue: str = "",
+    kind: str = "",
+    state: str = "",
+    q: str = "",
+    cursor: str = "",
+) -> Response:
     where = _job_filter(queue, kind, state, q)
     try:
         position = decode_cursor(cursor, "newest") if cursor else None
@@ -347,9 +422,17 @@ def jobs_page(request: Request, who: Page, conn: Conn, queue: str = "", kind: st
     next_link = None
     if page.next_position is not None:
         next_link = "?" + urlencode({**filters, "cursor": encode_cursor("newest", page.next_position)})
-    return render(request, who, "jobs.html", jobs=page.jobs, filters=filters, next_link=next_link,
-                  states=admin.STATES, queues=list(_configured(request)), here=request.url.path + (
-                      "?" + request.url.query if request.url.query else ""))
+    return render(
+        request,
+        who,
+        "jobs.html",
+        jobs=page.jobs,
+        filters=filters,
+        next_link=next_link,
+        states=admin.STATES,
+        queues=list(_configured(request)),
+        here=request.url.path + ("?" + request.url.query if request.url.query else ""),
+    )
 
 
 @router.get("/jobs/{job_id}")
@@ -368,8 +451,7 @@ def act_on_job(job_id: int, action: str, fields: Fields, who: Action, conn: Conn
     try:
         if action == "delete":
             admin.delete_job(conn, job_id)
-            return redirect(who, _back(fields, f"{PREFIX}/jobs", deleted=job_id),
-                            f"Job {job_id} deleted.")
+            return redirect(who, _back(fields, f"{PREFIX}/jobs", deleted=job_id), f"Job {job_id} deleted.")
         job = admin.act_on_job(conn, action, job_id)
     except (NotFound, Conflict) as exc:
         return redirect(who, back, f"Job {job_id} was not {JOB_ACTIONS[action]}: {exc}", "error")
@@ -414,21 +496,28 @@ def _bulk_action(action: str) -> tuple[str, str, str]:
 
 def _bulk_message(action: str, report: admin.BulkReport, what: str) -> str:
     _, done, rule = BULK_ACTIONS[action]
-    return (f"{done} {report.changed} of {report.matched} {what}; {report.skipped} skipped "
-            f"({action} applies to jobs that are {rule}).")
+    return (
+        f"{done} {report.changed} of {report.matched} {what}; {report.skipped} skipped "
+        f"({action} applies to jobs that are {rule})."
+    )
 
 
 @router.post("/bulk/{action}")
-def bulk_selected(action: str, fields: Fields, lists: Annotated[dict[str, list[str]], Depends(form_lists)],
-                  who: Action, conn: Conn) -> Response:
+def bulk_selected(
+    action: str, fields: Fields, lists: Annotated[dict[str, list[str]], Depends(form_lists)], who: Action, conn: Conn
+) -> Response:
     _bulk_action(action)
     back = _back(fields, PREFIX + "/jobs")
     ids = sorted({int(v) for v in lists.get("id", []) if v.isdigit() and len(v) < 19})
     if not ids:
         return redirect(who, back, "Tick at least one job first.", "error")
     if len(ids) > BULK_MAX_TICKED:
-        return redirect(who, back, f"At most {BULK_MAX_TICKED} ticked jobs at a time; "
-                        "use “everything matching the filter” for more.", "error")
+        return redirect(
+            who,
+            back,
+            f"At most {BULK_MAX_TICKED} ticked jobs at a time; use “everything matching the filter” for more.",
+            "error",
+        )
     try:
         report = admin.bulk_act(conn, action, ids=ids)
     except Conflict as exc:
@@ -456,8 +545,22 @@ def bulk_confirmation(request: Request, action: str, who: Page, conn: Conn) -> R
     filters = _filter_fields(dict(request.query_params))
     matched, changing, more = admin.count_matching(conn, action, _job_filter(**filters))
     shown, back = _shown_filters(filters)
-    return render(request, who, "bulk.html", action=action, label=label, done=done.lower(), rule=rule, filters=filters,
-                  shown=shown, matched=matched, changing=changing, more=more, limit=admin.BULK_LIMIT, back=back)
+    return render(
+        request,
+        who,
+        "bulk.html",
+        action=action,
+        label=label,
+        done=done.lower(),
+        rule=rule,
+        filters=filters,
+        shown=shown,
+        matched=matched,
+        changing=changing,
+        more=more,
+        limit=admin.BULK_LIMIT,
+        back=back,
+    )
 
 
 @router.post("/bulk/{action}/matching")
@@ -488,8 +591,9 @@ def dead_page(request: Request, who: Page, conn: Conn) -> Response:
 def retry_dead_group(fields: Fields, who: Action, conn: Conn) -> Response:
     kind, fingerprint = fields.get("kind", ""), fields.get("fingerprint", "")
     retried = admin.retry_dead_group(conn, kind, fingerprint)
-    return redirect(who, PREFIX + "/dead", f"Retried {retried} dead {kind} job{'s' * (retried != 1)} "
-                    f"failing with “{fingerprint}”.")
+    return redirect(
+        who, PREFIX + "/dead", f"Retried {retried} dead {kind} job{'s' * (retried != 1)} failing with “{fingerprint}”."
+    )
 
 
 # --- queues -------------------------------------------------------------------------------------------
@@ -504,8 +608,13 @@ def _queue(request: Request, conn: Conn, name: str) -> dict[str, Any]:
 
 @router.get("/queues")
 def queues_page(request: Request, who: Page, conn: Conn) -> Response:
-    return render(request, who, "queues.html", queues=admin.list_queues(conn, _configured(request)),
-                  limits=[use.as_dict() for use in limits.limits_in_use(conn)])
+    return render(
+        request,
+        who,
+        "queues.html",
+        queues=admin.list_queues(conn, _configured(request)),
+        limits=[use.as_dict() for use in limits.limits_in_use(conn)],
+    )
 
 
 @router.post("/limits")
@@ -541,10 +650,13 @@ def purge_confirmation(request: Request, name: str, who: Page, conn: Conn) -> Re
 
 
 # "Vacuum dead" offers these ages (the API takes any duration): the option, and the jobs it takes.
-VACUUM_AGES = {"0s": ("all dead jobs", "dead {jobs}"), "1h": ("dead for over an hour", "{jobs} dead for over an hour"),
-               "1d": ("dead for over a day", "{jobs} dead for over a day"),
-               "7d": ("dead for over 7 days", "{jobs} dead for over 7 days"),
-               "30d": ("dead for over 30 days", "{jobs} dead for over 30 days")}
+VACUUM_AGES = {
+    "0s": ("all dead jobs", "dead {jobs}"),
+    "1h": ("dead for over an hour", "{jobs} dead for over an hour"),
+    "1d": ("dead for over a day", "{jobs} dead for over a day"),
+    "7d": ("dead for over 7 days", "{jobs} dead for over 7 days"),
+    "30d": ("dead for over 30 days", "{jobs} dead for over 30 days"),
+}
 
 
 def _vacuum_age(value: str) -> tuple[str, float]:
@@ -562,8 +674,16 @@ def vacuum_confirmation(request: Request, name: str, who: Page, conn: Conn, olde
     queue = _queue(request, conn, name)
     age, seconds = _vacuum_age(older_than)
     doomed = admin.count_vacuum_dead(conn, name, seconds)
-    return render(request, who, "vacuum.html", queue=queue, doomed=doomed, age=age, what=_vacuumed(age, doomed),
-                  ages={value: option for value, (option, _) in VACUUM_AGES.items()})
+    return render(
+        request,
+        who,
+        "vacuum.html",
+        queue=queue,
+        doomed=doomed,
+        age=age,
+        what=_vacuumed(age, doomed),
+        ages={value: option for value, (option, _) in VACUUM_AGES.items()},
+    )
 
 
 @router.post("/queues/{name}/vacuum-dead")
@@ -589,9 +709,13 @@ def act_on_queue(request: Request, name: str, action: str, who: Action, conn: Co
         return redirect(who, back, f"Retried {retried} dead job{'s' * (retried != 1)} of queue {name}.")
     if action == "purge":
         report = admin.purge_queue(conn, name)
-        return redirect(who, back, f"Purged queue {name}: deleted {report['pending']} pending, "
-                        f"{report['scheduled']} scheduled and {report['dead']} dead jobs; "
-                        f"{report['active_left']} active and {report['paused_left']} paused left alone.")
+        return redirect(
+            who,
+            back,
+            f"Purged queue {name}: deleted {report['pending']} pending, "
+            f"{report['scheduled']} scheduled and {report['dead']} dead jobs; "
+            f"{report['active_left']} active and {report['paused_left']} paused left alone.",
+        )
     return redirect(who, back, f"Unknown action {action!r}.", "error")
 
 
@@ -629,8 +753,11 @@ def install_dashboard(app: FastAPI) -> None:
     app.state.dashboard_tokens = Tokens(tokens)
     app.state.dashboard_signer = Signer(secret_key(tokens))
     settings = app.state.settings
-    app.state.auth_throttle = AuthThrottle(app.state, settings.failed_token_limit,  # shared with app.auth.BearerAuth
-                                           settings.failed_token_window)
+    app.state.auth_throttle = AuthThrottle(
+        app.state,
+        settings.failed_token_limit,  # shared with app.auth.BearerAuth
+        settings.failed_token_window,
+    )
     app.mount(PREFIX + "/static", StaticFiles(directory=str(TEMPLATES / "static")), name="dashboard-static")
     app.include_router(router)
 
@@ -642,8 +769,11 @@ def install_dashboard(app: FastAPI) -> None:
     # error on every new browser. The same icon as the pages' <link rel=icon>, SVG (every current browser).
     @app.get("/favicon.ico", include_in_schema=False)
     def favicon() -> Response:
-        return FileResponse(TEMPLATES / "static" / "favicon.svg", media_type="image/svg+xml",
-                            headers={"Cache-Control": "public, max-age=86400"})
+        return FileResponse(
+            TEMPLATES / "static" / "favicon.svg",
+            media_type="image/svg+xml",
+            headers={"Cache-Control": "public, max-age=86400"},
+        )
 
     @app.exception_handler(LoginRequired)
     async def login_required(request: Request, _: LoginRequired) -> Response:
@@ -657,4 +787,3 @@ def install_dashboard(app: FastAPI) -> None:
 
 def is_dashboard(request: Request) -> bool:
     return request.url.path == PREFIX or request.url.path.startswith(PREFIX + "/")
-

@@ -124,6 +124,7 @@ def _reporting(base: type, outage: OutageLog, health: Health) -> type:
             outage.lost("opening a database connection", exc)
 
     if issubclass(base, psycopg.AsyncConnection):
+
         class AsyncReporting(base):  # type: ignore[misc, valid-type]
             @classmethod
             async def connect(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -133,6 +134,7 @@ def _reporting(base: type, outage: OutageLog, health: Health) -> type:
                 except psycopg.OperationalError as exc:
                     lost(exc, began)
                     raise
+
         return AsyncReporting
 
     class Reporting(base):  # type: ignore[misc, valid-type]
@@ -144,6 +146,7 @@ def _reporting(base: type, outage: OutageLog, health: Health) -> type:
             except psycopg.OperationalError as exc:
                 lost(exc, began)
                 raise
+
     return Reporting
 
 
@@ -182,12 +185,27 @@ class Database:
         self.size, self.outage = size, outage
         self.health = Health()
         kwargs = {"autocommit": True, "application_name": APPLICATION_NAME, **connect_kwargs()}
-        self.apool = AsyncConnectionPool(url, min_size=1, max_size=hot, timeout=POOL_TIMEOUT,
-                                         max_waiting=MAX_WAITING, check=_acheck, kwargs=kwargs, open=False,
-                                         connection_class=_reporting(psycopg.AsyncConnection, outage, self.health))
-        self.pool = ConnectionPool(url, min_size=1, max_size=other, timeout=POOL_TIMEOUT,
-                                   check=_check, kwargs=kwargs, open=False,
-                                   connection_class=_reporting(psycopg.Connection, outage, self.health))
+        self.apool = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=hot,
+            timeout=POOL_TIMEOUT,
+            max_waiting=MAX_WAITING,
+            check=_acheck,
+            kwargs=kwargs,
+            open=False,
+            connection_class=_reporting(psycopg.AsyncConnection, outage, self.health),
+        )
+        self.pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=other,
+            timeout=POOL_TIMEOUT,
+            check=_check,
+            kwargs=kwargs,
+            open=False,
+            connection_class=_reporting(psycopg.Connection, outage, self.health),
+        )
         self.gate = Gate(other, MAX_WAITING, POOL_TIMEOUT)
         # Connection hand-outs and returns of the sync pool run here, never in the endpoints' threads.
         self.handoff = anyio.CapacityLimiter(other + 1)
@@ -265,10 +283,15 @@ class Database:
             now = time.monotonic()
             if now - self.saturation_logged_at >= SATURATION_LOG_INTERVAL:
                 self.saturation_logged_at = now
-                log.warning("serve is saturated: requests wait longer than %gs or more than %d wait for a "
-                            "connection (%s); answering 503 with Retry-After: %ds. Raise serve_pool_size or "
-                            "WEB_CONCURRENCY if the database has room", POOL_TIMEOUT, MAX_WAITING, exc,
-                            RETRY_AFTER_SATURATED)
+                log.warning(
+                    "serve is saturated: requests wait longer than %gs or more than %d wait for a "
+                    "connection (%s); answering 503 with Retry-After: %ds. Raise serve_pool_size or "
+                    "WEB_CONCURRENCY if the database has room",
+                    POOL_TIMEOUT,
+                    MAX_WAITING,
+                    exc,
+                    RETRY_AFTER_SATURATED,
+                )
             return DatabaseUnavailable("saturated", exc)
         return DatabaseUnavailable("down", exc)
 
@@ -296,5 +319,10 @@ def database(request: Request) -> Database:
 
 def unavailable_response(exc: DatabaseUnavailable) -> Response:
     """The API's 503 for `exc`: `details.reason` down or saturated, and a Retry-After."""
-    return error_response(503, "database_unavailable", DOWN_MESSAGE if exc.reason == "down" else SATURATED_MESSAGE,
-                          {"reason": exc.reason}, {"Retry-After": str(exc.retry_after)})
+    return error_response(
+        503,
+        "database_unavailable",
+        DOWN_MESSAGE if exc.reason == "down" else SATURATED_MESSAGE,
+        {"reason": exc.reason},
+        {"Retry-After": str(exc.retry_after)},
+    )

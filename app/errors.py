@@ -9,8 +9,9 @@ from pydantic import BaseModel, Field
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, details: Any = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+    ) -> None:
         self.status, self.code, self.message, self.details, self.headers = status, code, message, details, headers
         super().__init__(message)
 
@@ -19,8 +20,9 @@ def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "details": details}}
 
 
-def error_response(status: int, code: str, message: str, details: Any = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
 
 
@@ -42,10 +44,10 @@ def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
         403: "Read-only token on a write, or an operation refused in this environment",
         404: "No such job or queue (job_not_found, queue_not_found)",
         409: "The job's state does not allow this (invalid_transition, idempotency_conflict), or the "
-             "Idempotency-Key header and body differ (idempotency_key_mismatch)",
+        "Idempotency-Key header and body differ (idempotency_key_mismatch)",
         413: "Request body larger than max_payload_bytes (payload_too_large)",
         422: "Invalid input (invalid_request, unknown_kind, unknown_queue, invalid_args, invalid_option, "
-             "invalid_duration, invalid_timestamp, batch_too_large, invalid_value)",
+        "invalid_duration, invalid_timestamp, batch_too_large, invalid_value)",
         503: "Database unreachable or schema not migrated (database_unavailable, not_ready)",
     }
     return {status: {"model": ErrorResponse, "description": meaning[status]} for status in statuses}

@@ -54,8 +54,7 @@ class FastEnqueue:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
-        if (path != ONE and path != BATCH) or scope["type"] != "http" or scope["method"] != "POST" \
-                or tracing.active():
+        if (path != ONE and path != BATCH) or scope["type"] != "http" or scope["method"] != "POST" or tracing.active():
             await self.app(scope, receive, send)
             return
         content_type = None

@@ -27,21 +27,36 @@ async def list_limits(request: Request) -> dict[str, Any]:
     return {"limits": await limits_view(request)}
 
 
-@router.put("/limits/{scope}/{name}", response_model=FlowLimit, responses=documented(400, 404, 422),
-            summary="Set a queue's or a kind's cluster-wide limits now (null for both removes them)")
+@router.put(
+    "/limits/{scope}/{name}",
+    response_model=FlowLimit,
+    responses=documented(400, 404, 422),
+    summary="Set a queue's or a kind's cluster-wide limits now (null for both removes them)",
+)
 def set_limit(scope: Scope, name: Name, change: FlowLimitChange, request: Request, conn: Conn) -> dict[str, Any]:
     settings = request.app.state.settings
     if scope == "queue" and name not in settings.queues:
-        raise ApiError(404, "queue_not_found", f"no queue named {name!r}; configured queues: "
-                       f"{', '.join(settings.queues)}")
+        raise ApiError(
+            404, "queue_not_found", f"no queue named {name!r}; configured queues: {', '.join(settings.queues)}"
+        )
     if scope == "kind" and request.app.state.jobs.get(name) is None:
         raise ApiError(404, "kind_not_found", f"no job kind named {name!r} is registered")
     try:
-        limits.set_limit(conn, scope, name, change.concurrency_limit, change.rate_limit, change.key,
-                         list(settings.queues))
+        limits.set_limit(
+            conn, scope, name, change.concurrency_limit, change.rate_limit, change.key, list(settings.queues)
+        )
     except ValueError as exc:
         raise ApiError(422, "invalid_limit", str(exc)) from None
     found = [use.as_dict() for use in limits.limits_in_use(conn) if (use.scope, use.name) == (scope, name)]
-    empty = {"scope": scope, "name": name, "key": None, "concurrency_limit": None, "rate_limit": None,
-             "in_use": 0, "in_use_by_key": None, "started_in_window": 0, "waiting": 0}
+    empty = {
+        "scope": scope,
+        "name": name,
+        "key": None,
+        "concurrency_limit": None,
+        "rate_limit": None,
+        "in_use": 0,
+        "in_use_by_key": None,
+        "started_in_window": 0,
+        "waiting": 0,
+    }
     return found[0] if found else empty

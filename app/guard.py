@@ -37,12 +37,16 @@ LOCAL_NAMES = frozenset({"localhost"})
 
 FRAMING = "frame-ancestors 'none'"
 # The dashboard: its own script and stylesheet files only; `style` attributes (chart positions) allowed.
-DASHBOARD_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; "
-                    "img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; " + FRAMING)
+DASHBOARD_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; " + FRAMING
+)
 # /docs and /redoc: their pinned bundles from this origin (and the inline start-up script FastAPI writes).
-DOCS_POLICY = ("default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
-               "img-src 'self' data:; font-src 'self'; connect-src 'self'; worker-src 'self' blob:; "
-               "form-action 'self'; base-uri 'none'; " + FRAMING)
+DOCS_POLICY = (
+    "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self'; connect-src 'self'; worker-src 'self' blob:; "
+    "form-action 'self'; base-uri 'none'; " + FRAMING
+)
 DEFAULT_POLICY = "default-src 'none'; " + FRAMING
 DOCS_PATHS = ("/docs", "/redoc")
 PRIVATE_PREFIXES = ("/api/", "/metrics", "/dashboard")
@@ -181,10 +185,13 @@ class Perimeter:
         host, refused = self._verdict(host_header)
         if refused:
             shown = host_header[:100].encode("ascii", "backslashreplace").decode()
-            return error_response(400, "host_not_allowed",
-                                  f"this service does not answer to the Host {shown!r}; add the name to "
-                                  "allowed_hosts in config/dygo.yml or DYGO_ALLOWED_HOSTS",
-                                  {"host": shown})
+            return error_response(
+                400,
+                "host_not_allowed",
+                f"this service does not answer to the Host {shown!r}; add the name to "
+                "allowed_hosts in config/dygo.yml or DYGO_ALLOWED_HOSTS",
+                {"host": shown},
+            )
         if scope["method"] in SAFE_METHODS:
             return None
         site = headers.get(b"sec-fetch-site", b"").decode("latin-1").lower()
@@ -195,11 +202,14 @@ class Perimeter:
         if not cross:
             return None
         shown = (origin or "another site")[:100].encode("ascii", "backslashreplace").decode()
-        return error_response(403, "cross_site_request",
-                              f"a {scope['method']} from {shown} was refused: a page of another site may not "
-                              "change anything here (Origin / Sec-Fetch-Site). Use the dashboard itself, or "
-                              "call the API from a program (no browser)", {"origin": origin[:100] or None,
-                                                                           "sec_fetch_site": site or None})
+        return error_response(
+            403,
+            "cross_site_request",
+            f"a {scope['method']} from {shown} was refused: a page of another site may not "
+            "change anything here (Origin / Sec-Fetch-Site). Use the dashboard itself, or "
+            "call the API from a program (no browser)",
+            {"origin": origin[:100] or None, "sec_fetch_site": site or None},
+        )
 
     def _secured(self, send: Send, path: str, host_header: str) -> Send:
         added = _SECURITY_HEADERS[(_policy(path), _private(path))]
@@ -225,15 +235,22 @@ class Perimeter:
 def _security_headers(policy: str, private: bool) -> tuple[tuple[bytes, bytes], ...]:
     """The headers every response gets (each unless the app set it), and `Cache-Control: no-store` (always, in
     place of the app's) on what needs a token or a session."""
-    headers = [(b"x-frame-options", b"DENY"), (b"content-security-policy", policy.encode("latin-1")),
-               (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"same-origin")]
+    headers = [
+        (b"x-frame-options", b"DENY"),
+        (b"content-security-policy", policy.encode("latin-1")),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"same-origin"),
+    ]
     if private:
         headers.append((b"cache-control", b"no-store"))
     return tuple(headers)
 
 
-_SECURITY_HEADERS = {(policy, private): _security_headers(policy, private)
-                     for policy in (DASHBOARD_POLICY, DOCS_POLICY, DEFAULT_POLICY) for private in (False, True)}
+_SECURITY_HEADERS = {
+    (policy, private): _security_headers(policy, private)
+    for policy in (DASHBOARD_POLICY, DOCS_POLICY, DEFAULT_POLICY)
+    for private in (False, True)
+}
 
 
 def _relative(location: str, host_header: str) -> str:

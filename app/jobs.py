@@ -43,9 +43,14 @@ JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="The job's id")]
 def api_duration(value: str, field: str, pattern: str = DURATION_PATTERN) -> str:
     """A duration as the API takes it (what the OpenAPI document says: a whole number and a unit), or 422."""
     if not re.fullmatch(pattern, value):
-        raise ApiError(422, "invalid_duration", f"{field}: {value!r} is not a duration this API takes: a whole "
-                       "number with a unit, ms, s, m, h or d, at most a year (e.g. '30s', '5m', '7d')"
-                       + (" and more than 0" if pattern == POSITIVE_DURATION_PATTERN else ""), {"field": field})
+        raise ApiError(
+            422,
+            "invalid_duration",
+            f"{field}: {value!r} is not a duration this API takes: a whole "
+            "number with a unit, ms, s, m, h or d, at most a year (e.g. '30s', '5m', '7d')"
+            + (" and more than 0" if pattern == POSITIVE_DURATION_PATTERN else ""),
+            {"field": field},
+        )
     return value
 
 
@@ -96,14 +101,28 @@ def _enqueued(result: EnqueueResult, formatted: dict[datetime, str] | None = Non
     return {"id": result.id, "deduplicated": result.deduplicated, "run_at": run_at}
 
 
-@router.post("/jobs", status_code=201, response_model=Enqueued, summary="Enqueue a job",
-             responses={200: {"model": Enqueued, "description": "Deduplicated: a live job already holds the key"},
-                        **documented(400, 409, 422)})
+@router.post(
+    "/jobs",
+    status_code=201,
+    response_model=Enqueued,
+    summary="Enqueue a job",
+    responses={
+        200: {"model": Enqueued, "description": "Deduplicated: a live job already holds the key"},
+        **documented(400, 409, 422),
+    },
+)
 async def enqueue_job(
-    body: EnqueueRequest, request: Request,
-    idempotency_header: Annotated[str | None, Header(
-        alias="Idempotency-Key", min_length=1, max_length=255,
-        description="Same as the body's idempotency_key (1 to 255 characters)")] = None,
+    body: EnqueueRequest,
+    request: Request,
+    idempotency_header: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=255,
+            description="Same as the body's idempotency_key (1 to 255 characters)",
+        ),
+    ] = None,
 ) -> JSONResponse:
     # The caller's traceparent, if any, parents the enqueue span.
     with tracing.incoming(request.headers):
@@ -117,8 +136,11 @@ async def enqueue_one(state: Any, body: EnqueueRequest, idempotency_header: str 
     if idempotency_header is not None:
         if options.get("idempotency_key", idempotency_header) != idempotency_header:
             # 409, not 422: each is well formed on its own (the document cannot relate a header to a body field).
-            raise ApiError(409, "idempotency_key_mismatch",
-                           "the Idempotency-Key header and the body's idempotency_key differ; send one, or the same")
+            raise ApiError(
+                409,
+                "idempotency_key_mismatch",
+                "the Idempotency-Key header and the body's idempotency_key differ; send one, or the same",
+            )
         options["idempotency_key"] = idempotency_header
     # Async on the hot pool (app/db.py): no thread hop, and a waiting request holds no thread.
     async with state.db.connection() as conn:
@@ -126,8 +148,13 @@ async def enqueue_one(state: Any, body: EnqueueRequest, idempotency_header: str 
     return JSONResponse(_enqueued(result), status_code=200 if result.deduplicated else 201)
 
 
-@router.post("/jobs/batch", status_code=201, response_model=BatchEnqueued, summary="Enqueue many jobs, all or nothing",
-             responses=documented(400, 409, 422))
+@router.post(
+    "/jobs/batch",
+    status_code=201,
+    response_model=BatchEnqueued,
+    summary="Enqueue many jobs, all or nothing",
+    responses=documented(400, 409, 422),
+)
 async def enqueue_batch(body: BatchRequest, request: Request) -> JSONResponse:
     with tracing.incoming(request.headers):
         return await enqueue_many(request.app.state, body.jobs)
@@ -138,8 +165,12 @@ async def enqueue_many(state: Any, jobs: list[EnqueueRequest] | list[JobRequest]
     makes one of a plain entry, `{"kind", "args"}` only, without the model)."""
     most = state.settings.max_batch_size
     if len(jobs) > most:
-        raise ApiError(422, "batch_too_large", f"a batch holds at most {most} jobs (max_batch_size), "
-                       f"got {len(jobs)}", {"max": most, "got": len(jobs)})
+        raise ApiError(
+            422,
+            "batch_too_large",
+            f"a batch holds at most {most} jobs (max_batch_size), got {len(jobs)}",
+            {"max": most, "got": len(jobs)},
+        )
     requests = []
     registry = state.jobs
     for index, job in enumerate(jobs):
@@ -160,25 +191,34 @@ async def enqueue_many(state: Any, jobs: list[EnqueueRequest] | list[JobRequest]
     return JSONResponse({"jobs": [_enqueued(result, formatted) for result in results]}, status_code=201)
 
 
-@router.get("/jobs", response_model=JobPage, summary="List jobs, newest or oldest first",
-            responses=documented(400, 422))
+@router.get(
+    "/jobs", response_model=JobPage, summary="List jobs, newest or oldest first", responses=documented(400, 422)
+)
 def list_jobs(
     conn: Conn,
     queue: Annotated[str | None, Query(max_length=255)] = None,
     kind: Annotated[str | None, Query(max_length=255)] = None,
     state: JobState | None = None,
-    q: Annotated[str | None, Query(min_length=1, max_length=255,
-                                   description="Text in the args (as JSON) or the last error")] = None,
+    q: Annotated[
+        str | None, Query(min_length=1, max_length=255, description="Text in the args (as JSON) or the last error")
+    ] = None,
     order: Literal["newest", "oldest"] = "newest",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(json_schema_extra={"pattern": CURSOR_PATTERN}, description=(
-        "next_cursor of the previous page: a position in the list, for either order"))] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            json_schema_extra={"pattern": CURSOR_PATTERN},
+            description=("next_cursor of the previous page: a position in the list, for either order"),
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     position = decode_cursor(cursor, order) if cursor is not None else None
     where = admin.JobFilter(queue=queue, kind=kind, state=state, text=q)
     page = admin.list_jobs(conn, where, order=order, limit=limit, position=position)
-    return {"jobs": page.jobs, "next_cursor": None if page.next_position is None
-            else encode_cursor(order, page.next_position)}
+    return {
+        "jobs": page.jobs,
+        "next_cursor": None if page.next_position is None else encode_cursor(order, page.next_position),
+    }
 
 
 def encode_cursor(order: str, position: int) -> str:
@@ -192,8 +232,7 @@ def decode_cursor(cursor: str, order: str) -> int:
     raise ApiError(400, "invalid_cursor", "the cursor is not one this list returned; start again without a cursor")
 
 
-@router.api_route("/jobs/batch", methods=["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"],
-                  include_in_schema=False)
+@router.api_route("/jobs/batch", methods=["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"], include_in_schema=False)
 def batch_other_methods() -> None:
     """/jobs/batch takes POST only: 405, where /jobs/{job_id} would have said 422 ('batch' is not an id)."""
     raise ApiError(405, "method_not_allowed", "Method Not Allowed", headers={"Allow": "POST"})
@@ -203,13 +242,26 @@ def batch_other_methods() -> None:
 MAX_WAIT = 60.0
 
 
-@router.get("/jobs/{job_id}", response_model=Job, summary="A job with its result and attempt history",
-            responses=documented(404, 422))
+@router.get(
+    "/jobs/{job_id}",
+    response_model=Job,
+    summary="A job with its result and attempt history",
+    responses=documented(404, 422),
+)
 async def get_job(
-    job_id: JobId, request: Request,
-    wait: Annotated[str | None, Query(max_length=32, json_schema_extra={"pattern": WAIT_PATTERN}, description=(
-        "Wait up to this long (e.g. '30s', '500ms', at most 60s) for the job to be succeeded, dead or "
-        "cancelled; the answer comes as soon as it is, or at the end of the wait with the job as it is then"))] = None,
+    job_id: JobId,
+    request: Request,
+    wait: Annotated[
+        str | None,
+        Query(
+            max_length=32,
+            json_schema_extra={"pattern": WAIT_PATTERN},
+            description=(
+                "Wait up to this long (e.g. '30s', '500ms', at most 60s) for the job to be succeeded, dead or "
+                "cancelled; the answer comes as soon as it is, or at the end of the wait with the job as it is then"
+            ),
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     db = database(request)
     seconds = _wait_seconds(wait)
@@ -227,25 +279,43 @@ def _wait_seconds(wait: str | None) -> float:
     if wait is None:
         return 0.0
     if not re.fullmatch(WAIT_PATTERN, wait):
-        raise ApiError(422, "invalid_duration", f"wait: {wait!r} is not a wait this API takes: a whole number with "
-                       "a unit, ms, s or m, at most 60s (e.g. '30s', '500ms')",
-                       {"field": "wait", "max_seconds": MAX_WAIT})
+        raise ApiError(
+            422,
+            "invalid_duration",
+            f"wait: {wait!r} is not a wait this API takes: a whole number with "
+            "a unit, ms, s or m, at most 60s (e.g. '30s', '500ms')",
+            {"field": "wait", "max_seconds": MAX_WAIT},
+        )
     try:
         seconds = parse_duration(wait, field="wait")
     except ValueError as exc:
         raise ApiError(422, "invalid_duration", str(exc), {"field": "wait"}) from None
     if seconds > MAX_WAIT:
-        raise ApiError(422, "invalid_duration", f"wait: at most {MAX_WAIT:g}s, got {wait!r}",
-                       {"field": "wait", "max_seconds": MAX_WAIT})
+        raise ApiError(
+            422,
+            "invalid_duration",
+            f"wait: at most {MAX_WAIT:g}s, got {wait!r}",
+            {"field": "wait", "max_seconds": MAX_WAIT},
+        )
     return seconds
 
 
-@router.delete("/jobs/{job_id}", status_code=204, summary="Delete a job (not while it is active)",
-               responses=documented(404, 409, 422))
+@router.delete(
+    "/jobs/{job_id}",
+    status_code=204,
+    summary="Delete a job (not while it is active)",
+    responses=documented(404, 409, 422),
+)
 def delete_job(
-    job_id: JobId, conn: Conn,
-    state: Annotated[JobState | None, Query(description="Delete only while the job is in this state (else 409), "
-                                            "so a job retried since you looked at it stays")] = None,
+    job_id: JobId,
+    conn: Conn,
+    state: Annotated[
+        JobState | None,
+        Query(
+            description="Delete only while the job is in this state (else 409), "
+            "so a job retried since you looked at it stays"
+        ),
+    ] = None,
 ) -> Response:
     admin.delete_job(conn, job_id, state)
     return Response(status_code=204)
@@ -267,8 +337,15 @@ def _add_action(action: str, summary: str) -> None:
 
     name = action.replace("-", "_") + "_job"
     act.__name__ = name
-    router.add_api_route(f"/jobs/{{job_id}}/{action}", act, methods=["POST"], response_model=Job,
-                         summary=summary, name=name, responses=documented(404, 409, 422))
+    router.add_api_route(
+        f"/jobs/{{job_id}}/{action}",
+        act,
+        methods=["POST"],
+        response_model=Job,
+        summary=summary,
+        name=name,
+        responses=documented(404, 409, 422),
+    )
 
 
 for _action, _summary in ACTION_SUMMARIES.items():

@@ -41,9 +41,12 @@ class BodyLimit:
         await self.app(scope, replay(b"".join(chunks), receive), send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(413, "payload_too_large",
-                                  f"the request body is larger than {self.max_bytes} bytes (max_payload_bytes)",
-                                  {"max_bytes": self.max_bytes})
+        response = error_response(
+            413,
+            "payload_too_large",
+            f"the request body is larger than {self.max_bytes} bytes (max_payload_bytes)",
+            {"max_bytes": self.max_bytes},
+        )
         await response(scope, receive, send)
 
 

@@ -58,9 +58,9 @@ class Listener:
         delay = 0.5
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.database_url, autocommit=True,
-                                                             application_name=LISTEN_APPLICATION_NAME,
-                                                             **connect_kwargs())
+                conn = await psycopg.AsyncConnection.connect(
+                    self.database_url, autocommit=True, application_name=LISTEN_APPLICATION_NAME, **connect_kwargs()
+                )
                 async with conn:
                     for subscriber in self.subscribers:
                         await subscriber.listening(conn)
@@ -71,8 +71,11 @@ class Listener:
                         if subscriber is not None:
                             subscriber.notified(notify.channel, notify.payload)
             except (psycopg.Error, OSError) as exc:
-                self.outage.lost("result LISTEN connection; waiting requests re-read their job, bearer "
-                                 "tokens are checked in the failed-token table", exc)
+                self.outage.lost(
+                    "result LISTEN connection; waiting requests re-read their job, bearer "
+                    "tokens are checked in the failed-token table",
+                    exc,
+                )
                 for subscriber in self.subscribers:
                     subscriber.deaf()
                 await asyncio.sleep(delay)

@@ -71,8 +71,9 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
         app.state.waiters = ResultWaiters(poll=1.0 if unreliable else None)
         # The throttle first: the waiters' LISTEN is then the connection's last statement (what
         # pg_stat_activity shows), once the throttle has caught up.
-        subscribers: list[Subscriber] = [app.state.waiters] if unreliable else [app.state.auth_throttle,
-                                                                                 app.state.waiters]
+        subscribers: list[Subscriber] = (
+            [app.state.waiters] if unreliable else [app.state.auth_throttle, app.state.waiters]
+        )
         listener = Listener(listen_url, app.state.outage, subscribers)
         listener.start()
         try:
@@ -82,9 +83,15 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
             folder.stop()
             await db.close()
 
-    app = FastAPI(title="dygo", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="Durable background jobs on PostgreSQL: the admin API. "
-                              "Errors are `{\"error\": {\"code\", \"message\", \"details\"}}`.")
+    app = FastAPI(
+        title="dygo",
+        version="1",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        description="Durable background jobs on PostgreSQL: the admin API. "
+        'Errors are `{"error": {"code", "message", "details"}}`.',
+    )
     app.state.settings = settings
     app.state.jobs = jobs
     app.state.outage = OutageLog(log)
@@ -156,8 +163,7 @@ def install_error_handlers(app: FastAPI) -> None:
         request.app.state.outage.lost(f"{request.method} {request.url.path}", exc)
         headers = {"Retry-After": str(RETRY_AFTER_DOWN)}
         if is_dashboard(request):
-            page = error_page(request, 503, "Database unavailable",
-                              "The database is not reachable; try again shortly.")
+            page = error_page(request, 503, "Database unavailable", "The database is not reachable; try again shortly.")
             page.headers.update(headers)
             return page
         return unavailable_response(DatabaseUnavailable("down", exc))
@@ -167,17 +173,22 @@ def install_error_handlers(app: FastAPI) -> None:
         # A value PostgreSQL cannot store (a NUL character, a number out of range): bad input.
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if is_dashboard(request):
-            return error_page(request, 422, "Value refused",
-                              f"A value in this request cannot be stored or searched by the database: {reason}. "
-                              "Remove it (a NUL character, say) and try again.")
+            return error_page(
+                request,
+                422,
+                "Value refused",
+                f"A value in this request cannot be stored or searched by the database: {reason}. "
+                "Remove it (a NUL character, say) and try again.",
+            )
         return error_response(422, "invalid_value", f"a value was rejected by the database: {reason}")
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.error("unexpected error", exc_info=exc)
         if is_dashboard(request):
-            return error_page(request, 500, "Something went wrong",
-                              "An unexpected error occurred; the server log has the details.")
+            return error_page(
+                request, 500, "Something went wrong", "An unexpected error occurred; the server log has the details."
+            )
         return error_response(500, "internal_error", "an unexpected error occurred; see the server log")
 
 
@@ -199,9 +210,12 @@ def validation_error(errors: list[Any]) -> JSONResponse:
     if "json_invalid" in types:
         return error_response(400, "invalid_json", "the request body is not valid JSON", details)
     if all(t.startswith(("datetime", "timezone")) for t in types):
-        return error_response(422, "invalid_timestamp",
-                              "a timestamp is invalid; use ISO 8601 with a timezone, e.g. 2030-01-02T03:04:05Z",
-                              details)
+        return error_response(
+            422,
+            "invalid_timestamp",
+            "a timestamp is invalid; use ISO 8601 with a timezone, e.g. 2030-01-02T03:04:05Z",
+            details,
+        )
     return error_response(422, "invalid_request", "the request body or parameters are invalid", details)
 
 

@@ -31,10 +31,15 @@ COUNTERS = {
 }
 
 HISTOGRAMS = {
-    "latency": ("dygo_job_start_latency_seconds", "Seconds from when a job became due (run_at, or its enqueue "
-                "time if later) to its start, per execution (from the timing rollups)"),
-    "duration": ("dygo_job_duration_seconds", "Seconds a handler ran, per execution whatever its outcome "
-                 "(from the timing rollups)"),
+    "latency": (
+        "dygo_job_start_latency_seconds",
+        "Seconds from when a job became due (run_at, or its enqueue "
+        "time if later) to its start, per execution (from the timing rollups)",
+    ),
+    "duration": (
+        "dygo_job_duration_seconds",
+        "Seconds a handler ran, per execution whatever its outcome (from the timing rollups)",
+    ),
 }
 
 
@@ -47,43 +52,66 @@ class DygoCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.state.db.pool.connection() as conn:
             snap = snapshot(conn, self.state.settings.concurrency, WORKER_SEEN_WITHIN)
-        jobs = GaugeMetricFamily("dygo_jobs", "Jobs now in each state (succeeded jobs are counted by "
-                                 "dygo_jobs_succeeded_total)", labels=["queue", "state"])
+        jobs = GaugeMetricFamily(
+            "dygo_jobs",
+            "Jobs now in each state (succeeded jobs are counted by dygo_jobs_succeeded_total)",
+            labels=["queue", "state"],
+        )
         paused = GaugeMetricFamily("dygo_queue_paused", "1 when the queue is paused", labels=["queue"])
         for queue in snap.queues:
             for state in admin.COUNTED_STATES:
                 jobs.add_metric([queue["name"], state], queue["counts"][state])
             paused.add_metric([queue["name"]], 1.0 if queue["paused"] else 0.0)
-        lag = GaugeMetricFamily("dygo_queue_lag_seconds", "Seconds since the oldest ready job fell due "
-                                "(0 when none is ready)", labels=["queue"])
+        lag = GaugeMetricFamily(
+            "dygo_queue_lag_seconds",
+            "Seconds since the oldest ready job fell due (0 when none is ready)",
+            labels=["queue"],
+        )
         for name, seconds in snap.lag.items():
             lag.add_metric([name], seconds)
         yield from (jobs, lag, paused)
         for field, help_text in COUNTERS.items():
-            counter = CounterMetricFamily(f"dygo_jobs_{field}", f"{help_text}, since stats retention began "
-                                          "(from the daily stats rollups)", labels=["queue", "kind"])
+            counter = CounterMetricFamily(
+                f"dygo_jobs_{field}",
+                f"{help_text}, since stats retention began (from the daily stats rollups)",
+                labels=["queue", "kind"],
+            )
             for row in snap.totals:
                 counter.add_metric([row["queue"], row["kind"]], row[field])
             yield counter
-        yield GaugeMetricFamily("dygo_workers_live", f"Worker processes seen in the last {WORKER_SEEN_WITHIN:g}s",
-                                value=len(snap.workers))
-        slots = GaugeMetricFamily("dygo_worker_slots", "Configured concurrency of each live worker per queue",
-                                  labels=["worker", "queue"])
-        busy = GaugeMetricFamily("dygo_worker_slots_busy", "Jobs each live worker is running now per queue "
-                                 "(its active jobs)", labels=["worker", "queue"])
+        yield GaugeMetricFamily(
+            "dygo_workers_live", f"Worker processes seen in the last {WORKER_SEEN_WITHIN:g}s", value=len(snap.workers)
+        )
+        slots = GaugeMetricFamily(
+            "dygo_worker_slots", "Configured concurrency of each live worker per queue", labels=["worker", "queue"]
+        )
+        busy = GaugeMetricFamily(
+            "dygo_worker_slots_busy",
+            "Jobs each live worker is running now per queue (its active jobs)",
+            labels=["worker", "queue"],
+        )
         for worker in snap.workers:
             for queue, concurrency in sorted((worker["queues"] or {}).items()):
                 slots.add_metric([worker["id"], queue], concurrency)
                 busy.add_metric([worker["id"], queue], snap.busy.get((worker["id"], queue), 0))
         yield slots
         yield busy
-        limit = GaugeMetricFamily("dygo_limit", "Each cluster-wide limit in force (per key for a per-key limit)",
-                                  labels=["queue", "kind", "limit"])
-        in_use = GaugeMetricFamily("dygo_limit_in_use", "Use of each cluster-wide limit: active jobs (limit="
-                                   "concurrency) or starts in the window ending now (limit=rate), all keys together",
-                                   labels=["queue", "kind", "limit"])
-        waiting = GaugeMetricFamily("dygo_limit_waiting", "Ready jobs held back because their cluster-wide limit "
-                                    "is full (waiting on a limit, not stuck)", labels=["queue", "kind"])
+        limit = GaugeMetricFamily(
+            "dygo_limit",
+            "Each cluster-wide limit in force (per key for a per-key limit)",
+            labels=["queue", "kind", "limit"],
+        )
+        in_use = GaugeMetricFamily(
+            "dygo_limit_in_use",
+            "Use of each cluster-wide limit: active jobs (limit="
+            "concurrency) or starts in the window ending now (limit=rate), all keys together",
+            labels=["queue", "kind", "limit"],
+        )
+        waiting = GaugeMetricFamily(
+            "dygo_limit_waiting",
+            "Ready jobs held back because their cluster-wide limit is full (waiting on a limit, not stuck)",
+            labels=["queue", "kind"],
+        )
         for use in snap.limits:
             # A queue's limit has kind="", a kind's limit queue="".
             target = [use.name, ""] if use.scope == "queue" else ["", use.name]
@@ -111,7 +139,11 @@ def install_metrics(app: FastAPI) -> None:
     app.include_router(router)
 
 
-@router.get("/metrics", summary="Prometheus metrics, read from the database on each scrape",
-            response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics, read from the database on each scrape",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+)
 def metrics(request: Request, _: SyncSlot) -> Response:
     return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)

@@ -29,14 +29,16 @@ def kind_variants(jobs: Registry) -> list[type[BaseModel]]:
     for definition in sorted(jobs, key=lambda d: d.kind):
         args_type: Any = definition.args_model or dict[str, Any]
         doc = (definition.handler.__doc__ or "").strip() or f"Enqueue a {definition.kind} job."
-        variants.append(create_model(
-            "Enqueue_" + re.sub(r"[^A-Za-z0-9]", "_", definition.kind),
-            __base__=EnqueueOptions,
-            __doc__=doc,
-            kind=(Literal[definition.kind], Field(description=f"Queue by default: {definition.queue_name}")),
-            # Optional only when the model takes {} (what the server assumes for missing args).
-            args=(args_type, Field(...) if _needs_args(definition.args_model) else Field(default_factory=dict)),
-        ))
+        variants.append(
+            create_model(
+                "Enqueue_" + re.sub(r"[^A-Za-z0-9]", "_", definition.kind),
+                __base__=EnqueueOptions,
+                __doc__=doc,
+                kind=(Literal[definition.kind], Field(description=f"Queue by default: {definition.queue_name}")),
+                # Optional only when the model takes {} (what the server assumes for missing args).
+                args=(args_type, Field(...) if _needs_args(definition.args_model) else Field(default_factory=dict)),
+            )
+        )
     return variants
 
 
@@ -49,8 +51,9 @@ def _kind_schemas(jobs: Registry) -> tuple[list[dict[str, str]], dict[str, Any]]
     variants = kind_variants(jobs)
     if not variants:
         return [], {}
-    refs, document = models_json_schema([(model, "validation") for model in variants],
-                                        ref_template=f"#/components/schemas/{KIND_PREFIX}{{model}}")
+    refs, document = models_json_schema(
+        [(model, "validation") for model in variants], ref_template=f"#/components/schemas/{KIND_PREFIX}{{model}}"
+    )
     components = {KIND_PREFIX + name: schema for name, schema in document.get("$defs", {}).items()}
     return [refs[(model, "validation")] for model in variants], components
 
@@ -64,8 +67,12 @@ def install_openapi(app: FastAPI, jobs: Registry) -> None:
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
         schemas.update(components)
         _declare_queues(schemas, components, app.state.settings.queue_names)
-        _declare_option_rules([schemas["EnqueueRequest"], *(component for name, component in components.items()
-                                                            if name.startswith(KIND_PREFIX + "Enqueue_"))])
+        _declare_option_rules(
+            [
+                schemas["EnqueueRequest"],
+                *(component for name, component in components.items() if name.startswith(KIND_PREFIX + "Enqueue_")),
+            ]
+        )
         one_job = {"anyOf": [*variants, {"$ref": "#/components/schemas/EnqueueRequest"}]}
         body = schema["paths"]["/api/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
         body["schema"] = one_job
@@ -83,8 +90,10 @@ def _declare_queues(schemas: dict[str, Any], variants: dict[str, Any], queues: l
     configured = {"type": "string", "enum": queues}
     for name, component in variants.items():
         if name.startswith(KIND_PREFIX + "Enqueue_") and "queue" in component.get("properties", {}):
-            component["properties"]["queue"] = {**component["properties"]["queue"],
-                                                "anyOf": [configured, {"type": "null"}]}
+            component["properties"]["queue"] = {
+                **component["properties"]["queue"],
+                "anyOf": [configured, {"type": "null"}],
+            }
     generic = schemas["EnqueueRequest"]
     described = {key: value for key, value in generic["properties"]["queue"].items() if key in ("title", "description")}
     generic["properties"]["queue"] = {**described, **configured}
@@ -94,10 +103,14 @@ def _declare_queues(schemas: dict[str, Any], variants: dict[str, Any], queues: l
 # Rules between a job's options that the store enforces (invalid_option): run_at and delay not both
 # (null counts as absent), and idempotency_ttl only with an idempotency_key.
 OPTION_RULES = [
-    {"if": {"properties": {"run_at": {"type": "string"}}, "required": ["run_at"]},
-     "then": {"properties": {"delay": {"type": "null"}}}},
-    {"if": {"properties": {"idempotency_ttl": {"type": ["string", "number"]}}, "required": ["idempotency_ttl"]},
-     "then": {"properties": {"idempotency_key": {"type": "string"}}, "required": ["idempotency_key"]}},
+    {
+        "if": {"properties": {"run_at": {"type": "string"}}, "required": ["run_at"]},
+        "then": {"properties": {"delay": {"type": "null"}}},
+    },
+    {
+        "if": {"properties": {"idempotency_ttl": {"type": ["string", "number"]}}, "required": ["idempotency_ttl"]},
+        "then": {"properties": {"idempotency_key": {"type": "string"}}, "required": ["idempotency_key"]},
+    },
 ]
 
 
@@ -107,12 +120,15 @@ def _declare_option_rules(jobs: list[dict[str, Any]]) -> None:
 
 
 def _declare_bearer(schema: dict[str, Any]) -> None:
-    schema["components"]["securitySchemes"] = {"bearer": {
-        "type": "http", "scheme": "bearer",
-        "description": "A `read` token for GET, an `admin` token for everything else "
-                       "(DYGO_READ_TOKEN / DYGO_ADMIN_TOKEN). Not needed in development on localhost "
-                       "when no token is configured.",
-    }}
+    schema["components"]["securitySchemes"] = {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A `read` token for GET, an `admin` token for everything else "
+            "(DYGO_READ_TOKEN / DYGO_ADMIN_TOKEN). Not needed in development on localhost "
+            "when no token is configured.",
+        }
+    }
     for path, operations in schema["paths"].items():
         if path.startswith(PROTECTED_PREFIX):
             for operation in operations.values():

@@ -27,8 +27,9 @@ def _queue(request: Request, conn: psycopg.Connection, name: str) -> dict[str, A
     """The queue's view; 404 unless it is configured or still has jobs (a queue since removed)."""
     queue = admin.find_queue(conn, _configured(request), name)
     if queue is None:
-        raise ApiError(404, "queue_not_found", f"no queue named {name!r}; configured queues: "
-                       f"{', '.join(_configured(request))}")
+        raise ApiError(
+            404, "queue_not_found", f"no queue named {name!r}; configured queues: {', '.join(_configured(request))}"
+        )
     return queue
 
 
@@ -45,45 +46,66 @@ async def list_queues(request: Request) -> dict[str, Any]:
     return {"queues": queues, "limits": in_use}
 
 
-@router.get("/queues/{name}", response_model=Queue, summary="One queue with its counts by state",
-            responses=documented(404))
+@router.get(
+    "/queues/{name}", response_model=Queue, summary="One queue with its counts by state", responses=documented(404)
+)
 def get_queue(name: QueueName, request: Request, conn: Conn) -> dict[str, Any]:
     return _queue(request, conn, name)
 
 
-@router.get("/queues/{name}/stats", response_model=QueueStats, summary="Counts and daily throughput of one queue",
-            responses=documented(404, 422))
+@router.get(
+    "/queues/{name}/stats",
+    response_model=QueueStats,
+    summary="Counts and daily throughput of one queue",
+    responses=documented(404, 422),
+)
 def queue_stats(name: QueueName, request: Request, conn: Conn, days: Days = 7) -> dict[str, Any]:
     counts = _queue(request, conn, name)["counts"]
     return _stats(conn, name, days, counts)
 
 
-@router.get("/stats", response_model=QueueStats, summary="Counts and daily throughput of all queues together",
-            responses=documented(422))
+@router.get(
+    "/stats",
+    response_model=QueueStats,
+    summary="Counts and daily throughput of all queues together",
+    responses=documented(422),
+)
 def all_stats(request: Request, conn: Conn, days: Days = 7) -> dict[str, Any]:
     queues = admin.list_queues(conn, _configured(request))
     counts = {state: sum(q["counts"][state] for q in queues) for state in admin.COUNTED_STATES}
     return _stats(conn, None, days, counts)
 
 
-@router.post("/queues/{name}/pause", response_model=Queue, summary="Stop workers claiming from the queue",
-             responses=documented(404))
+@router.post(
+    "/queues/{name}/pause",
+    response_model=Queue,
+    summary="Stop workers claiming from the queue",
+    responses=documented(404),
+)
 def pause_queue(name: QueueName, request: Request, conn: Conn) -> dict[str, Any]:
     _queue(request, conn, name)
     admin.pause_queue(conn, name)
     return _queue(request, conn, name)
 
 
-@router.post("/queues/{name}/resume", response_model=Queue, summary="Let workers claim from the queue again",
-             responses=documented(404))
+@router.post(
+    "/queues/{name}/resume",
+    response_model=Queue,
+    summary="Let workers claim from the queue again",
+    responses=documented(404),
+)
 def resume_queue(name: QueueName, request: Request, conn: Conn) -> dict[str, Any]:
     _queue(request, conn, name)
     admin.resume_queue(conn, name)
     return _queue(request, conn, name)
 
 
-@router.post("/queues/{name}/retry-dead", response_model=RetryDeadReport,
-             summary="Retry every dead job of the queue now", responses=documented(404))
+@router.post(
+    "/queues/{name}/retry-dead",
+    response_model=RetryDeadReport,
+    summary="Retry every dead job of the queue now",
+    responses=documented(404),
+)
 def retry_dead(name: QueueName, request: Request, conn: Conn) -> dict[str, Any]:
     _queue(request, conn, name)
     return {"queue": name, "retried": admin.retry_dead(conn, name)}
@@ -94,19 +116,35 @@ def retry_all_dead(conn: Conn) -> dict[str, Any]:
     return {"queue": None, "retried": admin.retry_dead(conn, None)}
 
 
-@router.post("/queues/{name}/purge", response_model=PurgeReport,
-             summary="Delete pending, scheduled and dead jobs (active and paused stay)", responses=documented(404))
+@router.post(
+    "/queues/{name}/purge",
+    response_model=PurgeReport,
+    summary="Delete pending, scheduled and dead jobs (active and paused stay)",
+    responses=documented(404),
+)
 def purge_queue(name: QueueName, request: Request, conn: Conn) -> dict[str, Any]:
     _queue(request, conn, name)
     return {"queue": name, **admin.purge_queue(conn, name)}
 
 
-@router.post("/queues/{name}/vacuum-dead", response_model=VacuumReport,
-             summary="Delete the queue's jobs dead for longer than a duration", responses=documented(404, 422))
+@router.post(
+    "/queues/{name}/vacuum-dead",
+    response_model=VacuumReport,
+    summary="Delete the queue's jobs dead for longer than a duration",
+    responses=documented(404, 422),
+)
 def vacuum_dead(
-    name: QueueName, request: Request, conn: Conn,
-    older_than: Annotated[str, Query(max_length=32, json_schema_extra={"pattern": DURATION_PATTERN},
-                                     description="e.g. '7d', '12h', '30m' or seconds (a whole number)")],
+    name: QueueName,
+    request: Request,
+    conn: Conn,
+    older_than: Annotated[
+        str,
+        Query(
+            max_length=32,
+            json_schema_extra={"pattern": DURATION_PATTERN},
+            description="e.g. '7d', '12h', '30m' or seconds (a whole number)",
+        ),
+    ],
 ) -> dict[str, Any]:
     try:
         seconds = parse_duration(api_duration(older_than, "older_than"), field="older_than")

@@ -70,24 +70,37 @@ def get_schedule(name: ScheduleName, conn: Conn) -> dict[str, Any]:
     return schedules.existing(conn, name)
 
 
-@router.post("/{name}/pause", response_model=Schedule, responses=NOT_FOUND,
-             summary="Hold the schedule: nothing fires until it is resumed (survives deploys)")
+@router.post(
+    "/{name}/pause",
+    response_model=Schedule,
+    responses=NOT_FOUND,
+    summary="Hold the schedule: nothing fires until it is resumed (survives deploys)",
+)
 def pause_schedule(name: ScheduleName, conn: Conn) -> dict[str, Any]:
     return schedules.pause(conn, name)
 
 
-@router.post("/{name}/resume", response_model=Schedule, responses=NOT_FOUND,
-             summary="Fire again from the next occurrence after now (paused occurrences are not made up)")
+@router.post(
+    "/{name}/resume",
+    response_model=Schedule,
+    responses=NOT_FOUND,
+    summary="Fire again from the next occurrence after now (paused occurrences are not made up)",
+)
 def resume_schedule(name: ScheduleName, conn: Conn) -> dict[str, Any]:
     return schedules.resume(conn, name)
 
 
-@router.post("/{name}/trigger", status_code=201, response_model=Triggered,
-             summary="Enqueue the schedule's job now; its occurrences are unaffected",
-             responses={**NOT_FOUND,
-                        409: {"model": ErrorResponse, "description": "No longer declared (schedule_removed)"},
-                        422: {"model": ErrorResponse, "description": "The job cannot be enqueued (unknown_queue, "
-                                                                     "invalid_args, ...)"}})
+@router.post(
+    "/{name}/trigger",
+    status_code=201,
+    response_model=Triggered,
+    summary="Enqueue the schedule's job now; its occurrences are unaffected",
+    responses={
+        **NOT_FOUND,
+        409: {"model": ErrorResponse, "description": "No longer declared (schedule_removed)"},
+        422: {"model": ErrorResponse, "description": "The job cannot be enqueued (unknown_queue, invalid_args, ...)"},
+    },
+)
 def trigger_schedule(name: ScheduleName, conn: Conn) -> dict[str, Any]:
     job, schedule = schedules.trigger(conn, name)
     return {"job": {"id": job.id, "run_at": job.run_at}, "schedule": schedule}

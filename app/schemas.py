@@ -25,8 +25,10 @@ JobState = Literal["scheduled", "pending", "active", "succeeded", "dead", "pause
 # What the API takes as a duration in a string (a query parameter, delay, idempotency_ttl): a whole number
 # and a unit, at most a year (the limit of each unit's digits keeps it there). The document says so, and
 # app.jobs.api_duration refuses anything else with 422 invalid_duration, so the two agree exactly.
-_AMOUNT = ("(?:[1-9][0-9]{0,9}ms|[1-9][0-9]{0,6}s?|[1-9][0-9]{0,4}m|[1-9][0-9]{0,2}h"
-           "|(?:[1-9][0-9]?|[12][0-9]{2}|3[0-5][0-9]|36[0-6])d)")
+_AMOUNT = (
+    "(?:[1-9][0-9]{0,9}ms|[1-9][0-9]{0,6}s?|[1-9][0-9]{0,4}m|[1-9][0-9]{0,2}h"
+    "|(?:[1-9][0-9]?|[12][0-9]{2}|3[0-5][0-9]|36[0-6])d)"
+)
 DURATION_PATTERN = f"^(?:0(?:ms|s|m|h|d)?|{_AMOUNT})$"
 POSITIVE_DURATION_PATTERN = f"^{_AMOUNT}$"
 # `?wait=`: at most 60 seconds.
@@ -46,6 +48,7 @@ def _documented_range(low: int, high: int):
     def extra(schema: dict[str, Any]) -> None:
         for branch in _non_null(schema):
             branch.update(minimum=low, maximum=high)
+
     return extra
 
 
@@ -53,6 +56,7 @@ def _documented_length(low: int, high: int):
     def extra(schema: dict[str, Any]) -> None:
         for branch in _non_null(schema):
             branch.update(minLength=low, maxLength=high)
+
     return extra
 
 
@@ -67,8 +71,8 @@ def _documented_duration(pattern: str, minimum: float | None):
                     branch["exclusiveMinimum"] = 0
                 else:
                     branch["minimum"] = minimum
-    return extra
 
+    return extra
 
 
 def _whole_number(value: Any) -> Any:
@@ -96,29 +100,45 @@ class EnqueueOptions(BaseModel):
 
     queue: str | None = Field(None, description="A configured queue; defaults to the kind's queue")
     # Strict: JSON true is not 1, and "5" is not a number.
-    priority: WholeNumber | None = Field(None, description="Higher runs first; -1000 to 1000 (default: the kind's)",
-                                       json_schema_extra=_documented_range(-1000, 1000))
+    priority: WholeNumber | None = Field(
+        None,
+        description="Higher runs first; -1000 to 1000 (default: the kind's)",
+        json_schema_extra=_documented_range(-1000, 1000),
+    )
     run_at: Timestamp | None = Field(None, description="When to run: an ISO 8601 timestamp with a timezone")
     delay: StrictStr | StrictInt | StrictFloat | None = Field(
-        None, description="Run after this long on the database clock: '30s', '5m', '2h', '1d' or seconds, at most "
-        "a year. Not with run_at", json_schema_extra=_documented_duration(DURATION_PATTERN, 0))
-    max_attempts: WholeNumber | None = Field(None, json_schema_extra=_documented_range(1, 1000),
-                                             description="1 to 1000 (default: the kind's, else the configured one, "
-                                             "resolved by the worker at the first lease)")
+        None,
+        description="Run after this long on the database clock: '30s', '5m', '2h', '1d' or seconds, at most "
+        "a year. Not with run_at",
+        json_schema_extra=_documented_duration(DURATION_PATTERN, 0),
+    )
+    max_attempts: WholeNumber | None = Field(
+        None,
+        json_schema_extra=_documented_range(1, 1000),
+        description="1 to 1000 (default: the kind's, else the configured one, "
+        "resolved by the worker at the first lease)",
+    )
     meta: dict[str, str] = Field(default_factory=dict, description="String map handed to the handler as ctx.meta")
-    idempotency_key: str | None = Field(None, description="While a live job (pending, scheduled, active, paused) "
-                                        "holds this key, the enqueue returns that job instead (200, deduplicated). "
-                                        "1 to 255 characters", json_schema_extra=_documented_length(1, 255))
+    idempotency_key: str | None = Field(
+        None,
+        description="While a live job (pending, scheduled, active, paused) "
+        "holds this key, the enqueue returns that job instead (200, deduplicated). "
+        "1 to 255 characters",
+        json_schema_extra=_documented_length(1, 255),
+    )
     idempotency_ttl: StrictStr | StrictInt | StrictFloat | None = Field(
-        None, description="Hold the key this long even after the job finished, e.g. '1h' (needs idempotency_key)",
-        json_schema_extra=_documented_duration(POSITIVE_DURATION_PATTERN, None))
+        None,
+        description="Hold the key this long even after the job finished, e.g. '1h' (needs idempotency_key)",
+        json_schema_extra=_documented_duration(POSITIVE_DURATION_PATTERN, None),
+    )
 
 
 class EnqueueRequest(EnqueueOptions):
     """One job. The per-kind variants in this document show each registered kind's args."""
 
-    kind: str = Field(description="A job kind, e.g. 'email.send'. A kind not registered in this service "
-                      "needs an explicit queue")
+    kind: str = Field(
+        description="A job kind, e.g. 'email.send'. A kind not registered in this service needs an explicit queue"
+    )
     args: dict[str, Any] = Field(default_factory=dict, description="Validated against the kind's args model")
 
 
@@ -151,8 +171,10 @@ class JobSummary(BaseModel):
     priority: int
     run_at: datetime
     attempt: int = Field(description="Attempts started so far (the running one included)")
-    max_attempts: int | None = Field(description="null until the first lease, when a job enqueued without one "
-                                     "gets its kind's max_attempts, else default_max_attempts")
+    max_attempts: int | None = Field(
+        description="null until the first lease, when a job enqueued without one "
+        "gets its kind's max_attempts, else default_max_attempts"
+    )
     enqueued_at: datetime
     started_at: datetime | None = Field(description="When the latest attempt was claimed")
     finished_at: datetime | None
@@ -188,9 +210,11 @@ class Job(JobSummary):
 
 class JobPage(BaseModel):
     jobs: list[JobSummary]
-    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null at the end. A page can "
-                                    "hold fewer jobs than the limit and still have a next page "
-                                    "(see the manual, docs/reference/http-api.md)")
+    next_cursor: str | None = Field(
+        description="Pass as ?cursor= for the next page; null at the end. A page can "
+        "hold fewer jobs than the limit and still have a next page "
+        "(see the manual, docs/reference/http-api.md)"
+    )
 
 
 # --- queues and stats ------------------------------------------------------------------------------
@@ -211,8 +235,10 @@ class Queue(BaseModel):
     paused: bool = Field(description="Workers do not claim from a paused queue")
     paused_at: datetime | None
     counts: QueueCounts
-    succeeded_today: int = Field(description="Jobs of the queue that succeeded today (UTC), from the stats rollups: "
-                                 "succeeded rows are history, not counted among the states")
+    succeeded_today: int = Field(
+        description="Jobs of the queue that succeeded today (UTC), from the stats rollups: "
+        "succeeded rows are history, not counted among the states"
+    )
 
 
 class FlowLimit(BaseModel):
@@ -244,28 +270,40 @@ def _rate_limit(value: Any) -> Any:
             parse_rate(value)
         except ValueError as exc:
             raise PydanticCustomError("rate_limit_invalid", str(exc)) from None
-        raise PydanticCustomError("rate_limit_invalid", f"rate_limit {value!r} must be a count per unit: "
-                                  '"100/s", "600/m" or "10000/h" (ASCII digits and spaces)')
+        raise PydanticCustomError(
+            "rate_limit_invalid",
+            f'rate_limit {value!r} must be a count per unit: "100/s", "600/m" or "10000/h" (ASCII digits and spaces)',
+        )
     return value
 
 
-RateLimit = Annotated[str, Field(max_length=32), AfterValidator(_rate_limit),
-                      WithJsonSchema({"type": "string", "maxLength": 32, "pattern": RATE_LIMIT_PATTERN})]
+RateLimit = Annotated[
+    str,
+    Field(max_length=32),
+    AfterValidator(_rate_limit),
+    WithJsonSchema({"type": "string", "maxLength": 32, "pattern": RATE_LIMIT_PATTERN}),
+]
 
 
 class FlowLimitChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     concurrency_limit: int | None = Field(None, ge=1, le=1_000_000, description="null: no concurrency limit")
-    rate_limit: RateLimit | None = Field(None, description="N/s, N/m or N/h, N from 1 to 1,000,000,000; "
-                                         "null: no rate limit")
-    key: str | None = Field(None, pattern=r"^meta\.[A-Za-z0-9_.-]+$", max_length=255,
-                            description="meta.<field>: a limit per value of that field; null: one limit")
+    rate_limit: RateLimit | None = Field(
+        None, description="N/s, N/m or N/h, N from 1 to 1,000,000,000; null: no rate limit"
+    )
+    key: str | None = Field(
+        None,
+        pattern=r"^meta\.[A-Za-z0-9_.-]+$",
+        max_length=255,
+        description="meta.<field>: a limit per value of that field; null: one limit",
+    )
 
 
 class QueueList(BaseModel):
     queues: list[Queue]
-    limits: list[FlowLimit] = Field(default_factory=list, description="The cluster-wide limits with their use "
-                                    "(as GET /api/v1/limits)")
+    limits: list[FlowLimit] = Field(
+        default_factory=list, description="The cluster-wide limits with their use (as GET /api/v1/limits)"
+    )
 
 
 class DailyCount(BaseModel):

@@ -82,8 +82,12 @@ class Session:
             return None
         role = value.get("role")
         token = value.get("tk")
-        return cls(value["sid"], role if role in ("admin", "read") else None, float(value["exp"]),
-                   token if isinstance(token, str) else None)
+        return cls(
+            value["sid"],
+            role if role in ("admin", "read") else None,
+            float(value["exp"]),
+            token if isinstance(token, str) else None,
+        )
 
     def dump(self, signer: Signer) -> str:
         return signer.dumps({"sid": self.sid, "role": self.role, "exp": self.expires, "tk": self.token})

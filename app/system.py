@@ -26,8 +26,12 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=Ready, summary="Readiness: the database answers and its schema is current",
-            responses=documented(503))
+@router.get(
+    "/readyz",
+    response_model=Ready,
+    summary="Readiness: the database answers and its schema is current",
+    responses=documented(503),
+)
 def readyz(request: Request, _: SyncSlot) -> Any:
     try:
         with request.app.state.db.pool.connection(timeout=5) as conn:
@@ -42,20 +46,28 @@ def readyz(request: Request, _: SyncSlot) -> Any:
     return {"status": "ready", "schema_version": version}
 
 
-@router.get("/api/v1/workers", response_model=WorkerList, summary="Worker processes seen in the last 30 seconds",
-            responses=documented(401, 403, 503))
+@router.get(
+    "/api/v1/workers",
+    response_model=WorkerList,
+    summary="Worker processes seen in the last 30 seconds",
+    responses=documented(401, 403, 503),
+)
 def workers(conn: Conn) -> dict[str, Any]:
     return {"workers": admin.live_workers(conn, WORKER_SEEN_WITHIN)}
 
 
-@router.post("/api/v1/nuke", response_model=NukeReport,
-             summary="Delete every job, key, stat and queue pause (development only)",
-             responses=documented(401, 403, 503))
+@router.post(
+    "/api/v1/nuke",
+    response_model=NukeReport,
+    summary="Delete every job, key, stat and queue pause (development only)",
+    responses=documented(401, 403, 503),
+)
 def nuke(request: Request, conn: Conn) -> dict[str, int]:
     env = request.app.state.settings.env
     if env != "development":
-        raise ApiError(403, "development_only", f"nuke is refused in the {env} environment; "
-                       "it only runs in development")
+        raise ApiError(
+            403, "development_only", f"nuke is refused in the {env} environment; it only runs in development"
+        )
     report = admin.nuke(conn)
     log.warning("nuke: deleted %s", report)
     return report

@@ -30,8 +30,10 @@ WHERE id = ANY(ARRAY(
 RETURNING id, kind, args"""
 SETTLE = "UPDATE dygo_jobs SET state = 'succeeded', finished_at = now() WHERE id = ANY(%(ids)s::bigint[])"
 # dygo's claim session's settings (store/leases.py CLAIM_SESSION), for the whole session here.
-SESSION = ("SELECT set_config('enable_seqscan', 'off', false), set_config('synchronous_commit', 'off', false), "
-           "set_config('plan_cache_mode', 'force_generic_plan', false)")
+SESSION = (
+    "SELECT set_config('enable_seqscan', 'off', false), set_config('synchronous_commit', 'off', false), "
+    "set_config('plan_cache_mode', 'force_generic_plan', false)"
+)
 IDLE_POLL = 0.05  # seconds between claims that found nothing (a bare worker has no LISTEN)
 
 
@@ -42,7 +44,7 @@ async def run_job(kind: str, args: dict) -> None:
 
 async def run_batch(jobs: list[tuple[int, str, dict]], concurrency: int) -> list[int]:
     for start in range(0, len(jobs), concurrency):
-        chunk = jobs[start:start + concurrency]
+        chunk = jobs[start : start + concurrency]
         if len(chunk) == 1:
             await run_job(chunk[0][1], chunk[0][2])
         else:

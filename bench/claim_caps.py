@@ -39,8 +39,9 @@ KINDS = ("bench.a", "bench.b", "bench.c")
 
 
 def base_statement(revision: str) -> str:
-    source = subprocess.run(["git", "show", f"{revision}:store/queries.py"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{revision}:store/queries.py"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
     namespace: dict[str, Any] = {}
     exec(compile(source, f"{revision}:store/queries.py", "exec"), namespace)  # constants only
     return namespace["CLAIM_JOBS"]
@@ -55,28 +56,45 @@ def main() -> int:
     parser.add_argument("--url", help="server URL (default: `dygo db url`); the database is recreated on it")
     args = parser.parse_args()
 
-    server = args.url or subprocess.run([str(ROOT / ".venv" / "bin" / "dygo"), "db", "url"], cwd=ROOT, check=True,
-                                        capture_output=True, text=True).stdout.strip()
+    server = (
+        args.url
+        or subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "dygo"), "db", "url"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout.strip()
+    )
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
         admin.execute(f"CREATE DATABASE {DATABASE}")
     url = make_conninfo(server, dbname=DATABASE)
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
-        conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT (%s::text[])[1 + g %% 3], 'default' "
-                     "FROM generate_series(1, %s) AS g", (list(KINDS), args.rows))
+        conn.execute(
+            "INSERT INTO dygo_jobs (kind, queue) SELECT (%s::text[])[1 + g %% 3], 'default' "
+            "FROM generate_series(1, %s) AS g",
+            (list(KINDS), args.rows),
+        )
         conn.execute("VACUUM ANALYZE dygo_jobs")
 
-        common = {"queues": ["default"], "limits": [args.batch], "owner": "bench", "ttl": 30.0,
-                  "kind_attempts": "{}", "max_attempts": 20}
+        common = {
+            "queues": ["default"],
+            "limits": [args.batch],
+            "owner": "bench",
+            "ttl": 30.0,
+            "kind_attempts": "{}",
+            "max_attempts": 20,
+        }
         variants: dict[str, tuple[str, dict[str, Any]]] = {}
         if args.base:
             variants["base"] = (base_statement(args.base), common)
         variants["no cap"] = (queries.CLAIM_JOBS, {**common, "full_kinds": [], "cap_kinds": [], "cap_free": []})
-        variants["cap trims"] = (queries.CLAIM_JOBS_CAPPED,
-                                 {**common, "full_kinds": [], "cap_kinds": [KINDS[0]], "cap_free": [3]})
-        variants["kind full"] = (queries.CLAIM_JOBS,
-                                 {**common, "full_kinds": [KINDS[0]], "cap_kinds": [], "cap_free": []})
+        variants["cap trims"] = (
+            queries.CLAIM_JOBS_CAPPED,
+            {**common, "full_kinds": [], "cap_kinds": [KINDS[0]], "cap_free": [3]},
+        )
+        variants["kind full"] = (
+            queries.CLAIM_JOBS,
+            {**common, "full_kinds": [KINDS[0]], "cap_kinds": [], "cap_free": []},
+        )
         timings: dict[str, list[float]] = {name: [] for name in variants}
         planning: dict[str, list[float]] = {name: [] for name in variants}
         executing: dict[str, list[float]] = {name: [] for name in variants}
@@ -102,8 +120,10 @@ def main() -> int:
     for name, samples in timings.items():
         samples.sort()
         p95 = samples[int(len(samples) * 0.95) - 1]
-        print(f"{name:<10} {claimed[name]:>5} {statistics.median(samples):>10.2f} {p95:>8.2f} "
-              f"{statistics.median(planning[name]):>12.3f} {statistics.median(executing[name]):>13.3f}")
+        print(
+            f"{name:<10} {claimed[name]:>5} {statistics.median(samples):>10.2f} {p95:>8.2f} "
+            f"{statistics.median(planning[name]):>12.3f} {statistics.median(executing[name]):>13.3f}"
+        )
     return 0
 
 

@@ -44,9 +44,11 @@ async def measure(url: str, sizes: list[int], claims: int) -> None:
         if got < size * claims:
             raise SystemExit(f"only {got} jobs claimed of {size * claims}: enqueue more")
         user, system = after.user - before.user, after.system - before.system
-        print(f"{size:>14}  {(user + system) / claims * 1e6:>8,.0f} us ({user / claims * 1e6:,.0f} + "
-              f"{system / claims * 1e6:,.0f} us)  {(user + system) / got * 1e6:>8,.1f} us  "
-              f"{wall / claims * 1e6:>11,.0f} us")
+        print(
+            f"{size:>14}  {(user + system) / claims * 1e6:>8,.0f} us ({user / claims * 1e6:,.0f} + "
+            f"{system / claims * 1e6:,.0f} us)  {(user + system) / got * 1e6:>8,.1f} us  "
+            f"{wall / claims * 1e6:>11,.0f} us"
+        )
     await conn.close()
 
 
@@ -63,8 +65,7 @@ def main() -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
         with conn.transaction():
-            enqueue_many(conn, [{"kind": "bench.noop", "args": {}}
-                                for _ in range(sum(args.sizes) * args.claims + 20)])
+            enqueue_many(conn, [{"kind": "bench.noop", "args": {}} for _ in range(sum(args.sizes) * args.claims + 20)])
     asyncio.run(measure(url, args.sizes, args.claims))
     return 0
 

@@ -116,8 +116,10 @@ class Result:
     def record_latency(self, samples_ms: Sequence[float]) -> None:
         self.latency_ms = [round(x, 4) for x in samples_ms]
         self.p50_ms, self.p95_ms, self.p99_ms = percentiles(samples_ms)
-        log(f"{self.system}: latency over {len(samples_ms)} jobs p50 {self.p50_ms:.2f} ms, p95 {self.p95_ms:.2f} ms, "
-            f"p99 {self.p99_ms:.2f} ms")
+        log(
+            f"{self.system}: latency over {len(samples_ms)} jobs p50 {self.p50_ms:.2f} ms, p95 {self.p95_ms:.2f} ms, "
+            f"p99 {self.p99_ms:.2f} ms"
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -270,8 +272,11 @@ class WorkerProcess:
         self.command = list(command)
         self._tail = b""
         self.process = subprocess.Popen(
-            self.command, env={**os.environ, **(env or {})}, cwd=cwd or ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            self.command,
+            env={**os.environ, **(env or {})},
+            cwd=cwd or ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -285,7 +290,7 @@ class WorkerProcess:
         # and reading them one by one in Python took CPU from the benchmark's own process (2 cores).
         assert self.process.stdout is not None
         while chunk := self.process.stdout.read1(1 << 16):
-            self._tail = (self._tail + chunk)[-(1 << 16):]
+            self._tail = (self._tail + chunk)[-(1 << 16) :]
 
     @property
     def output(self) -> list[str]:
@@ -325,12 +330,15 @@ def refuse_other_clients(rows: Sequence[Sequence[Any]], system: str) -> None:
     """Stop the run, naming them, if OTHER_CLIENTS found any (`rows`: its result, from whichever driver)."""
     others = [f"pid {pid} ({name})" for pid, name in rows]
     if others:
-        raise SystemExit(f"{system}: other clients are connected to this benchmark's database and would take its "
-                         f"jobs: {', '.join(others)}. Stop them (a worker left from an earlier run?) and run again.")
+        raise SystemExit(
+            f"{system}: other clients are connected to this benchmark's database and would take its "
+            f"jobs: {', '.join(others)}. Stop them (a worker left from an earlier run?) and run again."
+        )
 
 
-def wait_for_rows(count_done: Callable[[], int], expected: int, worker: WorkerProcess, timeout: float,
-                  what: str) -> None:
+def wait_for_rows(
+    count_done: Callable[[], int], expected: int, worker: WorkerProcess, timeout: float, what: str
+) -> None:
     """Poll (lightly: this script shares the two cores) until `expected` jobs are settled."""
 
     def done() -> bool:
@@ -351,9 +359,23 @@ def py_spy(py_spy_binary: str | None, pid: int, output: Path, rate_hz: int = 500
         return
     output.parent.mkdir(parents=True, exist_ok=True)
     recorder = subprocess.Popen(
-        [py_spy_binary, "record", "--pid", str(pid), "--rate", str(rate_hz), "--format", "raw",
-         "--output", str(output), "--nonblocking", "--nolineno"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            py_spy_binary,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            str(rate_hz),
+            "--format",
+            "raw",
+            "--output",
+            str(output),
+            "--nonblocking",
+            "--nolineno",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     time.sleep(1.0)  # let it attach
     try:

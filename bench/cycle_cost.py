@@ -42,8 +42,10 @@ TRIGGERS = ("dygo_jobs_updated", "dygo_jobs_finished")
 
 async def cycles(url: str, jobs: int, batch: int) -> tuple[int, float, float, float, float]:
     """(jobs settled, wall s, client CPU s, claim backend CPU s, settle backend CPU s)."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as claimer, \
-            await psycopg.AsyncConnection.connect(url, autocommit=True) as settler:
+    async with (
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as claimer,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as settler,
+    ):
         await leases.claim_session(claimer)
         claim_pid, settle_pid = claimer.info.backend_pid, settler.info.backend_pid
         claim_cpu, settle_cpu = process_cpu_seconds(claim_pid), process_cpu_seconds(settle_pid)
@@ -55,8 +57,13 @@ async def cycles(url: str, jobs: int, batch: int) -> tuple[int, float, float, fl
                 break
             await leases.settle(settler, [Succeeded(job, None) for job in claimed])
             done += len(claimed)
-        return (done, time.perf_counter() - began, time.process_time() - client,
-                process_cpu_seconds(claim_pid) - claim_cpu, process_cpu_seconds(settle_pid) - settle_cpu)
+        return (
+            done,
+            time.perf_counter() - began,
+            time.process_time() - client,
+            process_cpu_seconds(claim_pid) - claim_cpu,
+            process_cpu_seconds(settle_pid) - settle_cpu,
+        )
 
 
 def one_round(server_url: str, triggers: bool, jobs: int, batch: int) -> str:
@@ -70,21 +77,30 @@ def one_round(server_url: str, triggers: bool, jobs: int, batch: int) -> str:
         conn.execute("VACUUM ANALYZE dygo_jobs")
     done, wall, client, claim, settle = asyncio.run(cycles(url, jobs, batch))
     per_job = 1e6 / done
-    return (f"{'on' if triggers else 'off':>8} {done / wall:>8,.0f} {wall * per_job:>8.0f} {client * per_job:>10.0f} "
-            f"{claim * per_job:>10.0f} {settle * per_job:>11.0f}")
+    return (
+        f"{'on' if triggers else 'off':>8} {done / wall:>8,.0f} {wall * per_job:>8.0f} {client * per_job:>10.0f} "
+        f"{claim * per_job:>10.0f} {settle * per_job:>11.0f}"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--batch", type=int, default=4, help="jobs per claim and per settle (the worker's at "
-                        "concurrency 4; 100 and 500 are its claims at concurrency 200 and 500)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=4,
+        help="jobs per claim and per settle (the worker's at "
+        "concurrency 4; 100 and 500 are its claims at concurrency 200 and 500)",
+    )
     args = parser.parse_args()
     load_jobs(load_settings(ROOT / "config"))
     server_url = embedded_server_url()
-    print(f"per job, in microseconds, {args.batch} jobs per claim and per settle (jobs/s: claim and settle one "
-          f"after the other, one client)")
+    print(
+        f"per job, in microseconds, {args.batch} jobs per claim and per settle (jobs/s: claim and settle one "
+        f"after the other, one client)"
+    )
     print(f"{'triggers':>8} {'jobs/s':>8} {'wall':>8} {'client CPU':>10} {'claim CPU':>10} {'settle CPU':>11}")
     for _ in range(args.rounds):
         for triggers in (True, False):

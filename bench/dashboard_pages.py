@@ -42,8 +42,20 @@ TOKEN = "bench-admin-token-0123456789abcdef"
 BUDGET_MS = 200.0
 
 QUEUES = ["default", "slow", "emails", "reports", "billing"]
-KINDS = ["email.send", "email.digest", "report.render", "report.export", "billing.charge", "billing.refund",
-         "image.resize", "search.index", "webhook.deliver", "user.sync", "cache.warm", "audit.archive"]
+KINDS = [
+    "email.send",
+    "email.digest",
+    "report.render",
+    "report.export",
+    "billing.charge",
+    "billing.refund",
+    "image.resize",
+    "search.index",
+    "webhook.deliver",
+    "user.sync",
+    "cache.warm",
+    "audit.archive",
+]
 # Error shapes of dead jobs: numbers, hex and uuids vary per job, so each is one dead-letter group.
 ERRORS = [
     "TimeoutError: gave up after ' || (n % 90) || ' seconds",
@@ -88,14 +100,23 @@ def seed(server: str, url: str, jobs: int, vacuum: bool, dead_every: int = 100) 
         conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{DATABASE}"')
     env = {**os.environ, "DATABASE_URL": url}
-    subprocess.run([str(Path(sys.executable).with_name("dygo")), "migrate"], check=True, cwd=ROOT, env=env,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [str(Path(sys.executable).with_name("dygo")), "migrate"],
+        check=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     started = time.monotonic()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET synchronous_commit = off")
         conn.execute("ALTER TABLE dygo_jobs DISABLE TRIGGER USER")  # no notifies, no 1M-row "enqueued today"
-        error = "CASE (n / 100 + n / 1300) % " + str(len(ERRORS)) + "".join(
-            f" WHEN {i} THEN '{shape}'" for i, shape in enumerate(ERRORS)) + " END"
+        error = (
+            "CASE (n / 100 + n / 1300) % "
+            + str(len(ERRORS))
+            + "".join(f" WHEN {i} THEN '{shape}'" for i, shape in enumerate(ERRORS))
+            + " END"
+        )
         # Spread over n / 100 too, so every 100th job (the dead ones) still varies in queue, kind and error.
         queues = "(ARRAY['" + "','".join(QUEUES) + "'])[1 + (n * 7 + n / 1000) % " + str(len(QUEUES)) + "]"
         kinds = "(ARRAY['" + "','".join(KINDS) + "'])[1 + (n * 13 + n / 100) % " + str(len(KINDS)) + "]"
@@ -171,8 +192,9 @@ def seed(server: str, url: str, jobs: int, vacuum: bool, dead_every: int = 100) 
             conn.execute("VACUUM")
             # Right after a big insert a pass may leave the visibility map unset (another snapshot still
             # open somewhere on the server); autovacuum would come back, so does this.
-            while conn.execute("SELECT relallvisible < relpages * 0.9 FROM pg_class "
-                               "WHERE oid = 'dygo_jobs'::regclass").fetchone()[0]:
+            while conn.execute(
+                "SELECT relallvisible < relpages * 0.9 FROM pg_class WHERE oid = 'dygo_jobs'::regclass"
+            ).fetchone()[0]:
                 time.sleep(1)
                 conn.execute("VACUUM dygo_jobs")
         log(f"seed: {'VACUUM ' if vacuum else ''}ANALYZE in {time.monotonic() - started:.0f}s")
@@ -190,8 +212,13 @@ def free_port() -> int:
 def start_serve(url: str, port: int) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYGO_")}
     env.update(DATABASE_URL=url, DYGO_ADMIN_TOKEN=TOKEN, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([str(Path(sys.executable).with_name("dygo")), "serve", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("dygo")), "serve", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def logged_in(base: str) -> httpx.Client:
@@ -274,8 +301,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=20, help="measured requests per page")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests per page first")
     parser.add_argument("--reuse", action="store_true", help="keep the seeded database if it has --jobs rows")
-    parser.add_argument("--cold", action="store_true",
-                        help="seed with ANALYZE only: no VACUUM, no visibility map (index-only scans visit the heap)")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="seed with ANALYZE only: no VACUUM, no visibility map (index-only scans visit the heap)",
+    )
     parser.add_argument("--dead-every", type=int, default=100, help="one job in this many is dead (default 1%%)")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = parser.parse_args()

@@ -59,8 +59,11 @@ def main() -> int:
     parser.add_argument("--log-level", default="INFO", help="the worker's DYGO_LOG_LEVEL")
     parser.add_argument("--profile-with", metavar="PY_SPY", help="py-spy binary: profile one extra processing round")
     parser.add_argument("--profile-jobs", type=int, default=50_000)
-    parser.add_argument("--generous-limit", action="store_true",
-                        help="give the queue a concurrency_limit and a rate_limit it never reaches (issue 13's cost)")
+    parser.add_argument(
+        "--generous-limit",
+        action="store_true",
+        help="give the queue a concurrency_limit and a rate_limit it never reaches (issue 13's cost)",
+    )
     args = parser.parse_args()
     plan = plan_from(args)
 
@@ -74,24 +77,32 @@ def main() -> int:
         refuse_other_clients(conn.execute(OTHER_CLIENTS).fetchall(), "dygo")
         migrate(conn)
         result = Result(
-            system="dygo-limited" if args.generous_limit else "dygo", version=dygo_version(),
+            system="dygo-limited" if args.generous_limit else "dygo",
+            version=dygo_version(),
             settings=f"dygo worker --queue {QUEUE} --concurrency {args.concurrency}, "
-                     f"{GENEROUS_LIMIT.strip() + ', ' if args.generous_limit else ''}"
-                     f"claim_batch_size {args.claim_batch_size}, claim_ahead {args.claim_ahead}, "
-                     f"log level {args.log_level}; "
-                     f"enqueue_many batches of {plan.batch_size}",
+            f"{GENEROUS_LIMIT.strip() + ', ' if args.generous_limit else ''}"
+            f"claim_batch_size {args.claim_batch_size}, claim_ahead {args.claim_ahead}, "
+            f"log level {args.log_level}; "
+            f"enqueue_many batches of {plan.batch_size}",
         )
         result.enqueue_one, result.enqueue_one_rounds = measure_enqueue_one(plan, conn)
         result.enqueue_batched, result.enqueue_batched_rounds = measure_enqueue_batched(plan, conn)
         env = {"DATABASE_URL": plan.url, "DYGO_CONFIG_DIR": config_dir, "DYGO_LOG_LEVEL": args.log_level}
-        command = [str(Path(sys.executable).with_name("dygo")), "worker", "--queue", QUEUE,
-                   "--concurrency", str(args.concurrency)]
+        command = [
+            str(Path(sys.executable).with_name("dygo")),
+            "worker",
+            "--queue",
+            QUEUE,
+            "--concurrency",
+            str(args.concurrency),
+        ]
         with WorkerProcess(command, env) as worker:
             warm_up(plan, conn, worker)
             result.record_latency(measure_latency(plan, conn, worker))
             vacuum_analyze(conn)
-            result.rounds = [measure_processing(plan, conn, worker, plan.process_jobs)
-                             for _ in range(plan.process_rounds)]
+            result.rounds = [
+                measure_processing(plan, conn, worker, plan.process_jobs) for _ in range(plan.process_rounds)
+            ]
             result.processed = median_round(result.rounds)
             if args.profile_with:
                 result.profile = profile_processing(plan, conn, worker, args.profile_with, args.profile_jobs)
@@ -104,14 +115,17 @@ def main() -> int:
 GENEROUS_LIMIT = "concurrency_limit: 100000, rate_limit: 10000000/s"
 
 
-def write_config(config_dir: Path, concurrency: int, claim_batch_size: int, generous_limit: bool = False,
-                 claim_ahead: str = "5ms") -> None:
+def write_config(
+    config_dir: Path, concurrency: int, claim_batch_size: int, generous_limit: bool = False, claim_ahead: str = "5ms"
+) -> None:
     # `slow` is there because jobs/examples.py declares a job on it.
     limit = f"    {GENEROUS_LIMIT.replace(', ', chr(10) + '    ')}\n" if generous_limit else ""
     (config_dir / "queues.yml").write_text(
-        f"queues:\n  - name: {QUEUE}\n    concurrency: {concurrency}\n{limit}  - name: slow\n    concurrency: 2\n")
-    (config_dir / "dygo.yml").write_text(f"jobs: [jobs]\nclaim_batch_size: {claim_batch_size}\n"
-                                         f"claim_ahead: {claim_ahead}\n")
+        f"queues:\n  - name: {QUEUE}\n    concurrency: {concurrency}\n{limit}  - name: slow\n    concurrency: 2\n"
+    )
+    (config_dir / "dygo.yml").write_text(
+        f"jobs: [jobs]\nclaim_batch_size: {claim_batch_size}\nclaim_ahead: {claim_ahead}\n"
+    )
 
 
 def dygo_version() -> str:
@@ -182,8 +196,8 @@ def measure_latency(plan: Plan, conn: psycopg.Connection, worker: WorkerProcess)
         enqueue(conn, KIND, {"n": i})
     wait_for_rows(lambda: count_succeeded(conn, before), plan.latency_jobs, worker, plan.timeout, "latency jobs")
     rows = conn.execute(
-        "SELECT extract(epoch FROM started_at - enqueued_at) * 1000 FROM dygo_jobs WHERE id > %s ORDER BY id",
-        (before,)).fetchall()
+        "SELECT extract(epoch FROM started_at - enqueued_at) * 1000 FROM dygo_jobs WHERE id > %s ORDER BY id", (before,)
+    ).fetchall()
     return [float(r[0]) for r in rows]
 
 
@@ -194,19 +208,27 @@ def measure_processing(plan: Plan, conn: psycopg.Connection, worker: WorkerProce
     wait_for_rows(lambda: count_succeeded(conn, before), jobs, worker, plan.timeout, "processed jobs")
     meter.stop()
     row = conn.execute(
-        "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM dygo_jobs WHERE id > %s",
-        (before,)).fetchone()
+        "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM dygo_jobs WHERE id > %s", (before,)
+    ).fetchone()
     seconds = float(row[0]) if row and row[0] is not None else float("nan")
-    result = ProcessingRound(jobs=jobs, seconds=round(seconds, 4), rate=rate(jobs, seconds),
-                             worker_cpu_seconds=round(meter.worker, 2), postgres_cpu_seconds=round(meter.postgres, 2),
-                             machine_busy_seconds=round(meter.machine, 2))
-    log(f"dygo: processed {jobs} in {seconds:.3f}s ({result.rate:,.0f}/s); CPU: worker {meter.worker:.2f}s, "
-        f"PostgreSQL {meter.postgres:.2f}s, machine {meter.machine:.2f}s")
+    result = ProcessingRound(
+        jobs=jobs,
+        seconds=round(seconds, 4),
+        rate=rate(jobs, seconds),
+        worker_cpu_seconds=round(meter.worker, 2),
+        postgres_cpu_seconds=round(meter.postgres, 2),
+        machine_busy_seconds=round(meter.machine, 2),
+    )
+    log(
+        f"dygo: processed {jobs} in {seconds:.3f}s ({result.rate:,.0f}/s); CPU: worker {meter.worker:.2f}s, "
+        f"PostgreSQL {meter.postgres:.2f}s, machine {meter.machine:.2f}s"
+    )
     return result
 
 
-def profile_processing(plan: Plan, conn: psycopg.Connection, worker: WorkerProcess, py_spy_binary: str,
-                       jobs: int) -> dict[str, object]:
+def profile_processing(
+    plan: Plan, conn: psycopg.Connection, worker: WorkerProcess, py_spy_binary: str, jobs: int
+) -> dict[str, object]:
     raw = OUTPUT_DIR / "dygo-worker-profile.txt"
     with py_spy(py_spy_binary, worker.pid, raw):
         profiled = measure_processing(plan, conn, worker, jobs)

@@ -107,12 +107,15 @@ class Cpu:
     @staticmethod
     def read(workers: list[WorkerProcess], postmaster: int | None) -> Cpu:
         server = sum(server_cpu_seconds(postmaster).values()) if postmaster else 0.0
-        return Cpu(sum(process_cpu_seconds(w.pid) for w in workers), server, machine_busy_seconds(),
-                   time.monotonic())
+        return Cpu(sum(process_cpu_seconds(w.pid) for w in workers), server, machine_busy_seconds(), time.monotonic())
 
     def since(self, before: Cpu) -> Cpu:
-        return Cpu(self.workers - before.workers, self.server - before.server, self.machine - before.machine,
-                   self.wall - before.wall)
+        return Cpu(
+            self.workers - before.workers,
+            self.server - before.server,
+            self.machine - before.machine,
+            self.wall - before.wall,
+        )
 
 
 def postmaster_of(conn: psycopg.Connection) -> int | None:
@@ -145,8 +148,10 @@ def main() -> int:
 def run(server: str, args: argparse.Namespace) -> int:
     url = fresh_database(server, args.direct_url)
     through = f" through PgBouncer ({server})" if args.pgbouncer else ""
-    log(f"database {DATABASE}{through}; fleets {args.workers}; concurrency {args.concurrency} each; "
-        f"claim_ahead {args.claim_ahead}")
+    log(
+        f"database {DATABASE}{through}; fleets {args.workers}; concurrency {args.concurrency} each; "
+        f"claim_ahead {args.claim_ahead}"
+    )
     with tempfile.TemporaryDirectory(prefix="dygo-fleet-") as config:
         write_config(Path(config), args.concurrency, args.claim_ahead)
         # The bench's folder (bench_jobs) ahead of any PYTHONPATH given (e.g. another dygo tree to compare).
@@ -193,8 +198,9 @@ MIGRATIONS = ROOT / "store" / "migrations"
 def install_trigger_function(url: str, migration: str) -> None:
     """Put `migration`'s dygo_notify_finished in place, read from the migration file itself."""
     path = next(MIGRATIONS.glob(f"{migration}_*.sql"))
-    found = re.search(r"CREATE (?:OR REPLACE )?FUNCTION dygo_notify_finished\(\).*?\n\$\$;", path.read_text(),
-                      re.DOTALL)
+    found = re.search(
+        r"CREATE (?:OR REPLACE )?FUNCTION dygo_notify_finished\(\).*?\n\$\$;", path.read_text(), re.DOTALL
+    )
     if found is None:
         raise SystemExit(f"{path}: no dygo_notify_finished function in it")
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
@@ -210,23 +216,42 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--noop-jobs", type=int, default=50_000)
     parser.add_argument("--sleep-jobs", type=int, default=5_000)
     parser.add_argument("--sleep-ms", type=int, default=10)
-    parser.add_argument("--url", help="a server URL to use instead of the private embedded one (its database "
-                                      f"{DATABASE} is dropped and created), e.g. a PgBouncer in front of it")
+    parser.add_argument(
+        "--url",
+        help="a server URL to use instead of the private embedded one (its database "
+        f"{DATABASE} is dropped and created), e.g. a PgBouncer in front of it",
+    )
     parser.add_argument("--direct-url", help="with --url through a pooler: the server itself (DATABASE_DIRECT_URL)")
-    parser.add_argument("--pgbouncer", action="store_true",
-                        help="through a PgBouncer of its own in front of the server (transaction pooling)")
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="through a PgBouncer of its own in front of the server (transaction pooling)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="per phase")
-    parser.add_argument("--compare", action="store_true",
-                        help="each fleet twice: with migration 0006's dygo_notify_finished (a NOTIFY at every "
-                             "settle), then with the current one (only for waited-for jobs)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="passes over every fleet size, taking turns; the verdict is read from each phase's "
-                             "median pass")
-    parser.add_argument("--reference", action="store_true",
-                        help="after each dygo fleet, as many bench/bare_worker.py processes (the least a Python "
-                             "worker does per job: claim, run, settle) drain the same jobs: the machine's ceiling")
-    parser.add_argument("--bare-batch", type=int, default=32,
-                        help="with --reference: jobs per claim of a bare worker (default 32; dygo's fleet claims ~35)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="each fleet twice: with migration 0006's dygo_notify_finished (a NOTIFY at every "
+        "settle), then with the current one (only for waited-for jobs)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="passes over every fleet size, taking turns; the verdict is read from each phase's median pass",
+    )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="after each dygo fleet, as many bench/bare_worker.py processes (the least a Python "
+        "worker does per job: claim, run, settle) drain the same jobs: the machine's ceiling",
+    )
+    parser.add_argument(
+        "--bare-batch",
+        type=int,
+        default=32,
+        help="with --reference: jobs per claim of a bare worker (default 32; dygo's fleet claims ~35)",
+    )
     return parser.parse_args()
 
 
@@ -249,8 +274,9 @@ def private_server() -> str:
 
 
 def dygo(*arguments: str, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run([sys.executable, "-m", "dygo", *arguments], env=env, cwd=ROOT, capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "dygo", *arguments], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return done.stdout
 
 
@@ -273,8 +299,13 @@ def write_config(config: Path, concurrency: int, claim_ahead: str) -> None:
 
 
 def migrate(env: dict[str, str]) -> None:
-    subprocess.run([sys.executable, "-m", "dygo", "migrate"], env={**os.environ, **env}, cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "dygo", "migrate"],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 # --- one fleet ---------------------------------------------------------------------------------------
@@ -288,8 +319,15 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
         conn.execute("VACUUM ANALYZE dygo_jobs")
     log(f"{count} {'bare ' if trigger == BARE else ''}worker(s): starting")
     if trigger == BARE:
-        command = [sys.executable, str(Path(__file__).resolve().parent / "bare_worker.py"), env["DATABASE_URL"],
-                   "--concurrency", str(args.concurrency), "--batch", str(args.bare_batch)]
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve().parent / "bare_worker.py"),
+            env["DATABASE_URL"],
+            "--concurrency",
+            str(args.concurrency),
+            "--batch",
+            str(args.bare_batch),
+        ]
         started = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dygo-worker-bare%'"
     else:
         command = [sys.executable, "-m", "dygo", "worker", "--concurrency", str(args.concurrency)]
@@ -297,6 +335,7 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
     workers = [WorkerProcess(command, env=env) for _ in range(count)]
     try:
         with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+
             def registered() -> bool:
                 for worker in workers:
                     worker.check_alive()
@@ -305,9 +344,10 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
             wait_until(registered, args.timeout, f"{count} workers registered", interval=0.5)
         phases = [
             run_phase(url, workers, name, kind, job_args, jobs, args.timeout, trigger)
-            for name, kind, job_args, jobs in [("no-op", "bench.noop", {}, args.noop_jobs),
-                                               (f"{args.sleep_ms} ms", "bench.sleep", {"ms": args.sleep_ms},
-                                                args.sleep_jobs)]
+            for name, kind, job_args, jobs in [
+                ("no-op", "bench.noop", {}, args.noop_jobs),
+                (f"{args.sleep_ms} ms", "bench.sleep", {"ms": args.sleep_ms}, args.sleep_jobs),
+            ]
             if jobs > 0  # `--sleep-jobs 0` runs the no-op phase alone
         ]
     finally:
@@ -318,8 +358,16 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
     return phases
 
 
-def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_args: dict, jobs: int,
-              timeout: float, trigger: str = "") -> Phase:
+def run_phase(
+    url: str,
+    workers: list[WorkerProcess],
+    name: str,
+    kind: str,
+    job_args: dict,
+    jobs: int,
+    timeout: float,
+    trigger: str = "",
+) -> Phase:
     import bench_jobs  # noqa: F401  (registers the kinds, as a producer that enqueues them would)
     from dygo.store import enqueue_many  # the bench's own interpreter is dygo's .venv
 
@@ -346,9 +394,22 @@ def run_phase(url: str, workers: list[WorkerProcess], name: str, kind: str, job_
         cpu = Cpu.read(workers, postmaster).since(before)
         seconds, duplicates, max_attempt = conn.execute(
             "SELECT extract(epoch FROM max(finished_at) - min(started_at)), count(*) FILTER (WHERE attempt > 1),"
-            " max(attempt) FROM dygo_jobs").fetchone()
-    phase = Phase(len(workers), name, jobs, float(seconds), sampler.peak_connections, sampler.peak_lock_waits,
-                  sampler.lock_wait_share, duplicates, max_attempt, sampler.waits, trigger, cpu)
+            " max(attempt) FROM dygo_jobs"
+        ).fetchone()
+    phase = Phase(
+        len(workers),
+        name,
+        jobs,
+        float(seconds),
+        sampler.peak_connections,
+        sampler.peak_lock_waits,
+        sampler.lock_wait_share,
+        duplicates,
+        max_attempt,
+        sampler.waits,
+        trigger,
+        cpu,
+    )
     log(line(phase))
     log(f"  worker backends waiting, by event (backend-samples of {sampler.samples}): {waits(phase)}")
     return phase
@@ -375,7 +436,8 @@ class Sampler:
                 "SELECT a.wait_event_type, a.wait_event, a.state, l.locktype, l.mode FROM pg_stat_activity a"
                 " LEFT JOIN LATERAL (SELECT locktype, mode FROM pg_locks WHERE a.wait_event_type = 'Lock'"
                 " AND pid = a.pid AND NOT granted LIMIT 1) l ON true WHERE a.application_name LIKE %s",
-                (WORKERS_LIKE,)).fetchall()
+                (WORKERS_LIKE,),
+            ).fetchall()
             connections = len(events)
             waiting = sum(event_type == "Lock" for event_type, *_ in events)
             for event_type, event, state, locktype, mode in events:
@@ -398,14 +460,33 @@ class Sampler:
 
 # --- the report ------------------------------------------------------------------------------------------
 
-HEADER = ("trigger", "workers", "jobs", "jobs/s", "peak conns", "conns/worker", "lock waits (peak, share)",
-          "duplicates", "CPU/job workers", "CPU/job server", "cores busy")
+HEADER = (
+    "trigger",
+    "workers",
+    "jobs",
+    "jobs/s",
+    "peak conns",
+    "conns/worker",
+    "lock waits (peak, share)",
+    "duplicates",
+    "CPU/job workers",
+    "CPU/job server",
+    "cores busy",
+)
 
 
 def cells(p: Phase) -> tuple[str, ...]:
-    return (p.trigger or "current", f"{p.workers}", f"{p.jobs:,} {p.name}", f"{p.rate:,.0f}", f"{p.peak_connections}",
-            f"{p.peak_connections / p.workers:.2f}", f"{p.peak_lock_waits}, {p.lock_wait_share:.0%}",
-            f"{p.duplicates}", *cpu_cells(p))
+    return (
+        p.trigger or "current",
+        f"{p.workers}",
+        f"{p.jobs:,} {p.name}",
+        f"{p.rate:,.0f}",
+        f"{p.peak_connections}",
+        f"{p.peak_connections / p.workers:.2f}",
+        f"{p.peak_lock_waits}, {p.lock_wait_share:.0%}",
+        f"{p.duplicates}",
+        *cpu_cells(p),
+    )
 
 
 def cpu_cells(p: Phase) -> tuple[str, str, str]:
@@ -438,10 +519,14 @@ def medians(phases: list[Phase]) -> list[Phase]:
     groups: dict[tuple[str, int, str], list[Phase]] = {}
     for phase in phases:
         groups.setdefault((phase.trigger, phase.workers, phase.name), []).append(phase)
-    return [dataclasses.replace(sorted(runs, key=lambda p: p.rate)[(len(runs) - 1) // 2],
-                                duplicates=sum(p.duplicates for p in runs),
-                                peak_connections=max(p.peak_connections for p in runs))
-            for runs in groups.values()]
+    return [
+        dataclasses.replace(
+            sorted(runs, key=lambda p: p.rate)[(len(runs) - 1) // 2],
+            duplicates=sum(p.duplicates for p in runs),
+            peak_connections=max(p.peak_connections for p in runs),
+        )
+        for runs in groups.values()
+    ]
 
 
 def verdict(phases: list[Phase], pooled: bool = False) -> str:
@@ -450,17 +535,23 @@ def verdict(phases: list[Phase], pooled: bool = False) -> str:
         runs = [p for p in phases if p.name == name]
         best, largest = max(runs, key=lambda p: p.rate), max(runs, key=lambda p: p.workers)
         share = largest.rate / best.rate if best.rate else 0.0
-        said.append(f"{name}: {largest.workers} workers at {share:.0%} of the best ({best.workers} workers, "
-                    f"{best.rate:,.0f}/s): {'ok' if share >= 0.9 else 'COLLAPSE'} (target >= 90%)")
+        said.append(
+            f"{name}: {largest.workers} workers at {share:.0%} of the best ({best.workers} workers, "
+            f"{best.rate:,.0f}/s): {'ok' if share >= 0.9 else 'COLLAPSE'} (target >= 90%)"
+        )
     worst = max(phases, key=lambda p: p.peak_connections / p.workers)
     if pooled:
         # Server backends: one LISTEN per worker (direct) and PgBouncer's pool, whose connections keep the
         # application_name of the last client that used them; each worker holds 2 PgBouncer clients.
-        said.append(f"server connections at most {worst.peak_connections} for {worst.workers} workers "
-                    f"(through PgBouncer: one direct LISTEN each, the rest shared in its pool)")
+        said.append(
+            f"server connections at most {worst.peak_connections} for {worst.workers} workers "
+            f"(through PgBouncer: one direct LISTEN each, the rest shared in its pool)"
+        )
     else:
-        said.append(f"connections per worker at most {worst.peak_connections / worst.workers:.2f} "
-                    f"({'ok' if worst.peak_connections <= 3 * worst.workers else 'OVER'}; target <= 3)")
+        said.append(
+            f"connections per worker at most {worst.peak_connections / worst.workers:.2f} "
+            f"({'ok' if worst.peak_connections <= 3 * worst.workers else 'OVER'}; target <= 3)"
+        )
     duplicates = sum(p.duplicates for p in phases)
     said.append(f"duplicates {duplicates} ({'ok' if duplicates == 0 else 'FAIL'}; target 0)")
     return "\n".join(said)

@@ -46,8 +46,9 @@ TARGET = 1.5  # held p50 at most this multiple of clean p50
 
 def main() -> int:
     args = parse_arguments()
-    server = subprocess.run([sys.executable, "-m", "dygo", "db", "url"], check=True, capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
+    server = subprocess.run(
+        [sys.executable, "-m", "dygo", "db", "url"], check=True, capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DATABASE}")
@@ -55,10 +56,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dygo-snapshot-") as config:
         Path(config, "queues.yml").write_text(f"queues:\n  - name: default\n    concurrency: {args.concurrency}\n")
         Path(config, "dygo.yml").write_text("jobs: [bench_jobs]\n")
-        env = {"DATABASE_URL": url, "DYGO_CONFIG_DIR": config, "DYGO_LOG_LEVEL": "WARNING",
-               "PYTHONPATH": str(Path(__file__).resolve().parent)}
-        subprocess.run([sys.executable, "-m", "dygo", "migrate"], env={**os.environ, **env}, cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL)
+        env = {
+            "DATABASE_URL": url,
+            "DYGO_CONFIG_DIR": config,
+            "DYGO_LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(Path(__file__).resolve().parent),
+        }
+        subprocess.run(
+            [sys.executable, "-m", "dygo", "migrate"],
+            env={**os.environ, **env},
+            cwd=ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         with psycopg.connect(url, autocommit=True) as conn:
             seq_scans_before = seq_scans(conn)
         command = [sys.executable, "-m", "dygo", "worker", "--concurrency", str(args.concurrency)]
@@ -98,8 +108,9 @@ def seq_scans(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'dygo_jobs'").fetchone()[0]
 
 
-def run_phases(url: str, conn: psycopg.Connection, worker: WorkerProcess,
-               args: argparse.Namespace) -> list[tuple[str, float, float, int]]:
+def run_phases(
+    url: str, conn: psycopg.Connection, worker: WorkerProcess, args: argparse.Namespace
+) -> list[tuple[str, float, float, int]]:
     """Produce jobs through three phases; returns (phase, start, end, dead tuples at its end) per phase."""
     phases: list[tuple[str, float, float, int]] = []
     producing = threading.Event()
@@ -144,8 +155,10 @@ def dead_tuples(conn: psycopg.Connection) -> int:
 
 
 def report(conn: psycopg.Connection, phases: list[tuple[str, float, float, int]], scans: int, window: float) -> None:
-    rows = conn.execute("SELECT extract(epoch FROM enqueued_at), 1000 * extract(epoch FROM started_at - enqueued_at)"
-                        " FROM dygo_jobs WHERE started_at IS NOT NULL ORDER BY enqueued_at").fetchall()
+    rows = conn.execute(
+        "SELECT extract(epoch FROM enqueued_at), 1000 * extract(epoch FROM started_at - enqueued_at)"
+        " FROM dygo_jobs WHERE started_at IS NOT NULL ORDER BY enqueued_at"
+    ).fetchall()
     samples = [(float(at), float(ms)) for at, ms in rows]
     print("| phase | from s | jobs | pickup p50 ms | p99 ms |")
     print("|---|---|---|---|---|")
@@ -155,16 +168,20 @@ def report(conn: psycopg.Connection, phases: list[tuple[str, float, float, int]]
         while edge < end:
             chunk = sorted(ms for at, ms in samples if edge <= at < min(edge + window, end))
             if chunk:
-                print(f"| {name} | {edge - origin:.0f} | {len(chunk)} | {percentile(chunk, 50):.1f} | "
-                      f"{percentile(chunk, 99):.1f} |")
+                print(
+                    f"| {name} | {edge - origin:.0f} | {len(chunk)} | {percentile(chunk, 50):.1f} | "
+                    f"{percentile(chunk, 99):.1f} |"
+                )
             edge += window
     print()
     summary: dict[str, float] = {}
     for name, start, end, dead in phases:
         chunk = sorted(ms for at, ms in samples if start <= at < end)
         summary[name] = statistics.median(chunk) if chunk else float("nan")
-        print(f"{name}: {len(chunk)} jobs, pickup p50 {summary[name]:.1f} ms, p99 {percentile(chunk, 99):.1f} ms; "
-              f"dead tuples at its end {dead:,}")
+        print(
+            f"{name}: {len(chunk)} jobs, pickup p50 {summary[name]:.1f} ms, p99 {percentile(chunk, 99):.1f} ms; "
+            f"dead tuples at its end {dead:,}"
+        )
     ratio = summary["held"] / summary["clean"]
     print(f"held p50 / clean p50 = {ratio:.2f} ({'ok' if ratio <= TARGET else 'OVER'}; target <= {TARGET})")
     print(f"sequential scans of dygo_jobs during the run: {scans} ({'ok' if scans == 0 else 'OVER'}; target 0)")

@@ -83,8 +83,9 @@ class Server:
     def __init__(self, name: str, command: list[str], env: dict[str, str], port: int) -> None:
         self.name, self.port = name, port
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-http-{name}-", suffix=".log", delete=False)  # noqa: SIM115
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=self.log,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True
+        )
 
         def up() -> bool:
             if self.process.poll() is not None:
@@ -121,34 +122,67 @@ def start_servers(url: str, pool_size: int) -> tuple[Server, Server, dict[str, s
     dygo_port, reference_port = free_port(), free_port()
     dygo = Server("dygo", [sys.executable, "-m", "dygo", "serve", "--port", str(dygo_port)], env, dygo_port)
     hot, _ = split_pool(pool_size)
-    reference = Server("reference", [sys.executable, str(ROOT / "bench" / "http_reference.py"), "--url", url,
-                                     "--port", str(reference_port), "--pool-size", str(hot)], env, reference_port)
-    paths = {"dygo one": f"http://127.0.0.1:{dygo_port}/api/v1/jobs",
-             "dygo batch": f"http://127.0.0.1:{dygo_port}/api/v1/jobs/batch",
-             "reference one": f"http://127.0.0.1:{reference_port}/jobs",
-             "reference batch": f"http://127.0.0.1:{reference_port}/jobs/batch"}
+    reference = Server(
+        "reference",
+        [
+            sys.executable,
+            str(ROOT / "bench" / "http_reference.py"),
+            "--url",
+            url,
+            "--port",
+            str(reference_port),
+            "--pool-size",
+            str(hot),
+        ],
+        env,
+        reference_port,
+    )
+    paths = {
+        "dygo one": f"http://127.0.0.1:{dygo_port}/api/v1/jobs",
+        "dygo batch": f"http://127.0.0.1:{dygo_port}/api/v1/jobs/batch",
+        "reference one": f"http://127.0.0.1:{reference_port}/jobs",
+        "reference batch": f"http://127.0.0.1:{reference_port}/jobs/batch",
+    }
     return dygo, reference, paths
 
 
 def hey(url: str, body: Path, concurrency: int, seconds: float, token: str | None, server: Server | None = None) -> Run:
-    command = ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", "application/json",
-               "-D", str(body), "-t", "30"]
+    command = [
+        "hey",
+        "-z",
+        f"{seconds}s",
+        "-c",
+        str(concurrency),
+        "-m",
+        "POST",
+        "-T",
+        "application/json",
+        "-D",
+        str(body),
+        "-t",
+        "30",
+    ]
     if token:
         command += ["-H", f"Authorization: Bearer {token}"]
     cpu = server.cpu_seconds() if server else 0.0
     out = subprocess.run([*command, url], capture_output=True, text=True, timeout=seconds + 90).stdout
     cpu = server.cpu_seconds() - cpu if server else float("nan")
     codes = {int(code): int(n) for code, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
-    transport = sum(int(n) for n, rest in re.findall(r"^\s+\[(\d+)\]\s+(.*)$", out, re.M)
-                    if not re.match(r"\d+ responses", rest))
+    transport = sum(
+        int(n) for n, rest in re.findall(r"^\s+\[(\d+)\]\s+(.*)$", out, re.M) if not re.match(r"\d+ responses", rest)
+    )
     total = re.search(r"Total:\s+([\d.]+) secs", out)
     p50 = re.search(r"50% in ([\d.]+) secs", out)
     p99 = re.search(r"99% in ([\d.]+) secs", out)
     ok = sum(n for code, n in codes.items() if 200 <= code < 300)
-    return Run(requests=ok, seconds=float(total.group(1)) if total else seconds,
-               p50_ms=float(p50.group(1)) * 1000 if p50 else float("nan"),
-               p99_ms=float(p99.group(1)) * 1000 if p99 else float("nan"),
-               errors=sum(n for code, n in codes.items() if not 200 <= code < 300) + transport, cpu_seconds=cpu)
+    return Run(
+        requests=ok,
+        seconds=float(total.group(1)) if total else seconds,
+        p50_ms=float(p50.group(1)) * 1000 if p50 else float("nan"),
+        p99_ms=float(p99.group(1)) * 1000 if p99 else float("nan"),
+        errors=sum(n for code, n in codes.items() if not 200 <= code < 300) + transport,
+        cpu_seconds=cpu,
+    )
 
 
 def truncate(url: str) -> None:
@@ -156,8 +190,9 @@ def truncate(url: str) -> None:
         conn.execute("TRUNCATE dygo_jobs")
 
 
-def measure(args: argparse.Namespace, url: str, paths: dict[str, str], bodies: dict[str, Path],
-            servers: dict[str, Server]) -> list[Line]:
+def measure(
+    args: argparse.Namespace, url: str, paths: dict[str, str], bodies: dict[str, Path], servers: dict[str, Server]
+) -> list[Line]:
     lines: list[Line] = []
     for endpoint in args.endpoints:
         per_request = 1 if endpoint == "one" else args.batch
@@ -168,19 +203,37 @@ def measure(args: argparse.Namespace, url: str, paths: dict[str, str], bodies: d
             for _ in range(args.rounds):
                 for server in ("reference", "dygo"):
                     truncate(url)
-                    run = hey(paths[f"{server} {endpoint}"], bodies[endpoint], concurrency, args.seconds, TOKEN,
-                              servers[server])
+                    run = hey(
+                        paths[f"{server} {endpoint}"],
+                        bodies[endpoint],
+                        concurrency,
+                        args.seconds,
+                        TOKEN,
+                        servers[server],
+                    )
                     runs[server].append(run)
-                    log(f"{endpoint:5} c={concurrency:<3} {server:9} {run.requests * per_request / run.seconds:9,.0f} "
+                    log(
+                        f"{endpoint:5} c={concurrency:<3} {server:9} {run.requests * per_request / run.seconds:9,.0f} "
                         f"jobs/s  p50 {run.p50_ms:7.1f} ms  p99 {run.p99_ms:7.1f} ms  errors {run.errors}  "
-                        f"cpu {_cpu_per_job(run, per_request):5.0f} us/job")
+                        f"cpu {_cpu_per_job(run, per_request):5.0f} us/job"
+                    )
             for server, done in runs.items():
                 rates = [r.requests * per_request / r.seconds for r in done]
                 middle = sorted(done, key=lambda r: r.requests * per_request / r.seconds)[len(done) // 2]
-                lines.append(Line(endpoint, concurrency, server, per_request, statistics.median(rates),
-                                  middle.p50_ms, middle.p99_ms, sum(r.errors for r in done),
-                                  [round(r, 1) for r in rates],
-                                  statistics.median(_cpu_per_job(r, per_request) for r in done)))
+                lines.append(
+                    Line(
+                        endpoint,
+                        concurrency,
+                        server,
+                        per_request,
+                        statistics.median(rates),
+                        middle.p50_ms,
+                        middle.p99_ms,
+                        sum(r.errors for r in done),
+                        [round(r, 1) for r in rates],
+                        statistics.median(_cpu_per_job(r, per_request) for r in done),
+                    )
+                )
     return lines
 
 
@@ -191,8 +244,17 @@ def _cpu_per_job(run: Run, per_request: int) -> float:
 
 
 def table(lines: list[Line], markdown: bool) -> str:
-    header = ["endpoint", "clients", "server", "jobs/s", "p50 ms", "p99 ms", "errors", "server CPU us/job",
-              "dygo / reference"]
+    header = [
+        "endpoint",
+        "clients",
+        "server",
+        "jobs/s",
+        "p50 ms",
+        "p99 ms",
+        "errors",
+        "server CPU us/job",
+        "dygo / reference",
+    ]
     reference = {(line.endpoint, line.concurrency): line.jobs_per_s for line in lines if line.server == "reference"}
     rows = []
     for line in lines:
@@ -200,8 +262,19 @@ def table(lines: list[Line], markdown: bool) -> str:
         if line.server == "dygo" and reference.get((line.endpoint, line.concurrency)):
             share = f"{line.jobs_per_s / reference[(line.endpoint, line.concurrency)]:.0%}"
         name = "POST /jobs (1 job)" if line.endpoint == "one" else f"POST /jobs/batch ({line.jobs_per_request} jobs)"
-        rows.append([name, str(line.concurrency), line.server, f"{line.jobs_per_s:,.0f}", f"{line.p50_ms:.1f}",
-                     f"{line.p99_ms:.1f}", str(line.errors), f"{line.cpu_us_per_job:,.0f}", share])
+        rows.append(
+            [
+                name,
+                str(line.concurrency),
+                line.server,
+                f"{line.jobs_per_s:,.0f}",
+                f"{line.p50_ms:.1f}",
+                f"{line.p99_ms:.1f}",
+                str(line.errors),
+                f"{line.cpu_us_per_job:,.0f}",
+                share,
+            ]
+        )
     if markdown:
         out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         out += ["| " + " | ".join(row) + " |" for row in rows]
@@ -242,13 +315,19 @@ def main() -> int:
         print("bench/http_bench.py needs `hey` (Debian: apt-get install hey)", file=sys.stderr)
         return 2
     url = fresh_database(args.server_url or embedded_server_url(), "bench_http")
-    subprocess.run([sys.executable, "-m", "dygo", "migrate"], cwd=ROOT, check=True, capture_output=True,
-                   env={**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT)})
+    subprocess.run(
+        [sys.executable, "-m", "dygo", "migrate"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT)},
+    )
     folder = Path(tempfile.mkdtemp(prefix="bench-http-"))
     bodies = {"one": folder / "one.json", "batch": folder / "batch.json"}
     bodies["one"].write_text(json.dumps({"kind": "example.noop", "args": {"n": 1}}))
-    bodies["batch"].write_text(json.dumps({"jobs": [{"kind": "example.noop", "args": {"n": n}}
-                                                    for n in range(args.batch)]}))
+    bodies["batch"].write_text(
+        json.dumps({"jobs": [{"kind": "example.noop", "args": {"n": n}} for n in range(args.batch)]})
+    )
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     dygo, reference, paths = start_servers(url, args.pool_size)
     try:

@@ -51,15 +51,24 @@ class Batch(BaseModel):
 
 
 def row(job: Job) -> dict[str, Any]:
-    return {"kind": job.kind, "queue": "default", "args": json.dumps(job.args), "meta": "{}", "priority": 0,
-            "run_at": None, "delay": 0.0, "max_attempts": 20}
+    return {
+        "kind": job.kind,
+        "queue": "default",
+        "args": json.dumps(job.args),
+        "meta": "{}",
+        "priority": 0,
+        "run_at": None,
+        "delay": 0.0,
+        "max_attempts": 20,
+    }
 
 
 def create_app(url: str, pool_size: int) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.pool = AsyncConnectionPool(url, min_size=1, max_size=pool_size, open=False,
-                                             kwargs={"autocommit": True})
+        app.state.pool = AsyncConnectionPool(
+            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True}
+        )
         await app.state.pool.open()
         yield
         await app.state.pool.close()
@@ -78,8 +87,9 @@ def create_app(url: str, pool_size: int) -> FastAPI:
         args = [json.dumps(job.args) for job in batch.jobs]
         async with app.state.pool.connection() as conn:
             rows = await (await conn.execute(INSERT_JOBS, (kinds, args))).fetchall()
-        return {"jobs": [{"id": job_id, "deduplicated": False, "run_at": run_at.isoformat()}
-                         for job_id, run_at in rows]}
+        return {
+            "jobs": [{"id": job_id, "deduplicated": False, "run_at": run_at.isoformat()} for job_id, run_at in rows]
+        }
 
     return app
 
@@ -91,8 +101,9 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int, default=8)
     args = parser.parse_args()
     configure_logging("text")
-    uvicorn.run(create_app(args.url, args.pool_size), host="127.0.0.1", port=args.port, log_level="info",
-                log_config=None)
+    uvicorn.run(
+        create_app(args.url, args.pool_size), host="127.0.0.1", port=args.port, log_level="info", log_config=None
+    )
 
 
 if __name__ == "__main__":

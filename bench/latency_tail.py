@@ -46,8 +46,9 @@ def main() -> int:
     args = parser.parse_args()
     server = embedded.ensure_running(ROOT / ".dygo")
     config = Path(tempfile.mkdtemp(prefix="dygo-latency-"))
-    (config / "queues.yml").write_text("queues:\n  - name: default\n    concurrency: 200\n"
-                                       "  - name: slow\n    concurrency: 2\n")
+    (config / "queues.yml").write_text(
+        "queues:\n  - name: default\n    concurrency: 200\n  - name: slow\n    concurrency: 2\n"
+    )
     (config / "dygo.yml").write_text("jobs: [jobs]\n")
     load_jobs(load_settings(str(config)))
     with psycopg.connect(server, autocommit=True) as admin:
@@ -57,8 +58,13 @@ def main() -> int:
     env = {**os.environ, "DATABASE_URL": url, "DYGO_CONFIG_DIR": str(config)}
     dygo = str(Path(sys.executable).with_name("dygo"))
     subprocess.run([dygo, "migrate"], env=env, check=True, capture_output=True)
-    worker = subprocess.Popen([dygo, "worker", "--queue", "default", "--concurrency", "200"], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [dygo, "worker", "--queue", "default", "--concurrency", "200"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             time.sleep(1.5)
@@ -80,12 +86,15 @@ def main() -> int:
                 "SELECT extract(epoch FROM started_at - enqueued_at)::float8 * 1000,"
                 "       extract(epoch FROM enqueued_at - min(enqueued_at) OVER ())::float8,"
                 "       id, extract(epoch FROM enqueued_at)::float8, extract(epoch FROM started_at)::float8"
-                " FROM dygo_jobs WHERE id > %s AND started_at IS NOT NULL ORDER BY 1", (before,)).fetchall()
+                " FROM dygo_jobs WHERE id > %s AND started_at IS NOT NULL ORDER BY 1",
+                (before,),
+            ).fetchall()
     finally:
         worker.terminate()
         worker.wait()
         with psycopg.connect(server, autocommit=True) as admin:  # one database fewer for autovacuum to visit
             admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+
     def spread(values: list[float]) -> str:
         ordered = sorted(values)
         p50, p95, p99 = (ordered[min(len(ordered) - 1, int(p * len(ordered)))] for p in (0.5, 0.95, 0.99))

@@ -75,15 +75,26 @@ async def create_worker() -> AsyncIterator[PgQueuer]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_plan_arguments(parser)
-    parser.add_argument("--worker-batch-size", type=int, default=100,
-                        help="pgq run --batch-size (default 10; its tuning guide: raise it for short jobs)")
-    parser.add_argument("--max-concurrent-tasks", type=int, default=200,
-                        help="pgq run --max-concurrent-tasks, at least 2 x batch size (0: unlimited, its default)")
+    parser.add_argument(
+        "--worker-batch-size",
+        type=int,
+        default=100,
+        help="pgq run --batch-size (default 10; its tuning guide: raise it for short jobs)",
+    )
+    parser.add_argument(
+        "--max-concurrent-tasks",
+        type=int,
+        default=200,
+        help="pgq run --max-concurrent-tasks, at least 2 x batch size (0: unlimited, its default)",
+    )
     parser.add_argument("--worker", action="store_true", help="be the worker process (BENCH_URL names the database)")
     args = parser.parse_args()
     if args.worker:
-        uvloop.run(pgqueuer.run(create_worker, batch_size=args.worker_batch_size,
-                                max_concurrent_tasks=args.max_concurrent_tasks or None))
+        uvloop.run(
+            pgqueuer.run(
+                create_worker, batch_size=args.worker_batch_size, max_concurrent_tasks=args.max_concurrent_tasks or None
+            )
+        )
         return 0
     result = asyncio.run(run(plan_from(args), args.worker_batch_size, args.max_concurrent_tasks))
     emit(result)
@@ -98,14 +109,24 @@ async def run(plan: Plan, worker_batch_size: int, max_concurrent_tasks: int) -> 
         await queries.install()  # `pgq install`
         await queries.optimize_autovacuum()  # `pgq autovac`, first item of its tuning checklist
     result = Result(
-        system="pgqueuer", version=version("pgqueuer"),
+        system="pgqueuer",
+        version=version("pgqueuer"),
         settings=f"pgq run --batch-size {worker_batch_size} --max-concurrent-tasks {max_concurrent_tasks} "
-                 f"(asyncpg, uvloop, durable tables, pgq autovac); Queries.enqueue lists of {plan.batch_size}",
+        f"(asyncpg, uvloop, durable tables, pgq autovac); Queries.enqueue lists of {plan.batch_size}",
     )
     result.enqueue_one, result.enqueue_one_rounds = await measure_enqueue_one(plan, queries, connection)
     result.enqueue_batched, result.enqueue_batched_rounds = await measure_enqueue_batched(plan, queries, connection)
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--url", plan.url,
-               "--worker-batch-size", str(worker_batch_size), "--max-concurrent-tasks", str(max_concurrent_tasks)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--url",
+        plan.url,
+        "--worker-batch-size",
+        str(worker_batch_size),
+        "--max-concurrent-tasks",
+        str(max_concurrent_tasks),
+    ]
     postmaster = await postmaster_pid(connection)
     with WorkerProcess(command, {"BENCH_URL": plan.url}, cwd=BENCH_DIR) as worker:
         await warm_up(plan, queries, connection, worker)
@@ -130,8 +151,9 @@ async def postmaster_pid(connection: asyncpg.Connection) -> int:
     return parent_pid(await connection.fetchval("SELECT pg_backend_pid()"))
 
 
-async def measure_enqueue_one(plan: Plan, queries: Queries,
-                              connection: asyncpg.Connection) -> tuple[float, list[float]]:
+async def measure_enqueue_one(
+    plan: Plan, queries: Queries, connection: asyncpg.Connection
+) -> tuple[float, list[float]]:
     seconds = []
     await truncate(connection)
     for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
@@ -147,8 +169,9 @@ async def enqueue_batch(queries: Queries, count: int) -> None:
     await queries.enqueue([ENTRYPOINT] * count, [None] * count, [0] * count)
 
 
-async def measure_enqueue_batched(plan: Plan, queries: Queries,
-                                  connection: asyncpg.Connection) -> tuple[float, list[float]]:
+async def measure_enqueue_batched(
+    plan: Plan, queries: Queries, connection: asyncpg.Connection
+) -> tuple[float, list[float]]:
     seconds = []
     await truncate(connection)
     for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
@@ -160,13 +183,15 @@ async def measure_enqueue_batched(plan: Plan, queries: Queries,
     return enqueue_rates("pgqueuer", f"in batches of {plan.batch_size}", plan.batched_jobs, seconds)
 
 
-async def wait_for_successes(connection: asyncpg.Connection, after_id: int, expected: int, worker: WorkerProcess,
-                             timeout: float) -> None:
+async def wait_for_successes(
+    connection: asyncpg.Connection, after_id: int, expected: int, worker: WorkerProcess, timeout: float
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
         worker.check_alive()
         done = await connection.fetchval(
-            "SELECT count(*) FROM pgqueuer_log WHERE job_id > $1 AND status = 'successful'", after_id)
+            "SELECT count(*) FROM pgqueuer_log WHERE job_id > $1 AND status = 'successful'", after_id
+        )
         if done >= expected:
             return
         if time.monotonic() > deadline:
@@ -181,8 +206,9 @@ async def warm_up(plan: Plan, queries: Queries, connection: asyncpg.Connection, 
     await asyncio.sleep(0.5)
 
 
-async def measure_latency(plan: Plan, queries: Queries, connection: asyncpg.Connection,
-                          worker: WorkerProcess) -> list[float]:
+async def measure_latency(
+    plan: Plan, queries: Queries, connection: asyncpg.Connection, worker: WorkerProcess
+) -> list[float]:
     before = await last_id(connection)
     start = time.perf_counter()
     for i in range(plan.latency_jobs):
@@ -194,26 +220,40 @@ async def measure_latency(plan: Plan, queries: Queries, connection: asyncpg.Conn
     rows = await connection.fetch(
         """SELECT extract(epoch FROM p.created - q.created) * 1000 AS ms
            FROM pgqueuer_log q JOIN pgqueuer_log p ON p.job_id = q.job_id AND p.status = 'picked'
-           WHERE q.job_id > $1 AND q.status = 'queued'""", before)
+           WHERE q.job_id > $1 AND q.status = 'queued'""",
+        before,
+    )
     return [float(r["ms"]) for r in rows]
 
 
-async def measure_processing(plan: Plan, queries: Queries, connection: asyncpg.Connection, worker: WorkerProcess,
-                             postmaster: int) -> ProcessingRound:
+async def measure_processing(
+    plan: Plan, queries: Queries, connection: asyncpg.Connection, worker: WorkerProcess, postmaster: int
+) -> ProcessingRound:
     before = await last_id(connection)
     await enqueue_batch(queries, plan.process_jobs)
     meter = CpuMeter(worker.pid, postmaster).start()
     await wait_for_successes(connection, before, plan.process_jobs, worker, plan.timeout)
     meter.stop()
-    seconds = float(await connection.fetchval(
-        """SELECT extract(epoch FROM max(created) FILTER (WHERE status = 'successful')
+    seconds = float(
+        await connection.fetchval(
+            """SELECT extract(epoch FROM max(created) FILTER (WHERE status = 'successful')
                                    - min(created) FILTER (WHERE status = 'picked'))
-           FROM pgqueuer_log WHERE job_id > $1""", before))
-    result = ProcessingRound(jobs=plan.process_jobs, seconds=round(seconds, 4), rate=rate(plan.process_jobs, seconds),
-                             worker_cpu_seconds=round(meter.worker, 2), postgres_cpu_seconds=round(meter.postgres, 2),
-                             machine_busy_seconds=round(meter.machine, 2))
-    log(f"pgqueuer: processed {plan.process_jobs} in {seconds:.3f}s ({result.rate:,.0f}/s); CPU: worker "
-        f"{meter.worker:.2f}s, PostgreSQL {meter.postgres:.2f}s, machine {meter.machine:.2f}s")
+           FROM pgqueuer_log WHERE job_id > $1""",
+            before,
+        )
+    )
+    result = ProcessingRound(
+        jobs=plan.process_jobs,
+        seconds=round(seconds, 4),
+        rate=rate(plan.process_jobs, seconds),
+        worker_cpu_seconds=round(meter.worker, 2),
+        postgres_cpu_seconds=round(meter.postgres, 2),
+        machine_busy_seconds=round(meter.machine, 2),
+    )
+    log(
+        f"pgqueuer: processed {plan.process_jobs} in {seconds:.3f}s ({result.rate:,.0f}/s); CPU: worker "
+        f"{meter.worker:.2f}s, PostgreSQL {meter.postgres:.2f}s, machine {meter.machine:.2f}s"
+    )
     return result
 
 

@@ -64,9 +64,10 @@ def main() -> int:
 
 async def run(plan: Plan, concurrency: int) -> Result:
     result = Result(
-        system="procrastinate", version=version("procrastinate"),
+        system="procrastinate",
+        version=version("procrastinate"),
         settings=f"procrastinate worker --queues={QUEUE} --concurrency={concurrency}; "
-                 f"batch_defer_async batches of {plan.batch_size}",
+        f"batch_defer_async batches of {plan.batch_size}",
     )
     async with await psycopg.AsyncConnection.connect(plan.url, autocommit=True) as check:  # before the app's pool
         refuse_other_clients(await (await check.execute(OTHER_CLIENTS)).fetchall(), "procrastinate")
@@ -83,8 +84,13 @@ async def measure(plan: Plan, concurrency: int, conn: psycopg.AsyncConnection, r
         await app.schema_manager.apply_schema_async()
     result.enqueue_one, result.enqueue_one_rounds = await measure_enqueue_one(plan, noop, conn)
     result.enqueue_batched, result.enqueue_batched_rounds = await measure_enqueue_batched(plan, noop, conn)
-    command = [str(Path(sys.executable).with_name("procrastinate")), "--app=peer_procrastinate.app", "worker",
-               f"--queues={QUEUE}", f"--concurrency={concurrency}"]
+    command = [
+        str(Path(sys.executable).with_name("procrastinate")),
+        "--app=peer_procrastinate.app",
+        "worker",
+        f"--queues={QUEUE}",
+        f"--concurrency={concurrency}",
+    ]
     env = {"BENCH_URL": plan.url, "PYTHONPATH": str(BENCH_DIR)}
     with WorkerProcess(command, env, cwd=BENCH_DIR) as worker:
         await warm_up(plan, noop, conn, worker)
@@ -113,8 +119,9 @@ async def last_id(conn: psycopg.AsyncConnection) -> int:
     return int(await scalar(conn, "SELECT coalesce(max(id), 0) FROM procrastinate_jobs"))  # type: ignore[arg-type]
 
 
-async def measure_enqueue_one(plan: Plan, task: procrastinate.tasks.Task,
-                              conn: psycopg.AsyncConnection) -> tuple[float, list[float]]:
+async def measure_enqueue_one(
+    plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.AsyncConnection
+) -> tuple[float, list[float]]:
     seconds = []
     await truncate(conn)
     for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
@@ -126,8 +133,9 @@ async def measure_enqueue_one(plan: Plan, task: procrastinate.tasks.Task,
     return enqueue_rates("procrastinate", "one at a time", plan.one_jobs, seconds)
 
 
-async def measure_enqueue_batched(plan: Plan, task: procrastinate.tasks.Task,
-                                  conn: psycopg.AsyncConnection) -> tuple[float, list[float]]:
+async def measure_enqueue_batched(
+    plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.AsyncConnection
+) -> tuple[float, list[float]]:
     seconds = []
     await truncate(conn)
     for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
@@ -139,13 +147,15 @@ async def measure_enqueue_batched(plan: Plan, task: procrastinate.tasks.Task,
     return enqueue_rates("procrastinate", f"in batches of {plan.batch_size}", plan.batched_jobs, seconds)
 
 
-async def wait_for_successes(conn: psycopg.AsyncConnection, after_id: int, expected: int, worker: WorkerProcess,
-                             timeout: float) -> None:
+async def wait_for_successes(
+    conn: psycopg.AsyncConnection, after_id: int, expected: int, worker: WorkerProcess, timeout: float
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
         worker.check_alive()
-        done = await scalar(conn, "SELECT count(*) FROM procrastinate_jobs WHERE id > %s AND status = 'succeeded'",
-                            after_id)
+        done = await scalar(
+            conn, "SELECT count(*) FROM procrastinate_jobs WHERE id > %s AND status = 'succeeded'", after_id
+        )
         if isinstance(done, int) and done >= expected:
             return
         if time.monotonic() > deadline:
@@ -153,16 +163,18 @@ async def wait_for_successes(conn: psycopg.AsyncConnection, after_id: int, expec
         await asyncio.sleep(0.2)
 
 
-async def warm_up(plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.AsyncConnection,
-                  worker: WorkerProcess) -> None:
+async def warm_up(
+    plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.AsyncConnection, worker: WorkerProcess
+) -> None:
     before = await last_id(conn)
     await task.defer_async()
     await wait_for_successes(conn, before, 1, worker, plan.timeout)
     await asyncio.sleep(0.5)
 
 
-async def measure_latency(plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.AsyncConnection,
-                          worker: WorkerProcess) -> list[float]:
+async def measure_latency(
+    plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.AsyncConnection, worker: WorkerProcess
+) -> list[float]:
     before = await last_id(conn)
     start = time.perf_counter()
     for i in range(plan.latency_jobs):
@@ -174,26 +186,41 @@ async def measure_latency(plan: Plan, task: procrastinate.tasks.Task, conn: psyc
     cursor = await conn.execute(
         """SELECT extract(epoch FROM s.at - d.at) * 1000
            FROM procrastinate_events d JOIN procrastinate_events s ON s.job_id = d.job_id AND s.type = 'started'
-           WHERE d.job_id > %s AND d.type = 'deferred'""", (before,))
+           WHERE d.job_id > %s AND d.type = 'deferred'""",
+        (before,),
+    )
     return [float(r[0]) for r in await cursor.fetchall()]
 
 
-async def measure_processing(plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.AsyncConnection,
-                             worker: WorkerProcess) -> ProcessingRound:
+async def measure_processing(
+    plan: Plan, task: procrastinate.tasks.Task, conn: psycopg.AsyncConnection, worker: WorkerProcess
+) -> ProcessingRound:
     before = await last_id(conn)
     await task.batch_defer_async(*({} for _ in range(plan.process_jobs)))
     meter = CpuMeter(worker.pid, parent_pid(conn.info.backend_pid)).start()
     await wait_for_successes(conn, before, plan.process_jobs, worker, plan.timeout)
     meter.stop()
-    seconds = float(await scalar(  # type: ignore[arg-type]
-        conn, """SELECT extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')
+    seconds = float(
+        await scalar(  # type: ignore[arg-type]
+            conn,
+            """SELECT extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')
                                          - min(at) FILTER (WHERE type = 'started'))
-                 FROM procrastinate_events WHERE job_id > %s""", before))
-    result = ProcessingRound(jobs=plan.process_jobs, seconds=round(seconds, 4), rate=rate(plan.process_jobs, seconds),
-                             worker_cpu_seconds=round(meter.worker, 2), postgres_cpu_seconds=round(meter.postgres, 2),
-                             machine_busy_seconds=round(meter.machine, 2))
-    log(f"procrastinate: processed {plan.process_jobs} in {seconds:.3f}s ({result.rate:,.0f}/s); CPU: worker "
-        f"{meter.worker:.2f}s, PostgreSQL {meter.postgres:.2f}s, machine {meter.machine:.2f}s")
+                 FROM procrastinate_events WHERE job_id > %s""",
+            before,
+        )
+    )
+    result = ProcessingRound(
+        jobs=plan.process_jobs,
+        seconds=round(seconds, 4),
+        rate=rate(plan.process_jobs, seconds),
+        worker_cpu_seconds=round(meter.worker, 2),
+        postgres_cpu_seconds=round(meter.postgres, 2),
+        machine_busy_seconds=round(meter.machine, 2),
+    )
+    log(
+        f"procrastinate: processed {plan.process_jobs} in {seconds:.3f}s ({result.rate:,.0f}/s); CPU: worker "
+        f"{meter.worker:.2f}s, PostgreSQL {meter.postgres:.2f}s, machine {meter.machine:.2f}s"
+    )
     return result
 
 

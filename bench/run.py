@@ -81,8 +81,9 @@ def main() -> int:
 
     base = Plan(url="")
     if args.quick:
-        base = replace(base, one_jobs=1_000, batched_jobs=10_000, process_jobs=5_000, process_rounds=2,
-                       latency_jobs=100)
+        base = replace(
+            base, one_jobs=1_000, batched_jobs=10_000, process_jobs=5_000, process_rounds=2, latency_jobs=100
+        )
     if args.latency_jobs:
         base = replace(base, latency_jobs=args.latency_jobs)
     systems, notes = available_systems(args.systems)
@@ -111,8 +112,10 @@ def main() -> int:
             print(f"    {line}")
     print(f"  machine: {os.cpu_count()} cores; background load between systems: up to {max(loads):.2f} cores")
     if args.repeat > 1:
-        print(f"  rates: the median of {args.repeat} passes (each pass: the median of its rounds); "
-              f"latency: the percentiles of all passes' samples together")
+        print(
+            f"  rates: the median of {args.repeat} passes (each pass: the median of its rounds); "
+            f"latency: the percentiles of all passes' samples together"
+        )
     for note in notes:
         print(f"  note: {note}")
     dygo = next((r for r in results if r.system == "dygo"), None)
@@ -132,14 +135,27 @@ def main() -> int:
 
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", type=lambda text: text.split(","), default=[s.name for s in all_systems()],
-                        help=f"comma-separated subset of {','.join(s.name for s in all_systems())}")
+    parser.add_argument(
+        "--systems",
+        type=lambda text: text.split(","),
+        default=[s.name for s in all_systems()],
+        help=f"comma-separated subset of {','.join(s.name for s in all_systems())}",
+    )
     parser.add_argument("--quick", action="store_true", help="smaller counts: a smoke run")
-    parser.add_argument("--repeat", type=int, default=1, metavar="N",
-                        help="run every system N times, taking turns; report the median of the passes")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every system N times, taking turns; report the median of the passes",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy the dygo worker in one extra round")
-    parser.add_argument("--latency-jobs", type=int, metavar="N",
-                        help="jobs in each latency round (default 200; more makes the p99 less of a single sample)")
+    parser.add_argument(
+        "--latency-jobs",
+        type=int,
+        metavar="N",
+        help="jobs in each latency round (default 200; more makes the p99 less of a single sample)",
+    )
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--json", metavar="PATH", help="also write the full results (rounds, CPU, profile) here")
     parser.add_argument("--server-url", help="PostgreSQL server to use (default: `dygo db url`, the embedded one)")
@@ -198,8 +214,7 @@ def system_arguments(system: System, profile: bool) -> list[str]:
 def embedded_server_url() -> str:
     """`dygo db url`: starts the embedded server if needed."""
     dygo = Path(sys.executable).with_name("dygo")
-    return subprocess.run([str(dygo), "db", "url"], check=True, capture_output=True, text=True,
-                          cwd=ROOT).stdout.strip()
+    return subprocess.run([str(dygo), "db", "url"], check=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
 
 def database_url(server_url: str, name: str) -> str:
@@ -235,8 +250,9 @@ def unavailable(system: System) -> str | None:
     """Why `system` cannot run here, or None."""
     if not system.python.exists():
         return f"{system.python} not found (create .venv-bench: see bench/README.md)"
-    probe = subprocess.run([str(system.python), "-c", f"import {', '.join(system.needs)}"],
-                           capture_output=True, text=True, cwd=BENCH_DIR)
+    probe = subprocess.run(
+        [str(system.python), "-c", f"import {', '.join(system.needs)}"], capture_output=True, text=True, cwd=BENCH_DIR
+    )
     if probe.returncode != 0:
         return f"cannot import {', '.join(system.needs)} in {system.python}: {probe.stderr.strip().splitlines()[-1]}"
     return None
@@ -269,23 +285,37 @@ def combine(passes: list[Result]) -> Result:
     p50, p95, p99 = percentiles(pooled)
     return replace(
         first,
-        enqueue_one=median("enqueue_one"), enqueue_batched=median("enqueue_batched"), processed=median("processed"),
-        p50_ms=p50, p95_ms=p95, p99_ms=p99, latency_ms=pooled,
+        enqueue_one=median("enqueue_one"),
+        enqueue_batched=median("enqueue_batched"),
+        processed=median("processed"),
+        p50_ms=p50,
+        p95_ms=p95,
+        p99_ms=p99,
+        latency_ms=pooled,
         enqueue_one_rounds=[x for r in passes for x in r.enqueue_one_rounds],
         enqueue_batched_rounds=[x for r in passes for x in r.enqueue_batched_rounds],
         rounds=[x for r in passes for x in r.rounds],
-        notes=[f"pass {i}: enqueue one {r.enqueue_one:,.0f}/s, batched {r.enqueue_batched:,.0f}/s, processed "
-               f"{r.processed:,.0f}/s, p50/p95/p99 {r.p50_ms:.2f}/{r.p95_ms:.2f}/{r.p99_ms:.2f} ms"
-               for i, r in enumerate(passes, 1)],
+        notes=[
+            f"pass {i}: enqueue one {r.enqueue_one:,.0f}/s, batched {r.enqueue_batched:,.0f}/s, processed "
+            f"{r.processed:,.0f}/s, p50/p95/p99 {r.p50_ms:.2f}/{r.p95_ms:.2f}/{r.p99_ms:.2f} ms"
+            for i, r in enumerate(passes, 1)
+        ],
         profile=next((r.profile for r in passes if r.profile), None),
     )
 
 
 # --- reporting ----------------------------------------------------------------------------------------------------
 
-COLUMNS = [("system", "system"), ("version", "version"), ("enqueue one/s", "enqueue_one"),
-           ("enqueue batched/s", "enqueue_batched"), ("processed/s", "processed"), ("p50 ms", "p50_ms"),
-           ("p95 ms", "p95_ms"), ("p99 ms", "p99_ms")]
+COLUMNS = [
+    ("system", "system"),
+    ("version", "version"),
+    ("enqueue one/s", "enqueue_one"),
+    ("enqueue batched/s", "enqueue_batched"),
+    ("processed/s", "processed"),
+    ("p50 ms", "p50_ms"),
+    ("p95 ms", "p95_ms"),
+    ("p99 ms", "p99_ms"),
+]
 
 
 def cell(value: object) -> str:
@@ -303,9 +333,12 @@ def rows(results: list[Result]) -> list[list[str]]:
 def text_table(results: list[Result]) -> str:
     table = [[title for title, _ in COLUMNS], *rows(results)]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+
     def line(row: list[str]) -> str:
-        return "  ".join(value.ljust(width) if i < 2 else value.rjust(width)
-                         for i, (value, width) in enumerate(zip(row, widths, strict=True)))
+        return "  ".join(
+            value.ljust(width) if i < 2 else value.rjust(width)
+            for i, (value, width) in enumerate(zip(row, widths, strict=True))
+        )
 
     lines = [line(row) for row in table]
     return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
@@ -327,9 +360,11 @@ def target_report(dygo: Result) -> str:
         verdict = "ok  " if ok else "MISS"
         lines.append(f"  {verdict} {attribute:16} {cell(value):>8}  (target {relation} {cell(target)})")
     for r in dygo.rounds:
-        lines.append(f"  round: {r.jobs} jobs in {r.seconds:.3f}s = {r.rate:,.0f}/s; CPU worker "
-                     f"{r.worker_cpu_seconds}s, PostgreSQL {r.postgres_cpu_seconds}s, "
-                     f"machine {r.machine_busy_seconds}s")
+        lines.append(
+            f"  round: {r.jobs} jobs in {r.seconds:.3f}s = {r.rate:,.0f}/s; CPU worker "
+            f"{r.worker_cpu_seconds}s, PostgreSQL {r.postgres_cpu_seconds}s, "
+            f"machine {r.machine_busy_seconds}s"
+        )
     return "\n".join(lines)
 
 
@@ -352,9 +387,11 @@ def peer_report(passes: dict[str, list[Result]]) -> str:
         value, peer_value = getattr(mine, attribute), getattr(theirs[best], attribute)
         margin = abs(value / peer_value - 1) * 100 if peer_value else float("nan")
         won = sum(beats(a, b) for a, b in zip(ours, peers[best], strict=False))
-        line = (f"  {title:18} dygo {cell(value):>8}  {best} {cell(peer_value):>8}  "
-                f"{'ahead' if beats(mine, theirs[best]) else 'behind'} by {margin:.1f}%; "
-                f"dygo ahead in {won} of {min(len(ours), len(peers[best]))} passes")
+        line = (
+            f"  {title:18} dygo {cell(value):>8}  {best} {cell(peer_value):>8}  "
+            f"{'ahead' if beats(mine, theirs[best]) else 'behind'} by {margin:.1f}%; "
+            f"dygo ahead in {won} of {min(len(ours), len(peers[best]))} passes"
+        )
         if attribute in LOWER_IS_BETTER:
             low, high = bootstrap_difference(mine.latency_ms, theirs[best].latency_ms, LOWER_IS_BETTER[attribute])
             line += f"; dygo - {best}: 95% interval {low:+.2f} to {high:+.2f} ms"
@@ -374,12 +411,16 @@ def small_concurrency_report(results: list[Result]) -> str:
     lines = []
     if "dygo_c4" in rate:
         c4 = rate["dygo_c4"]
-        lines.append(f"  dygo_c4 {c4:,.0f}/s = {c4 / C4_BEFORE:.2f} x the {C4_BEFORE:,}/s before (target >= 2; "
-                     f"that figure is from a quiet machine, compare only on one)")
+        lines.append(
+            f"  dygo_c4 {c4:,.0f}/s = {c4 / C4_BEFORE:.2f} x the {C4_BEFORE:,}/s before (target >= 2; "
+            f"that figure is from a quiet machine, compare only on one)"
+        )
         if "dygo_c4_exact" in rate:
             exact = rate["dygo_c4_exact"]
-            lines.append(f"  dygo_c4 {c4:,.0f}/s = {c4 / exact:.2f} x dygo_c4_exact {exact:,.0f}/s (claim_ahead 0: "
-                         f"claims only for free slots; this run's own before)")
+            lines.append(
+                f"  dygo_c4 {c4:,.0f}/s = {c4 / exact:.2f} x dygo_c4_exact {exact:,.0f}/s (claim_ahead 0: "
+                f"claims only for free slots; this run's own before)"
+            )
         for peer in ("pgqueuer_default", "pgqueuer_c4"):
             if peer in rate:
                 target = " (target >= 1)" if peer == "pgqueuer_default" else ""
@@ -388,8 +429,10 @@ def small_concurrency_report(results: list[Result]) -> str:
     ours = {name: value for name, value in rate.items() if name.startswith("dygo")}
     if theirs and ours:
         best, peer = max(ours, key=ours.__getitem__), max(theirs, key=theirs.__getitem__)
-        lines.append(f"  best: {best} {ours[best]:,.0f}/s = {ours[best] / theirs[peer]:.2f} x {peer} "
-                     f"{theirs[peer]:,.0f}/s (target >= 2)")
+        lines.append(
+            f"  best: {best} {ours[best]:,.0f}/s = {ours[best] / theirs[peer]:.2f} x {peer} "
+            f"{theirs[peer]:,.0f}/s (target >= 2)"
+        )
     return "\n".join(["", "processing at small concurrency and at best (issue 12, item 7):", *lines]) if lines else ""
 
 

@@ -73,9 +73,12 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a round may take to drain")
     parser.add_argument("--json", type=Path, help="also write the rounds here")
     parser.add_argument("--fillfactor", type=int, help="try dygo_jobs with this fillfactor (an experiment)")
-    parser.add_argument("--untuned", action="store_true",
-                        help="PostgreSQL's autovacuum defaults (migration 0008's table settings reset, naptime 1min "
-                             "on the server for the run): the 'before' of docs/operations/retention.md")
+    parser.add_argument(
+        "--untuned",
+        action="store_true",
+        help="PostgreSQL's autovacuum defaults (migration 0008's table settings reset, naptime 1min "
+        "on the server for the run): the 'before' of docs/operations/retention.md",
+    )
     args = parser.parse_args()
 
     started = time.monotonic()
@@ -93,8 +96,14 @@ def main() -> int:
         write_config(Path(config_dir), args)
         load_jobs(load_settings(config_dir))
         env = {"DATABASE_URL": url, "DYGO_CONFIG_DIR": config_dir, "DYGO_LOG_LEVEL": "WARNING"}
-        command = [str(Path(sys.executable).with_name("dygo")), "worker", "--queue", QUEUE,
-                   "--concurrency", str(args.concurrency)]
+        command = [
+            str(Path(sys.executable).with_name("dygo")),
+            "worker",
+            "--queue",
+            QUEUE,
+            "--concurrency",
+            str(args.concurrency),
+        ]
         with WorkerProcess(command, env) as worker, psycopg.connect(url, autocommit=True) as conn:
             for number in range(1, args.rounds + 1):
                 rounds.append(push_round(conn, worker, number, args.jobs, args.timeout, rounds))
@@ -102,13 +111,16 @@ def main() -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         if args.untuned:
             set_naptime(conn, None)
-        updates = conn.execute("SELECT n_tup_upd, n_tup_hot_upd, n_tup_newpage_upd FROM pg_stat_user_tables "
-                               "WHERE relname = 'dygo_jobs'").fetchone()
+        updates = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd, n_tup_newpage_upd FROM pg_stat_user_tables WHERE relname = 'dygo_jobs'"
+        ).fetchone()
     elapsed = time.monotonic() - started
     print(table(rounds))
     print(verdict(rounds))
-    print(f"{rounds[-1].jobs_total:,} jobs in {elapsed:.0f} s wall clock; dygo_jobs updates: {updates[0]:,}, "
-          f"HOT {updates[1]:,}, moved to another page {updates[2]:,}")
+    print(
+        f"{rounds[-1].jobs_total:,} jobs in {elapsed:.0f} s wall clock; dygo_jobs updates: {updates[0]:,}, "
+        f"HOT {updates[1]:,}, moved to another page {updates[2]:,}"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rounds": [asdict(r) for r in rounds], "seconds": elapsed}, indent=1))
@@ -117,8 +129,7 @@ def main() -> int:
 
 def embedded_server_url() -> str:
     dygo = Path(sys.executable).with_name("dygo")
-    return subprocess.run([str(dygo), "db", "url"], check=True, capture_output=True, text=True,
-                          cwd=ROOT).stdout.strip()
+    return subprocess.run([str(dygo), "db", "url"], check=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
 
 def fresh_database(server_url: str, name: str) -> str:
@@ -130,10 +141,12 @@ def fresh_database(server_url: str, name: str) -> str:
 
 def write_config(config_dir: Path, args: argparse.Namespace) -> None:
     (config_dir / "queues.yml").write_text(
-        f"queues:\n  - name: {QUEUE}\n    concurrency: {args.concurrency}\n  - name: slow\n    concurrency: 2\n")
+        f"queues:\n  - name: {QUEUE}\n    concurrency: {args.concurrency}\n  - name: slow\n    concurrency: 2\n"
+    )
     (config_dir / "dygo.yml").write_text(
         f"jobs: [jobs]\ncompleted_retention: {args.completed_retention}\n"
-        f"retention_interval: {args.retention_interval}\n")
+        f"retention_interval: {args.retention_interval}\n"
+    )
 
 
 def untune(conn: psycopg.Connection) -> None:
@@ -157,8 +170,9 @@ def table_options(conn: psycopg.Connection) -> str:
     return ", ".join(row[0]) if row and row[0] else "PostgreSQL defaults"
 
 
-def push_round(conn: psycopg.Connection, worker: WorkerProcess, number: int, jobs: int, timeout: float,
-               previous: list[Round]) -> Round:
+def push_round(
+    conn: psycopg.Connection, worker: WorkerProcess, number: int, jobs: int, timeout: float, previous: list[Round]
+) -> Round:
     before = conn.execute("SELECT coalesce(max(id), 0) FROM dygo_jobs").fetchone()[0]
     meter = CpuMeter(worker.pid, parent_pid(conn.info.backend_pid)).start()
     wal_before = conn.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal").fetchone()
@@ -179,8 +193,11 @@ def push_round(conn: psycopg.Connection, worker: WorkerProcess, number: int, job
     meter.stop()
     wal_after = conn.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal").fetchone()
     # Retention keeps succeeded rows `completed_retention` after they finish: these are all still there.
-    row = conn.execute("SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) FROM dygo_jobs "
-                       "WHERE id > %s AND state = 'succeeded'", (before,)).fetchone()
+    row = conn.execute(
+        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) FROM dygo_jobs "
+        "WHERE id > %s AND state = 'succeeded'",
+        (before,),
+    ).fetchone()
     if row[0] != jobs:
         raise RuntimeError(f"round {number}: {row[0]} of {jobs} jobs succeeded")
     seconds = float(row[1])
@@ -190,24 +207,39 @@ def push_round(conn: psycopg.Connection, worker: WorkerProcess, number: int, job
         SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count, total_autovacuum_time / 1000
         FROM pg_stat_user_tables WHERE relname = 'dygo_jobs'""").fetchone()
     vacuumed = float(stats[4]) - (previous[-1].autovacuum_seconds if previous else 0.0)
-    index_mb = {name: mb(size) for name, size in conn.execute("""
+    index_mb = {
+        name: mb(size)
+        for name, size in conn.execute("""
         SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes
-        WHERE relname = 'dygo_jobs' ORDER BY indexrelname""")}
+        WHERE relname = 'dygo_jobs' ORDER BY indexrelname""")
+    }
     heap = conn.execute("SELECT pg_relation_size('dygo_jobs')").fetchone()[0]
     deltas = conn.execute("SELECT pg_total_relation_size('dygo_stats_deltas')").fetchone()[0]
-    return Round(number=number, jobs_total=expected, rate=round(jobs / seconds, 1),
-                 enqueue_rate=round(jobs / enqueue_seconds, 1),
-                 cpu_us_per_job=round((meter.worker + meter.postgres) / jobs * 1e6, 1), heap_mb=mb(heap),
-                 index_mb=index_mb,
-                 live_rows=stats[0], dead_rows=stats[1], autovacuums=stats[2], autoanalyzes=stats[3],
-                 autovacuum_seconds=round(float(stats[4]), 3), vacuum_us_per_job=round(vacuumed / jobs * 1e6, 1),
-                 deltas_mb=mb(deltas), wal_bytes_per_job=round(float(wal_after[0] - wal_before[0]) / jobs, 1),
-                 full_page_images_per_job=round((wal_after[1] - wal_before[1]) / jobs, 3))
+    return Round(
+        number=number,
+        jobs_total=expected,
+        rate=round(jobs / seconds, 1),
+        enqueue_rate=round(jobs / enqueue_seconds, 1),
+        cpu_us_per_job=round((meter.worker + meter.postgres) / jobs * 1e6, 1),
+        heap_mb=mb(heap),
+        index_mb=index_mb,
+        live_rows=stats[0],
+        dead_rows=stats[1],
+        autovacuums=stats[2],
+        autoanalyzes=stats[3],
+        autovacuum_seconds=round(float(stats[4]), 3),
+        vacuum_us_per_job=round(vacuumed / jobs * 1e6, 1),
+        deltas_mb=mb(deltas),
+        wal_bytes_per_job=round(float(wal_after[0] - wal_before[0]) / jobs, 1),
+        full_page_images_per_job=round((wal_after[1] - wal_before[1]) / jobs, 3),
+    )
 
 
 def succeeded_so_far(conn: psycopg.Connection) -> int:
-    row = conn.execute("SELECT (SELECT coalesce(sum(succeeded), 0) FROM dygo_daily_stats) "
-                       "+ (SELECT coalesce(sum(succeeded), 0) FROM dygo_stats_deltas)").fetchone()
+    row = conn.execute(
+        "SELECT (SELECT coalesce(sum(succeeded), 0) FROM dygo_daily_stats) "
+        "+ (SELECT coalesce(sum(succeeded), 0) FROM dygo_stats_deltas)"
+    ).fetchone()
     return int(row[0])
 
 
@@ -221,21 +253,45 @@ def short(index: str) -> str:
 
 def line(r: Round) -> str:
     indexes = ", ".join(f"{short(name)} {size}" for name, size in r.index_mb.items())
-    return (f"round {r.number}: {r.jobs_total:,} jobs, {r.rate:,.0f}/s, {r.cpu_us_per_job:.0f} µs CPU/job; "
-            f"WAL {r.wal_bytes_per_job:.0f} B/job ({r.full_page_images_per_job:.2f} FPI); "
-            f"heap {r.heap_mb} MB; indexes MB: {indexes}; "
-            f"live {r.live_rows:,}, dead {r.dead_rows:,}; autovacuums {r.autovacuums}")
+    return (
+        f"round {r.number}: {r.jobs_total:,} jobs, {r.rate:,.0f}/s, {r.cpu_us_per_job:.0f} µs CPU/job; "
+        f"WAL {r.wal_bytes_per_job:.0f} B/job ({r.full_page_images_per_job:.2f} FPI); "
+        f"heap {r.heap_mb} MB; indexes MB: {indexes}; "
+        f"live {r.live_rows:,}, dead {r.dead_rows:,}; autovacuums {r.autovacuums}"
+    )
 
 
 def table(rounds: list[Round]) -> str:
     names = list(rounds[0].index_mb)
-    header = ["round", "jobs so far", "processed/s", "CPU µs/job", "vacuum µs/job", "heap MB",
-              *(f"{short(n)} MB" for n in names),
-              "live rows", "dead rows", "autovacuums", "deltas MB"]
-    body = [[str(r.number), f"{r.jobs_total:,}", f"{r.rate:,.0f}", f"{r.cpu_us_per_job:.0f}",
-             f"{r.vacuum_us_per_job:.0f}", f"{r.heap_mb}",
-             *(f"{r.index_mb.get(n, 0)}" for n in names), f"{r.live_rows:,}", f"{r.dead_rows:,}",
-             str(r.autovacuums), f"{r.deltas_mb}"] for r in rounds]
+    header = [
+        "round",
+        "jobs so far",
+        "processed/s",
+        "CPU µs/job",
+        "vacuum µs/job",
+        "heap MB",
+        *(f"{short(n)} MB" for n in names),
+        "live rows",
+        "dead rows",
+        "autovacuums",
+        "deltas MB",
+    ]
+    body = [
+        [
+            str(r.number),
+            f"{r.jobs_total:,}",
+            f"{r.rate:,.0f}",
+            f"{r.cpu_us_per_job:.0f}",
+            f"{r.vacuum_us_per_job:.0f}",
+            f"{r.heap_mb}",
+            *(f"{r.index_mb.get(n, 0)}" for n in names),
+            f"{r.live_rows:,}",
+            f"{r.dead_rows:,}",
+            str(r.autovacuums),
+            f"{r.deltas_mb}",
+        ]
+        for r in rounds
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
     return "\n".join(lines)
@@ -250,16 +306,20 @@ def verdict(rounds: list[Round]) -> str:
     # Autovacuum runs in processes the CPU meter can miss (started and gone within a round): its
     # time on dygo_jobs, averaged over the rounds (a vacuum lands in one round of several), is added.
     # An upper bound: wall clock, not CPU.
-    cpu_start = (statistics.median(r.cpu_us_per_job for r in rounds[:span])
-                 + statistics.mean(r.vacuum_us_per_job for r in rounds[:span]))
-    cpu_end = (statistics.median(r.cpu_us_per_job for r in rounds[-span:])
-               + statistics.mean(r.vacuum_us_per_job for r in rounds[-span:]))
+    cpu_start = statistics.median(r.cpu_us_per_job for r in rounds[:span]) + statistics.mean(
+        r.vacuum_us_per_job for r in rounds[:span]
+    )
+    cpu_end = statistics.median(r.cpu_us_per_job for r in rounds[-span:]) + statistics.mean(
+        r.vacuum_us_per_job for r in rounds[-span:]
+    )
     capacity = cpu_start / cpu_end if cpu_end else 0.0
-    return (f"{outcome}: end {end:,.0f}/s is {share:.0%} of start {start:,.0f}/s "
-            f"(median of the first and last {span} rounds; must be >= {THRESHOLD:.0%})\n"
-            f"CPU per job (worker + PostgreSQL + autovacuum, the machine's other load left out): "
-            f"start {cpu_start:.0f} µs, "
-            f"end {cpu_end:.0f} µs: the end's capacity is {capacity:.0%} of the start's")
+    return (
+        f"{outcome}: end {end:,.0f}/s is {share:.0%} of start {start:,.0f}/s "
+        f"(median of the first and last {span} rounds; must be >= {THRESHOLD:.0%})\n"
+        f"CPU per job (worker + PostgreSQL + autovacuum, the machine's other load left out): "
+        f"start {cpu_start:.0f} µs, "
+        f"end {cpu_end:.0f} µs: the end's capacity is {capacity:.0%} of the start's"
+    )
 
 
 if __name__ == "__main__":

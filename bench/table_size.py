@@ -57,8 +57,9 @@ FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS n"""
 
 def main() -> int:
     args = parse_arguments()
-    server = subprocess.run([sys.executable, "-m", "dygo", "db", "url"], check=True, capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
+    server = subprocess.run(
+        [sys.executable, "-m", "dygo", "db", "url"], check=True, capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     urls = {}
     for size in args.sizes:
         urls[size] = fresh_database(server, size)
@@ -84,8 +85,12 @@ def main() -> int:
 
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=lambda text: [int(n) for n in text.split(",")],
-                        default=[10_000, 1_000_000, 10_000_000], help="rows in dygo_jobs, comma-separated")
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[10_000, 1_000_000, 10_000_000],
+        help="rows in dygo_jobs, comma-separated",
+    )
     parser.add_argument("--backlog", type=float, default=0.1, help="share of the rows pending (the rest succeeded)")
     parser.add_argument("--claims", type=int, default=1200, help="claims timed per size")
     parser.add_argument("--batch", type=int, default=5, help="jobs per claim")
@@ -138,8 +143,10 @@ def enqueue_count(url: str, seconds: float) -> tuple[int, float]:
 
 
 def report(results: list[tuple[int, float, float, float]], args: argparse.Namespace) -> None:
-    print(f"claims of {args.batch} jobs ({args.claims} per size), enqueue {args.enqueue_seconds:g} s per size, "
-          f"{args.rounds} rounds")
+    print(
+        f"claims of {args.batch} jobs ({args.claims} per size), enqueue {args.enqueue_seconds:g} s per size, "
+        f"{args.rounds} rounds"
+    )
     print("| rows | claim p50 ms | p99 ms | enqueue one/s | p50 × | p99 × | enqueue time × |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     _, base50, base99, base_rate = results[0]
@@ -147,8 +154,9 @@ def report(results: list[tuple[int, float, float, float]], args: argparse.Namesp
     for size, p50, p99, rate in results:
         ratios = (p50 / base50, p99 / base99, base_rate / rate)
         worst = max(worst, *ratios)
-        print(f"| {size:,} | {p50:.2f} | {p99:.2f} | {rate:,.0f} | {ratios[0]:.2f} | {ratios[1]:.2f} | "
-              f"{ratios[2]:.2f} |")
+        print(
+            f"| {size:,} | {p50:.2f} | {p99:.2f} | {rate:,.0f} | {ratios[0]:.2f} | {ratios[1]:.2f} | {ratios[2]:.2f} |"
+        )
     print(f"worst ratio to the first size: {worst:.2f} ({'ok' if worst <= TARGET else 'OVER'}; target <= {TARGET})")
 
 

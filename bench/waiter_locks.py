@@ -46,7 +46,7 @@ MIGRATIONS = ROOT / "store" / "migrations"
 
 def trigger_function(migration: str) -> str:
     text = (MIGRATIONS / migration).read_text()
-    return text[text.index("CREATE OR REPLACE FUNCTION"):]
+    return text[text.index("CREATE OR REPLACE FUNCTION") :]
 
 
 CURRENT = "0015_result_waiters_lock_again.sql"
@@ -93,14 +93,19 @@ def one_round(url: str, variant: str, rate: float, jobs: int) -> tuple[float, fl
             with psycopg.connect(url, autocommit=True) as own:
                 while not stop.is_set():
                     samples[0] += 1
-                    for event, n in own.execute("SELECT wait_event, count(*) FROM pg_stat_activity "
-                                                "WHERE wait_event_type = 'Lock' GROUP BY 1").fetchall():
+                    for event, n in own.execute(
+                        "SELECT wait_event, count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' GROUP BY 1"
+                    ).fetchall():
                         waits[event] += n
                     time.sleep(0.002)
 
         env = dict(os.environ, DATABASE_URL=url, DYGO_LOG_LEVEL="WARNING")
-        worker = subprocess.Popen([str(ROOT / ".venv" / "bin" / "dygo"), "worker", "--concurrency", "50"],
-                                  env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+        worker = subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "dygo"), "worker", "--concurrency", "50"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
         try:
             time.sleep(3)  # started and idle
             threads = [threading.Thread(target=sampler, daemon=True)]

@@ -1,8 +1,8 @@
 """`python -m chaos` (what `make chaos` runs): every fault-injection scenario, the report table, exit 1 on any problem.
 
-    .venv/bin/python -m chaos                               # full: 10,000 jobs per scenario
-    .venv/bin/python -m chaos --short --scenario kill       # the short version of one scenario
-    .venv/bin/python -m chaos --markdown chaos/results.md --json chaos/results.json
+.venv/bin/python -m chaos                               # full: 10,000 jobs per scenario
+.venv/bin/python -m chaos --short --scenario kill       # the short version of one scenario
+.venv/bin/python -m chaos --markdown chaos/results.md --json chaos/results.json
 """
 
 from __future__ import annotations
@@ -18,21 +18,33 @@ from chaos.runner import REPO, SCENARIOS, Lab, Plan, as_json, run, table
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), dest="scenarios",
-                        help="run only this scenario (repeatable; default: all)")
+    parser = argparse.ArgumentParser(
+        prog="python -m chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=list(SCENARIOS),
+        dest="scenarios",
+        help="run only this scenario (repeatable; default: all)",
+    )
     parser.add_argument("--short", action="store_true", help="the short version inside `make test`")
     parser.add_argument("--jobs", type=int, help="jobs per scenario (full default 10000)")
     parser.add_argument("--faults", type=int, help="fault events per scenario (full default 12)")
     parser.add_argument("--job-seconds", type=float, help="mean duration of an ordinary job (default 0.05)")
     parser.add_argument("--workers", type=int, help="worker processes (default 3)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--data-dir", type=Path, default=REPO / ".dygo" / "chaos",
-                        help="the embedded PostgreSQL this suite starts, stops and restarts (default .dygo/chaos)")
-    parser.add_argument("--pgbouncer", action="store_true",
-                        help="workers go through a PgBouncer of the suite's own in transaction mode (LISTEN on "
-                        "DATABASE_DIRECT_URL)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=REPO / ".dygo" / "chaos",
+        help="the embedded PostgreSQL this suite starts, stops and restarts (default .dygo/chaos)",
+    )
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="workers go through a PgBouncer of the suite's own in transaction mode (LISTEN on DATABASE_DIRECT_URL)",
+    )
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     parser.add_argument("--json", type=Path, help="also write every figure and note here")
     args = parser.parse_args(argv)

@@ -31,8 +31,9 @@ async def record(ctx: JobContext) -> str:
     while True:
         try:
             if _conn is None or _conn.closed:
-                _conn = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True,
-                                                              **connect_kwargs())
+                _conn = await psycopg.AsyncConnection.connect(
+                    os.environ["DATABASE_URL"], autocommit=True, **connect_kwargs()
+                )
             await _conn.execute(RECORD, params(ctx))
             return str(ctx.lease_token)
         except psycopg.OperationalError:
@@ -72,6 +73,7 @@ async def probe(ctx: JobContext, args: dict) -> dict:
 
 # --- Scenario 5: handlers that misbehave. Each runs once (max_attempts=1) and must end dead with a
 # recorded error while the worker stays up.
+
 
 @job("chaos.hang_async", timeout="300ms", max_attempts=1)
 async def hang_async(ctx: JobContext, args: dict) -> None:

@@ -153,9 +153,13 @@ class WorkerProcess:
         self.stdout_path = lab.logs / f"{name}.out"
         self.stderr_path = lab.logs / f"{name}.err"
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
-            self.process = subprocess.Popen([sys.executable, "-m", "dygo", *args], cwd=REPO,
-                                            env=lab.env(url, pooled=args[0] == "worker"),
-                                            stdout=out, stderr=err)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "dygo", *args],
+                cwd=REPO,
+                env=lab.env(url, pooled=args[0] == "worker"),
+                stdout=out,
+                stderr=err,
+            )
         self.pid = self.process.pid
         self.frozen_until: float | None = None
 
@@ -231,9 +235,19 @@ class Lab:
     def worker(self, url: str, *extra: str, concurrency: int, wait: bool = True) -> WorkerProcess:
         self.started += 1
         name = f"{self.scenario}-worker-{self.started}"
-        process = WorkerProcess(self, url, "worker", "--concurrency", str(concurrency), "--poll-interval",
-                                f"{POLL_INTERVAL:g}s", "--shutdown-timeout", f"{SHUTDOWN_TIMEOUT:g}s", *extra,
-                                name=name)
+        process = WorkerProcess(
+            self,
+            url,
+            "worker",
+            "--concurrency",
+            str(concurrency),
+            "--poll-interval",
+            f"{POLL_INTERVAL:g}s",
+            "--shutdown-timeout",
+            f"{SHUTDOWN_TIMEOUT:g}s",
+            *extra,
+            name=name,
+        )
         self.processes.append(process)
         if wait:
             process.wait_started()
@@ -263,28 +277,37 @@ class Lab:
 
 # --- helpers -----------------------------------------------------------------------------------------
 
+
 def db_now(conn: psycopg.Connection) -> float:
     return conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
 
 
-def enqueue_work(url: str, jobs: int, job_seconds: float, rng: random.Random,
-                 extra: list[JobRequest] | None = None) -> None:
-    requests = [JobRequest("chaos.work", {"seconds": round(rng.uniform(0, 2 * job_seconds), 4)})
-                for _ in range(jobs)] + (extra or [])
+def enqueue_work(
+    url: str, jobs: int, job_seconds: float, rng: random.Random, extra: list[JobRequest] | None = None
+) -> None:
+    requests = [
+        JobRequest("chaos.work", {"seconds": round(rng.uniform(0, 2 * job_seconds), 4)}) for _ in range(jobs)
+    ] + (extra or [])
     rng.shuffle(requests)
     with psycopg.connect(url, autocommit=True) as conn:
         for start in range(0, len(requests), 1000):
-            enqueue_many(conn, requests[start:start + 1000])
+            enqueue_many(conn, requests[start : start + 1000])
 
 
 def finished(conn: psycopg.Connection) -> tuple[int, int]:
-    row = conn.execute("SELECT count(*) FILTER (WHERE state IN ('succeeded', 'dead')), count(*) "
-                       "FROM dygo_jobs").fetchone()
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE state IN ('succeeded', 'dead')), count(*) FROM dygo_jobs"
+    ).fetchone()
     return row[0], row[1]
 
 
-def drive(conn: psycopg.Connection, plan: Plan, fault: Callable[[int], None], tick: Callable[[], None] | None = None,
-          faults: int | None = None) -> None:
+def drive(
+    conn: psycopg.Connection,
+    plan: Plan,
+    fault: Callable[[int], None],
+    tick: Callable[[], None] | None = None,
+    faults: int | None = None,
+) -> None:
     """Wait for every job to finish, calling `fault(n)` at evenly spaced points of progress."""
     faults = plan.faults if faults is None else faults
     total = finished(conn)[1]
@@ -318,13 +341,26 @@ def worker_log_counts(workers: list[WorkerProcess]) -> dict[str, int]:
 def check_books(conn: psycopg.Connection, report: Report, expect_dead: dict[str, str] | None = None) -> None:
     """The books: lost, stuck, over-run, stale settles and duplicates, from the job rows and chaos tables."""
     expect_dead = expect_dead or {}
-    stuck = conn.execute("SELECT count(*) FROM dygo_jobs WHERE state = 'active' AND lease_deadline < now()"
-                         ).fetchone()[0]
+    stuck = conn.execute("SELECT count(*) FROM dygo_jobs WHERE state = 'active' AND lease_deadline < now()").fetchone()[
+        0
+    ]
     report.stuck = stuck
     lost, over, stale, duplicates, jobs = 0, 0, 0, 0, 0
     examples: list[str] = []
-    for (job_id, kind, state, last_error, result_token, executions, tokens, settled_lease, successes, reaped,
-         handed_back, failed) in conn.execute(BOOKS):
+    for (
+        job_id,
+        kind,
+        state,
+        last_error,
+        result_token,
+        executions,
+        tokens,
+        settled_lease,
+        successes,
+        reaped,
+        handed_back,
+        failed,
+    ) in conn.execute(BOOKS):
         jobs += 1
         if kind in expect_dead:
             ok = state == "dead" and expect_dead[kind] in (last_error or "") and executions >= 1
@@ -339,11 +375,18 @@ def check_books(conn: psycopg.Connection, report: Report, expect_dead: dict[str,
             examples.append(f"job {job_id}: {executions} run(s) ({tokens} lease(s)) but {crashes} crash(es)")
         if state == "succeeded" and (result_token != settled_lease or successes != 1):
             stale += 1
-            examples.append(f"job {job_id}: result from lease {result_token}, row held {settled_lease} "
-                            f"when settled ({successes} success settle(s))")
+            examples.append(
+                f"job {job_id}: result from lease {result_token}, row held {settled_lease} "
+                f"when settled ({successes} success settle(s))"
+            )
         duplicates += max(0, executions - 1)
-    report.jobs, report.lost, report.over_run, report.stale_settles, report.duplicates = \
-        jobs, lost, over, stale, duplicates
+    report.jobs, report.lost, report.over_run, report.stale_settles, report.duplicates = (
+        jobs,
+        lost,
+        over,
+        stale,
+        duplicates,
+    )
     for name, value in (("lost", lost), ("stuck active", stuck), ("over-run", over), ("stale settles", stale)):
         if value:
             report.problems.append(f"{value} {name}")
@@ -351,8 +394,9 @@ def check_books(conn: psycopg.Connection, report: Report, expect_dead: dict[str,
         report.notes["examples"] = examples[:10]
 
 
-def max_first_run_after(conn: psycopg.Connection, events: list[tuple[float, list[int]]],
-                        notes: dict[str, Any]) -> float | None:
+def max_first_run_after(
+    conn: psycopg.Connection, events: list[tuple[float, list[int]]], notes: dict[str, Any]
+) -> float | None:
     """For each (moment, job ids) event: how long until all those jobs had run again; the worst one. `notes`
     gets the slowest job's history (its errors and runs), so a slow recovery explains itself in the report."""
     worst: float | None = None
@@ -363,7 +407,8 @@ def max_first_run_after(conn: psycopg.Connection, events: list[tuple[float, list
         row = conn.execute(
             "SELECT job_id, first::float8 FROM (SELECT job_id, min(extract(epoch FROM at)) AS first FROM chaos_runs "
             "WHERE job_id = ANY(%s) AND at > to_timestamp(%s) GROUP BY job_id) t ORDER BY first DESC LIMIT 1",
-            (ids, moment)).fetchone()
+            (ids, moment),
+        ).fetchone()
         if row is not None and (worst is None or row[1] - moment > worst):
             worst, slowest = row[1] - moment, (row[0], moment)
     if slowest is not None:
@@ -374,16 +419,24 @@ def max_first_run_after(conn: psycopg.Connection, events: list[tuple[float, list
 def job_history(conn: psycopg.Connection, job_id: int, moment: float) -> dict[str, Any]:
     """A job's errors and runs, their times in seconds after `moment`."""
     errors, reaps = conn.execute("SELECT errors, reap_count FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()
-    runs = conn.execute("SELECT round((extract(epoch FROM at) - %s)::numeric, 3)::float8, pid FROM chaos_runs "
-                        "WHERE job_id = %s ORDER BY at", (moment, job_id)).fetchall()
-    return {"job": job_id, "reaps": reaps, "runs (s after the fault, pid)": [list(r) for r in runs],
-            "errors": [{k: e.get(k) for k in ("attempt", "at", "worker", "error")} for e in errors or []]}
+    runs = conn.execute(
+        "SELECT round((extract(epoch FROM at) - %s)::numeric, 3)::float8, pid FROM chaos_runs "
+        "WHERE job_id = %s ORDER BY at",
+        (moment, job_id),
+    ).fetchall()
+    return {
+        "job": job_id,
+        "reaps": reaps,
+        "runs (s after the fault, pid)": [list(r) for r in runs],
+        "errors": [{k: e.get(k) for k in ("attempt", "at", "worker", "error")} for e in errors or []],
+    }
 
 
 def active_ids_of(conn: psycopg.Connection, pid: int) -> list[int]:
     owner = f"{socket.gethostname()}:{pid}:%"
-    return [r[0] for r in conn.execute("SELECT id FROM dygo_jobs WHERE state = 'active' AND lease_owner LIKE %s",
-                                       (owner,))]
+    return [
+        r[0] for r in conn.execute("SELECT id FROM dygo_jobs WHERE state = 'active' AND lease_owner LIKE %s", (owner,))
+    ]
 
 
 def settle_down(conn: psycopg.Connection) -> None:
@@ -397,6 +450,7 @@ def settle_down(conn: psycopg.Connection) -> None:
 
 # --- scenarios ------------------------------------------------------------------------------------------
 
+
 def scenario_kill(lab: Lab, plan: Plan, rng: random.Random) -> Report:
     """1. SIGKILL random workers at random moments (and now and then freeze one past its lease
     TTL with SIGSTOP, so its settles arrive stale), restarting the killed ones at once."""
@@ -407,6 +461,7 @@ def scenario_kill(lab: Lab, plan: Plan, rng: random.Random) -> Report:
     events: list[tuple[float, list[int]]] = []
     kills, freezes = 0, 0
     with psycopg.connect(url, autocommit=True) as conn:
+
         def fault(n: int) -> None:
             nonlocal kills, freezes
             time.sleep(rng.uniform(0, 0.5))  # a random moment, not exactly at the progress mark
@@ -485,11 +540,20 @@ def scenario_db_restart(lab: Lab, plan: Plan, rng: random.Random, outage: float 
         lab.start_server()
         up_at = time.time()
         conn = psycopg.connect(url, autocommit=True)
-        wait_for(lambda: conn.execute("SELECT count(*) FROM chaos_lease_ends WHERE at > to_timestamp(%s)",
-                                      (up_at,)).fetchone()[0] > 0 or finished(conn)[0] == finished(conn)[1],
-                 60, "a job to settle after the restart")
-        first = conn.execute("SELECT extract(epoch FROM min(at))::float8 FROM chaos_lease_ends "
-                             "WHERE at > to_timestamp(%s)", (up_at,)).fetchone()[0]
+        wait_for(
+            lambda: (
+                conn.execute("SELECT count(*) FROM chaos_lease_ends WHERE at > to_timestamp(%s)", (up_at,)).fetchone()[
+                    0
+                ]
+                > 0
+                or finished(conn)[0] == finished(conn)[1]
+            ),
+            60,
+            "a job to settle after the restart",
+        )
+        first = conn.execute(
+            "SELECT extract(epoch FROM min(at))::float8 FROM chaos_lease_ends WHERE at > to_timestamp(%s)", (up_at,)
+        ).fetchone()[0]
         if first is not None:
             recoveries.append(first - up_at)
         wait_for(lambda: get_status(client, "/readyz") == 200, 30, "serve to be ready again")
@@ -519,12 +583,15 @@ def scenario_db_restart(lab: Lab, plan: Plan, rng: random.Random, outage: float 
     for name, counts in per_process.items():
         lost, back = counts["outage_lost_lines"], counts["outage_back_lines"]
         if lost != restarts or back != restarts:
-            report.problems.append(f"{name}: {lost} 'connection lost' and {back} 'connection back' lines "
-                                   f"for {restarts} outage(s); expected one each")
+            report.problems.append(
+                f"{name}: {lost} 'connection lost' and {back} 'connection back' lines "
+                f"for {restarts} outage(s); expected one each"
+            )
         if counts["tracebacks_in_logs"]:
             report.problems.append(f"{name}: a traceback in the log")
-    report.notes["log_lines_per_process"] = {n: (c["outage_lost_lines"], c["outage_back_lines"])
-                                             for n, c in per_process.items()}
+    report.notes["log_lines_per_process"] = {
+        n: (c["outage_lost_lines"], c["outage_back_lines"]) for n, c in per_process.items()
+    }
     report.refused_settles = worker_log_counts(workers)["refused_settles"]
     lab.stop_all()
     return report
@@ -540,13 +607,16 @@ def scenario_terminate(lab: Lab, plan: Plan, rng: random.Random) -> Report:
     probes: list[int] = []
     terminated = 0
     with psycopg.connect(url, autocommit=True) as conn:
+
         def fault(n: int) -> None:
             nonlocal terminated
             # Alternate: only the LISTEN connections, then every connection of the workers.
             pattern = "dygo-worker-listen %" if n % 2 == 0 else "dygo-worker%"
             killed = conn.execute(
                 "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND application_name LIKE %s", (pattern,)).fetchone()[0]
+                "WHERE datname = current_database() AND application_name LIKE %s",
+                (pattern,),
+            ).fetchone()[0]
             terminated += killed
             if n % 2 == 0 and killed < len(workers):
                 report.problems.append(f"found {killed} LISTEN connection(s) for {len(workers)} workers")
@@ -557,13 +627,19 @@ def scenario_terminate(lab: Lab, plan: Plan, rng: random.Random) -> Report:
         report.seconds = time.monotonic() - started
         settle_down(conn)
         check_books(conn, report)
-        delays = [r[0] for r in conn.execute(
-            "SELECT extract(epoch FROM min(r.at) - j.enqueued_at)::float8 FROM dygo_jobs j "
-            "JOIN chaos_runs r ON r.job_id = j.id WHERE j.id = ANY(%s) GROUP BY j.id, j.enqueued_at", (probes,))]
+        delays = [
+            r[0]
+            for r in conn.execute(
+                "SELECT extract(epoch FROM min(r.at) - j.enqueued_at)::float8 FROM dygo_jobs j "
+                "JOIN chaos_runs r ON r.job_id = j.id WHERE j.id = ANY(%s) GROUP BY j.id, j.enqueued_at",
+                (probes,),
+            )
+        ]
     report.faults = plan.faults
     report.max_recovery = max(delays) if delays else None
-    report.notes.update(backends_terminated=terminated, probe_delays=[round(d, 3) for d in delays],
-                        poll_interval=POLL_INTERVAL)
+    report.notes.update(
+        backends_terminated=terminated, probe_delays=[round(d, 3) for d in delays], poll_interval=POLL_INTERVAL
+    )
     if len(delays) != len(probes):
         report.problems.append(f"{len(probes) - len(delays)} probe job(s) never ran")
     if delays and max(delays) > POLL_INTERVAL:
@@ -576,13 +652,16 @@ def scenario_terminate(lab: Lab, plan: Plan, rng: random.Random) -> Report:
     return report
 
 
-def running_a_long_job(conn: psycopg.Connection, worker: WorkerProcess, seconds: float, count: int,
-                       timeout: float = 10.0) -> None:
+def running_a_long_job(
+    conn: psycopg.Connection, worker: WorkerProcess, seconds: float, count: int, timeout: float = 10.0
+) -> None:
     """Make sure the deploy about to stop `worker` catches a long job: a deploy that catches none proves
     nothing, and with long jobs spread at random among short ones some deploys caught none (a flaky test).
     Unless it already runs one, `count` long jobs jump the queue and this waits until it has claimed one."""
-    mine = ("SELECT EXISTS (SELECT FROM dygo_jobs WHERE state = 'active' AND kind = 'chaos.work' "
-            "AND (args->>'seconds')::float8 = %s AND split_part(lease_owner, ':', 2) = %s)")
+    mine = (
+        "SELECT EXISTS (SELECT FROM dygo_jobs WHERE state = 'active' AND kind = 'chaos.work' "
+        "AND (args->>'seconds')::float8 = %s AND split_part(lease_owner, ':', 2) = %s)"
+    )
     if conn.execute(mine, (seconds, str(worker.pid))).fetchone()[0]:
         return
     enqueue_many(conn, [JobRequest("chaos.work", {"seconds": seconds}, priority=10) for _ in range(count)])
@@ -606,6 +685,7 @@ def scenario_deploy(lab: Lab, plan: Plan, rng: random.Random, long_seconds: floa
     exit_codes: list[int] = []
     handed_back = 0
     with psycopg.connect(url, autocommit=True) as conn:
+
         def fault(n: int) -> None:
             nonlocal handed_back
             workers.append(lab.worker(url, concurrency=plan.concurrency))
@@ -627,10 +707,16 @@ def scenario_deploy(lab: Lab, plan: Plan, rng: random.Random, long_seconds: floa
         report.max_recovery = conn.execute(
             "SELECT max((SELECT extract(epoch FROM min(r.at) - e.at) FROM chaos_runs r "
             "            WHERE r.job_id = e.job_id AND r.at > e.at))::float8 "
-            "FROM chaos_lease_ends e WHERE e.handed_back").fetchone()[0]
+            "FROM chaos_lease_ends e WHERE e.handed_back"
+        ).fetchone()[0]
     report.faults = plan.faults
-    report.notes.update(handed_back=handed_back, long_jobs=long_jobs, long_job_seconds=long_seconds,
-                        shutdown_timeout=SHUTDOWN_TIMEOUT, max_drain_seconds=round(max(drains), 2))
+    report.notes.update(
+        handed_back=handed_back,
+        long_jobs=long_jobs,
+        long_job_seconds=long_seconds,
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
+        max_drain_seconds=round(max(drains), 2),
+    )
     if any(code != 0 for code in exit_codes):
         report.problems.append(f"a worker exited with {exit_codes} on SIGTERM")
     if max(drains) > SHUTDOWN_TIMEOUT + 5:
@@ -696,6 +782,7 @@ def run(names: list[str], plan: Plan, lab: Lab, seed: int = 1) -> list[Report]:
 
 # --- small utilities ---------------------------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -719,13 +806,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
 
 def table(reports: list[Report]) -> str:
     """The report as a Markdown table."""
-    lines = ["| Scenario | Jobs | Faults injected | Duplicates executed | Lost | Stuck | Stale settles "
-             "(refused) | Max recovery | Took |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        "| Scenario | Jobs | Faults injected | Duplicates executed | Lost | Stuck | Stale settles "
+        "(refused) | Max recovery | Took |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for r in reports:
         recovery = "-" if r.max_recovery is None else f"{r.max_recovery:.2f}s ({r.recovery_means})"
-        lines.append(f"| {r.scenario} | {r.jobs:,} | {r.faults:,} | {r.duplicates:,} | {r.lost} | {r.stuck} | "
-                     f"{r.stale_settles} ({r.refused_settles}) | {recovery} | {r.seconds:.0f}s |")
+        lines.append(
+            f"| {r.scenario} | {r.jobs:,} | {r.faults:,} | {r.duplicates:,} | {r.lost} | {r.stuck} | "
+            f"{r.stale_settles} ({r.refused_settles}) | {recovery} | {r.seconds:.0f}s |"
+        )
     return "\n".join(lines)
 
 

@@ -31,7 +31,25 @@ from dygo.store import (
 )
 
 __all__ = [
-    "Abort", "ConfigError", "EnqueueError", "Enqueued", "JobContext", "JobRequest", "Reportable", "Retry",
-    "RetryAfter", "SchemaError", "Snooze", "aenqueue", "aenqueue_many", "enqueue", "enqueue_many", "job",
-    "make_context", "registry", "result", "schedule", "wait_for_result",
+    "Abort",
+    "ConfigError",
+    "EnqueueError",
+    "Enqueued",
+    "JobContext",
+    "JobRequest",
+    "Reportable",
+    "Retry",
+    "RetryAfter",
+    "SchemaError",
+    "Snooze",
+    "aenqueue",
+    "aenqueue_many",
+    "enqueue",
+    "enqueue_many",
+    "job",
+    "make_context",
+    "registry",
+    "result",
+    "schedule",
+    "wait_for_result",
 ]

@@ -86,50 +86,97 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     def logged(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sub.add_argument("--log-format", choices=LOG_FORMATS,
-                         help="stderr log lines (and stdout lifecycle lines) as text or one JSON object per line "
-                         "(default: $DYGO_LOG_FORMAT, else json with --env production, else text)")
+        sub.add_argument(
+            "--log-format",
+            choices=LOG_FORMATS,
+            help="stderr log lines (and stdout lifecycle lines) as text or one JSON object per line "
+            "(default: $DYGO_LOG_FORMAT, else json with --env production, else text)",
+        )
         return sub
 
     command("migrate", "apply pending database migrations")
 
     serve = logged(command("serve", "run the admin service (HTTP API)"))
-    serve.add_argument("--host", help="bind address (default: $DYGO_HOST, else 0.0.0.0 when $PORT is set "
-                       "as on Heroku, else 127.0.0.1)")
+    serve.add_argument(
+        "--host", help="bind address (default: $DYGO_HOST, else 0.0.0.0 when $PORT is set as on Heroku, else 127.0.0.1)"
+    )
     serve.add_argument("--port", type=int, help="port (default: $PORT or 8000)")
-    serve.add_argument("--pool-size", type=pool_size, metavar="N",
-                       help="database connections per web process for requests, at least 2 (default: "
-                       "$DYGO_SERVE_POOL_SIZE, else serve_pool_size in dygo.yml, else 10); each process holds "
-                       "one more for ?wait=. Web processes: $WEB_CONCURRENCY (default 1)")
+    serve.add_argument(
+        "--pool-size",
+        type=pool_size,
+        metavar="N",
+        help="database connections per web process for requests, at least 2 (default: "
+        "$DYGO_SERVE_POOL_SIZE, else serve_pool_size in dygo.yml, else 10); each process holds "
+        "one more for ?wait=. Web processes: $WEB_CONCURRENCY (default 1)",
+    )
 
     worker = logged(command("worker", "run a worker process"))
-    worker.add_argument("--queue", action="append", dest="queues", metavar="NAME",
-                        help="process only this queue (repeatable; default: every configured queue)")
-    worker.add_argument("--concurrency", type=positive_int, metavar="N",
-                        help="jobs run at once per queue in this process (overrides queues.yml)")
-    worker.add_argument("--max-concurrency", type=positive_int, metavar="N",
-                        help="jobs run at once in this process, all queues together (default: max_concurrency "
-                        "in dygo.yml, else no cap)")
-    worker.add_argument("--poll-interval", type=positive_duration, default=60.0, metavar="DURATION",
-                        help="fallback poll when no notification arrives (default: 60s)")
+    worker.add_argument(
+        "--queue",
+        action="append",
+        dest="queues",
+        metavar="NAME",
+        help="process only this queue (repeatable; default: every configured queue)",
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=positive_int,
+        metavar="N",
+        help="jobs run at once per queue in this process (overrides queues.yml)",
+    )
+    worker.add_argument(
+        "--max-concurrency",
+        type=positive_int,
+        metavar="N",
+        help="jobs run at once in this process, all queues together (default: max_concurrency "
+        "in dygo.yml, else no cap)",
+    )
+    worker.add_argument(
+        "--poll-interval",
+        type=positive_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="fallback poll when no notification arrives (default: 60s)",
+    )
     worker.add_argument("--poll-only", action="store_true", help="do not LISTEN; rely on polling and timers")
-    worker.add_argument("--once", action="store_true",
-                        help="fire due schedules, recover expired leases, claim one batch per queue, run it, "
-                        "settle, exit")
-    worker.add_argument("--shutdown-timeout", type=duration, default=30.0, metavar="DURATION",
-                        help="on SIGTERM, how long in-flight jobs may finish before they are handed back "
-                        "(default: 30s)")
-    worker.add_argument("--metrics-port", type=port_number, metavar="N",
-                        help="serve this process's own Prometheus metrics on http://HOST:N/metrics "
-                        "(default: off; 0 picks a free port)")
-    worker.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                        help="address for --metrics-port (default: 127.0.0.1; 0.0.0.0 for every interface)")
-    worker.add_argument("--no-cron", dest="cron", action="store_false", default=None,
-                        help="do not fire cron schedules in this worker (default: fire them, unless dygo.yml "
-                        "says cron: false)")
-    worker.add_argument("--ready-file", type=Path, metavar="PATH",
-                        help="create PATH once the worker is ready (its services running and, unless polling "
-                        "only, listening); removed when it stops")
+    worker.add_argument(
+        "--once",
+        action="store_true",
+        help="fire due schedules, recover expired leases, claim one batch per queue, run it, settle, exit",
+    )
+    worker.add_argument(
+        "--shutdown-timeout",
+        type=duration,
+        default=30.0,
+        metavar="DURATION",
+        help="on SIGTERM, how long in-flight jobs may finish before they are handed back (default: 30s)",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=port_number,
+        metavar="N",
+        help="serve this process's own Prometheus metrics on http://HOST:N/metrics (default: off; 0 picks a free port)",
+    )
+    worker.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address for --metrics-port (default: 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    worker.add_argument(
+        "--no-cron",
+        dest="cron",
+        action="store_false",
+        default=None,
+        help="do not fire cron schedules in this worker (default: fire them, unless dygo.yml says cron: false)",
+    )
+    worker.add_argument(
+        "--ready-file",
+        type=Path,
+        metavar="PATH",
+        help="create PATH once the worker is ready (its services running and, unless polling "
+        "only, listening); removed when it stops",
+    )
 
     command("schedules", "list the cron schedules: spec, time zone, next and last fire, status")
 
@@ -141,11 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--state", choices=STATES, help="only jobs in this state")
     listing.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N jobs (default: 50)")
     listing.add_argument("--oldest", action="store_true", help="oldest first")
-    show = actions.add_parser("show", help="one job: args, meta, result, progress, attempt errors",
-                              description="one job in full")
+    show = actions.add_parser(
+        "show", help="one job: args, meta, result, progress, attempt errors", description="one job in full"
+    )
     show.add_argument("id", type=positive_int)
-    for action, what in (("retry", "dead or cancelled jobs back to pending now, with a fresh attempt budget"),
-                         ("cancel", "cancel pending, scheduled or paused jobs")):
+    for action, what in (
+        ("retry", "dead or cancelled jobs back to pending now, with a fresh attempt budget"),
+        ("cancel", "cancel pending, scheduled or paused jobs"),
+    ):
         sub = actions.add_parser(action, help=what, description=what)
         sub.add_argument("ids", type=positive_int, nargs="+", metavar="ID")
     command("status", "show each queue's jobs by state, its lag and pause, the live workers and the failing kinds")
@@ -153,9 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     db = commands.add_parser("db", help="the embedded PostgreSQL server (used when DATABASE_URL is unset)")
     db.add_argument("action", choices=["url", "status", "start", "stop"])
 
-    init = commands.add_parser("init", help="write a new project: config/, jobs/ with an example and its test, "
-                               "Procfile, .gitignore (never overwrites a file)",
-                               description="write a new project (never overwrites a file)")
+    init = commands.add_parser(
+        "init",
+        help="write a new project: config/, jobs/ with an example and its test, "
+        "Procfile, .gitignore (never overwrites a file)",
+        description="write a new project (never overwrites a file)",
+    )
     init.add_argument("directory", nargs="?", default=".", metavar="DIR", help="where (default: here)")
     return parser
 
@@ -246,8 +299,7 @@ def _wait_for_schema(url: str, command: str) -> None:
     timeout = _schema_wait()
 
     def waiting(reason: SchemaError) -> None:
-        logging.getLogger(f"dygo.{command}").warning("%s; waiting up to %gs for it (DYGO_SCHEMA_WAIT)", reason,
-                                                      timeout)
+        logging.getLogger(f"dygo.{command}").warning("%s; waiting up to %gs for it (DYGO_SCHEMA_WAIT)", reason, timeout)
 
     wait_for_schema(url, timeout, waiting)
 
@@ -275,15 +327,22 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, flush_then_exit)  # uvicorn re-raises it after its graceful stop: exit 0
     _wait_for_schema(url, "serve")
     lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
-    lifecycle.info("dygo serve: http://%s:%s (API docs at /docs)", host, port,
-                   extra={"fields": {"event": "listening", "host": host, "port": port}})
+    lifecycle.info(
+        "dygo serve: http://%s:%s (API docs at /docs)",
+        host,
+        port,
+        extra={"fields": {"event": "listening", "host": host, "port": port}},
+    )
     hosts = HostRule(host, settings.allowed_hosts)
     lifecycle.info("dygo serve: answers Host %s", hosts.describe(), extra={"fields": {"event": "hosts"}})
     lifecycle.info("dygo serve: auth %s", _auth_summary(settings), extra={"fields": {"event": "auth"}})
-    lifecycle.info("dygo serve: %d web process%s, up to %d database connections each for requests "
-                   "(+1 for ?wait=)", processes, "" if processes == 1 else "es", settings.serve_pool_size,
-                   extra={"fields": {"event": "capacity", "web_processes": processes,
-                                     "pool_size": settings.serve_pool_size}})
+    lifecycle.info(
+        "dygo serve: %d web process%s, up to %d database connections each for requests (+1 for ?wait=)",
+        processes,
+        "" if processes == 1 else "es",
+        settings.serve_pool_size,
+        extra={"fields": {"event": "capacity", "web_processes": processes, "pool_size": settings.serve_pool_size}},
+    )
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
     if processes == 1:
@@ -291,10 +350,24 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     # Several processes: uvicorn's supervisor starts each with a fresh interpreter that builds its app
     # from the environment (web_process_app), so what this process resolved is handed over there.
-    os.environ.update({"DATABASE_URL": url, "DYGO_ENV": settings.env, POOL_SIZE_ENV: str(settings.serve_pool_size),
-                       "DYGO_LOG_FORMAT": _log_format(args), "DYGO_HOST": host})
-    uvicorn.run(f"{__name__}:web_process_app", factory=True, workers=processes, host=host, port=port,
-                log_level="info", log_config=None)
+    os.environ.update(
+        {
+            "DATABASE_URL": url,
+            "DYGO_ENV": settings.env,
+            POOL_SIZE_ENV: str(settings.serve_pool_size),
+            "DYGO_LOG_FORMAT": _log_format(args),
+            "DYGO_HOST": host,
+        }
+    )
+    uvicorn.run(
+        f"{__name__}:web_process_app",
+        factory=True,
+        workers=processes,
+        host=host,
+        port=port,
+        log_level="info",
+        log_config=None,
+    )
     return 0
 
 
@@ -344,14 +417,25 @@ def worker_command(settings: Settings, args: argparse.Namespace) -> int:
     names = args.queues or settings.queue_names
     unknown = [name for name in names if name not in settings.queues]
     if unknown:
-        raise ConfigError("--queue", unknown[0], f"is not configured in {settings.config_dir / 'queues.yml'}; "
-                          f"configured queues: {', '.join(settings.queue_names)}")
+        raise ConfigError(
+            "--queue",
+            unknown[0],
+            f"is not configured in {settings.config_dir / 'queues.yml'}; "
+            f"configured queues: {', '.join(settings.queue_names)}",
+        )
     queues = {name: args.concurrency or settings.queues[name].concurrency for name in dict.fromkeys(names)}
-    options = WorkerOptions(queues=queues, poll_interval=args.poll_interval, poll_only=args.poll_only,
-                            once=args.once, shutdown_timeout=args.shutdown_timeout,
-                            metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-                            cron=settings.cron if args.cron is None else args.cron, ready_file=args.ready_file,
-                            max_concurrency=args.max_concurrency or settings.max_concurrency)
+    options = WorkerOptions(
+        queues=queues,
+        poll_interval=args.poll_interval,
+        poll_only=args.poll_only,
+        once=args.once,
+        shutdown_timeout=args.shutdown_timeout,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        cron=settings.cron if args.cron is None else args.cron,
+        ready_file=args.ready_file,
+        max_concurrency=args.max_concurrency or settings.max_concurrency,
+    )
     jobs.freeze()
     url = database_url(settings)
     previous = signal.signal(signal.SIGTERM, flush_then_exit)  # a stop while waiting for the schema: exit 0
@@ -379,8 +463,18 @@ def schedules_command(settings: Settings) -> int:
     table = [("NAME", "SPEC", "TIMEZONE", "NEXT", "LAST", "STATUS", "LAST JOB", "WHEN")]
     for row in rows:
         last_job = f"{row['last_job']['id']} {row['last_job']['state'] or 'gone'}" if row["last_job"] else "-"
-        table.append((row["name"], row["spec"], row["timezone"], _local_time(row["next_run_at"], row["timezone"]),
-                      _local_time(row["last_run_at"], row["timezone"]), row["status"], last_job, row["description"]))
+        table.append(
+            (
+                row["name"],
+                row["spec"],
+                row["timezone"],
+                _local_time(row["next_run_at"], row["timezone"]),
+                _local_time(row["last_run_at"], row["timezone"]),
+                row["status"],
+                last_job,
+                row["description"],
+            )
+        )
     _print_table(table)
     return 0
 
@@ -400,8 +494,14 @@ def status_command(settings: Settings) -> int:
     # The queue's own pause is STATUS (as in `dygo schedules`): PAUSED is already the paused jobs' count.
     table = [("QUEUE", *(state.upper() for state in COUNTED_STATES), "LAG", "STATUS")]
     for queue in snap.queues:
-        table.append((queue["name"], *(str(queue["counts"][state]) for state in COUNTED_STATES),
-                      f"{snap.lag.get(queue['name'], 0.0):.1f}s", "paused" if queue["paused"] else "active"))
+        table.append(
+            (
+                queue["name"],
+                *(str(queue["counts"][state]) for state in COUNTED_STATES),
+                f"{snap.lag.get(queue['name'], 0.0):.1f}s",
+                "paused" if queue["paused"] else "active",
+            )
+        )
     _print_table(table)
     print()
     if snap.workers:
@@ -416,18 +516,35 @@ def status_command(settings: Settings) -> int:
     print()
     if failing:
         print("failing kinds (today and yesterday, UTC):")
-        _print_table([("KIND", "DEAD", "FAILED ATTEMPTS"),
-                      *((row["kind"], str(row["dead"]), str(row["failed"])) for row in failing)])
+        _print_table(
+            [
+                ("KIND", "DEAD", "FAILED ATTEMPTS"),
+                *((row["kind"], str(row["dead"]), str(row["failed"])) for row in failing),
+            ]
+        )
     else:
         print("failing kinds: none today or yesterday")
     if snap.limits:
         print()
         print("limits (cluster-wide):")
-        _print_table([("SCOPE", "NAME", "KEY", "CONCURRENCY", "IN USE", "RATE", "STARTED", "WAITING"),
-                      *((u.scope, u.name, f"meta.{u.key}" if u.key else "-",
-                         str(u.concurrency_limit) if u.concurrency_limit is not None else "-",
-                         str(sum(u.in_use.values())), u.rate_limit or "-", str(sum(u.started.values())),
-                         str(u.waiting)) for u in snap.limits)])
+        _print_table(
+            [
+                ("SCOPE", "NAME", "KEY", "CONCURRENCY", "IN USE", "RATE", "STARTED", "WAITING"),
+                *(
+                    (
+                        u.scope,
+                        u.name,
+                        f"meta.{u.key}" if u.key else "-",
+                        str(u.concurrency_limit) if u.concurrency_limit is not None else "-",
+                        str(sum(u.in_use.values())),
+                        u.rate_limit or "-",
+                        str(sum(u.started.values())),
+                        str(u.waiting),
+                    )
+                    for u in snap.limits
+                ),
+            ]
+        )
     return 0
 
 
@@ -468,9 +585,18 @@ def _list_jobs(conn: psycopg.Connection, args: argparse.Namespace) -> int:
         # in the list it would read as if the job had failed.
         shown = job["last_error"] if job["state"] != "succeeded" else None
         error = shown.splitlines()[0][:60] if shown else ""
-        table.append((str(job["id"]), job["kind"], job["queue"], job["state"],
-                      f"{job['attempt']}/{job['max_attempts'] or '-'}", _utc(job["run_at"]), _utc(job["finished_at"]),
-                      error))
+        table.append(
+            (
+                str(job["id"]),
+                job["kind"],
+                job["queue"],
+                job["state"],
+                f"{job['attempt']}/{job['max_attempts'] or '-'}",
+                _utc(job["run_at"]),
+                _utc(job["finished_at"]),
+                error,
+            )
+        )
     _print_table(table)
     return 0
 
@@ -484,14 +610,24 @@ def _show_job(conn: psycopg.Connection, job_id: int) -> int:
     if job is None:
         print(f"dygo: no job with id {job_id}", file=sys.stderr)
         return 1
-    fields = [("id", job["id"]), ("kind", job["kind"]), ("queue", job["queue"]), ("state", job["state"]),
-              ("priority", job["priority"]), ("attempt", f"{job['attempt']}/{job['max_attempts'] or '-'}"),
-              ("run at", _utc(job["run_at"])), ("enqueued at", _utc(job["enqueued_at"])),
-              ("started at", _utc(job["started_at"])), ("finished at", _utc(job["finished_at"])),
-              ("lease owner", job["lease_owner"] or "-"), ("reaped", job["reap_count"]),
-              ("idempotency key", job["idempotency_key"] or "-"),
-              ("args", json.dumps(job["args"])), ("meta", json.dumps(job["meta"])),
-              ("result", "-" if job["result"] is None else json.dumps(job["result"]))]
+    fields = [
+        ("id", job["id"]),
+        ("kind", job["kind"]),
+        ("queue", job["queue"]),
+        ("state", job["state"]),
+        ("priority", job["priority"]),
+        ("attempt", f"{job['attempt']}/{job['max_attempts'] or '-'}"),
+        ("run at", _utc(job["run_at"])),
+        ("enqueued at", _utc(job["enqueued_at"])),
+        ("started at", _utc(job["started_at"])),
+        ("finished at", _utc(job["finished_at"])),
+        ("lease owner", job["lease_owner"] or "-"),
+        ("reaped", job["reap_count"]),
+        ("idempotency key", job["idempotency_key"] or "-"),
+        ("args", json.dumps(job["args"])),
+        ("meta", json.dumps(job["meta"])),
+        ("result", "-" if job["result"] is None else json.dumps(job["result"])),
+    ]
     progress = job.get("progress")
     if progress:
         message = f" {progress['message']}" if progress.get("message") else ""

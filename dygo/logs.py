@@ -30,8 +30,14 @@ LIFECYCLE_LOGGER = "dygo.lifecycle"  # worker.lifecycle.say and serve's start-up
 
 class BufferedStderrHandler(logging.StreamHandler):
     def __init__(self) -> None:
-        stream = open(sys.stderr.fileno(), "w", buffering=1 << 16, encoding="utf-8",  # noqa: SIM115
-                      errors="replace", closefd=False)
+        stream = open(  # noqa: SIM115
+            sys.stderr.fileno(),
+            "w",
+            buffering=1 << 16,
+            encoding="utf-8",
+            errors="replace",
+            closefd=False,
+        )
         super().__init__(stream)
         threading.Thread(target=self._flush_periodically, daemon=True, name="dygo-log-flush").start()
 
@@ -51,8 +57,7 @@ class BufferedStderrHandler(logging.StreamHandler):
 
 def _control_escapes() -> dict[int, str]:
     table = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
-    table.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
-                  0x2028: "\\u2028", 0x2029: "\\u2029"})
+    table.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x2028: "\\u2028", 0x2029: "\\u2029"})
     return table
 
 
@@ -103,8 +108,23 @@ class TextFormatter(logging.Formatter):
 
 # Query parameters whose values never reach a log line (matched case-insensitively, also as a suffix:
 # `x_api_key`, `refresh_token`).
-SECRET_PARAMS = ("token", "access_token", "api_key", "apikey", "key", "secret", "password", "passwd",
-                 "auth", "authorization", "bearer", "signature", "sig", "session", "csrf")
+SECRET_PARAMS = (
+    "token",
+    "access_token",
+    "api_key",
+    "apikey",
+    "key",
+    "secret",
+    "password",
+    "passwd",
+    "auth",
+    "authorization",
+    "bearer",
+    "signature",
+    "sig",
+    "session",
+    "csrf",
+)
 REDACTED = "***"
 
 
@@ -121,8 +141,13 @@ def redact_query(path: str) -> str:
     pairs = parse_qsl(query, keep_blank_values=True)
     if not any(_secret(name) for name, _ in pairs):
         return path
-    return base + "?" + "&".join(
-        f"{quote(name, safe='')}={REDACTED if _secret(name) else quote(value, safe='/:')}" for name, value in pairs)
+    return (
+        base
+        + "?"
+        + "&".join(
+            f"{quote(name, safe='')}={REDACTED if _secret(name) else quote(value, safe='/:')}" for name, value in pairs
+        )
+    )
 
 
 class RedactAccessLog(logging.Filter):
@@ -148,7 +173,9 @@ class JsonFormatter(logging.Formatter):
     def _object(self, record: logging.LogRecord, message: str, fields: dict[str, Any] | None) -> str:
         data: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname, "logger": record.name, "message": message,
+            "level": record.levelname,
+            "logger": record.name,
+            "message": message,
         }
         if fields:
             data.update(fields)

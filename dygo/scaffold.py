@@ -159,8 +159,10 @@ def init_project(directory: str) -> int:
         return 1
     in_the_way = existing_files(target)
     if in_the_way:
-        print(f"dygo init: refusing to overwrite existing files in {target}: {', '.join(in_the_way)}; "
-              "nothing written", file=sys.stderr)
+        print(
+            f"dygo init: refusing to overwrite existing files in {target}: {', '.join(in_the_way)}; nothing written",
+            file=sys.stderr,
+        )
         return 1
     for name, text in FILES.items():
         path = target / name
@@ -171,6 +173,8 @@ def init_project(directory: str) -> int:
     cd = "" if target.resolve() == Path.cwd().resolve() else f"cd {shlex.quote(str(target))} && "
     print("\nNext (PostgreSQL: DATABASE_URL, else an embedded server in .dygo/):")
     print(f"  {cd}dygo migrate")
-    print("  DYGO_HOST=127.0.0.1 honcho start --port 8000 web worker   "
-          "# the Procfile's web (http://127.0.0.1:8000/dashboard/) and worker")
+    print(
+        "  DYGO_HOST=127.0.0.1 honcho start --port 8000 web worker   "
+        "# the Procfile's web (http://127.0.0.1:8000/dashboard/) and worker"
+    )
     return 0

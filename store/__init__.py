@@ -7,7 +7,25 @@ from dygo.store.results import result, wait_for_result
 from dygo.store.schedules import schedule
 
 __all__ = [
-    "Abort", "ConfigError", "EnqueueError", "Enqueued", "JobContext", "JobRequest", "Reportable", "Retry",
-    "RetryAfter", "SchemaError", "Snooze", "aenqueue", "aenqueue_many", "enqueue", "enqueue_many", "job",
-    "make_context", "registry", "result", "schedule", "wait_for_result",
+    "Abort",
+    "ConfigError",
+    "EnqueueError",
+    "Enqueued",
+    "JobContext",
+    "JobRequest",
+    "Reportable",
+    "Retry",
+    "RetryAfter",
+    "SchemaError",
+    "Snooze",
+    "aenqueue",
+    "aenqueue_many",
+    "enqueue",
+    "enqueue_many",
+    "job",
+    "make_context",
+    "registry",
+    "result",
+    "schedule",
+    "wait_for_result",
 ]

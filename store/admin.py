@@ -72,8 +72,9 @@ class JobPage:
     next_position: int | None
 
 
-def list_jobs(conn: psycopg.Connection, where: JobFilter, *, order: Order = "newest", limit: int = 50,
-              position: int | None = None) -> JobPage:
+def list_jobs(
+    conn: psycopg.Connection, where: JobFilter, *, order: Order = "newest", limit: int = 50, position: int | None = None
+) -> JobPage:
     """One page of jobs, newest or oldest first, starting after `position` (keyset on id)."""
     newest = order == "newest"
     fragments, params = _filters(where, newest, position)
@@ -106,8 +107,9 @@ def _filters(where: JobFilter, newest: bool, position: int | None) -> tuple[list
     return fragments, params
 
 
-def _fetch(conn: psycopg.Connection, fragments: list[str], params: dict[str, Any], newest: bool,
-           key: str = "by_primary_key") -> list[dict[str, Any]]:
+def _fetch(
+    conn: psycopg.Connection, fragments: list[str], params: dict[str, Any], newest: bool, key: str = "by_primary_key"
+) -> list[dict[str, Any]]:
     statement = sql.SQL(queries.LIST_JOBS).format(
         columns=sql.SQL(queries.JOB_SUMMARY_COLUMNS),
         filters=sql.SQL(" AND ").join(sql.SQL(f) for f in fragments or [queries.JOB_FILTERS["everything"]]),
@@ -124,8 +126,14 @@ def _page(rows: list[dict[str, Any]], limit: int, otherwise: int | None) -> JobP
     return JobPage(rows, otherwise)
 
 
-def _ready_page(conn: psycopg.Connection, fragments: list[str], params: dict[str, Any], newest: bool,
-                position: int | None, limit: int) -> JobPage:
+def _ready_page(
+    conn: psycopg.Connection,
+    fragments: list[str],
+    params: dict[str, Any],
+    newest: bool,
+    position: int | None,
+    limit: int,
+) -> JobPage:
     """Pending or scheduled jobs: usually the newest rows, so first a bounded walk of the primary
     key from the start; when they are too sparse there (a backlog of old jobs, or few far-future
     ones), their own index, sorted: the cost is then bounded by how many are waiting."""
@@ -139,8 +147,9 @@ def _ready_page(conn: psycopg.Connection, fragments: list[str], params: dict[str
     return _page(rows, limit, None)
 
 
-def _scan_window(conn: psycopg.Connection, newest: bool, position: int | None,
-                 size: int | None = None) -> tuple[str, int, int | None] | None:
+def _scan_window(
+    conn: psycopg.Connection, newest: bool, position: int | None, size: int | None = None
+) -> tuple[str, int, int | None] | None:
     """The id bound that limits this page's scan (`size` ids, SCAN_WINDOW by default), and where the
     next page starts if it runs dry."""
     size = SCAN_WINDOW if size is None else size
@@ -171,9 +180,11 @@ def act_on_job(conn: psycopg.Connection, action: str, job_id: int) -> dict[str, 
             job = cursor.execute(statement, {"id": job_id}).fetchone()
     except psycopg.errors.UniqueViolation:
         # Only a retry brings a job back to a live state, where its idempotency key must be unique.
-        raise Conflict("idempotency_conflict",
-                       f"job {job_id} cannot be retried: a live job holds its idempotency key",
-                       {"action": action}) from None
+        raise Conflict(
+            "idempotency_conflict",
+            f"job {job_id} cannot be retried: a live job holds its idempotency key",
+            {"action": action},
+        ) from None
     if job is None:
         _refuse(conn, job_id, action, allowed)
     return job
@@ -192,9 +203,11 @@ def _refuse(conn: psycopg.Connection, job_id: int, action: str, allowed: tuple[s
     if row is None:
         raise NotFound("job_not_found", f"no job with id {job_id}")
     state = row[0]
-    raise Conflict("invalid_transition",
-                   f"job {job_id} is {state}; {action} applies to a job that is {' or '.join(allowed)}",
-                   {"state": state, "action": action, "allowed_from": list(allowed)})
+    raise Conflict(
+        "invalid_transition",
+        f"job {job_id} is {state}; {action} applies to a job that is {' or '.join(allowed)}",
+        {"state": state, "action": action, "allowed_from": list(allowed)},
+    )
 
 
 # --- queues ------------------------------------------------------------------------------------
@@ -222,11 +235,17 @@ def _queue_list(configured: Mapping[str, int], rows: list[Any]) -> list[dict[str
         else:
             succeeded[queue] = number
     names = list(configured) + sorted((set(counts) | set(paused)) - set(configured))
-    return [{
-        "name": name, "concurrency": configured.get(name), "paused": name in paused,
-        "paused_at": paused.get(name), "counts": counts.get(name, dict.fromkeys(COUNTED_STATES, 0)),
-        "succeeded_today": succeeded.get(name, 0),
-    } for name in names]
+    return [
+        {
+            "name": name,
+            "concurrency": configured.get(name),
+            "paused": name in paused,
+            "paused_at": paused.get(name),
+            "counts": counts.get(name, dict.fromkeys(COUNTED_STATES, 0)),
+            "succeeded_today": succeeded.get(name, 0),
+        }
+        for name in names
+    ]
 
 
 def find_queue(conn: psycopg.Connection, configured: Mapping[str, int], name: str) -> dict[str, Any] | None:
@@ -256,8 +275,7 @@ def purge_queue(conn: psycopg.Connection, queue: str) -> dict[str, int]:
         pending, scheduled, dead, active, paused = conn.execute(queries.PURGE_QUEUE, {"queue": queue}).fetchone()
         if pending + scheduled + dead:
             results.notify_recheck(conn)  # their waiters answer 404 now, not at their timeout
-    return {"pending": pending, "scheduled": scheduled, "dead": dead,
-            "active_left": active, "paused_left": paused}
+    return {"pending": pending, "scheduled": scheduled, "dead": dead, "active_left": active, "paused_left": paused}
 
 
 def vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
@@ -346,8 +364,12 @@ def retry_dead_group(conn: psycopg.Connection, kind: str, fingerprint: str) -> i
 
 # A bulk action by filter touches at most this many jobs (oldest ids first); run it again for more.
 BULK_LIMIT = 10_000
-BULK_ACTIONS = {"retry": queries.BULK_RETRY, "cancel": queries.BULK_CANCEL,
-                "archive": queries.BULK_ARCHIVE, "delete": queries.BULK_DELETE}
+BULK_ACTIONS = {
+    "retry": queries.BULK_RETRY,
+    "cancel": queries.BULK_CANCEL,
+    "archive": queries.BULK_ARCHIVE,
+    "delete": queries.BULK_DELETE,
+}
 
 
 @dataclass(frozen=True)
@@ -377,8 +399,9 @@ def count_matching(conn: psycopg.Connection, action: str, where: JobFilter) -> t
     return min(matched, BULK_LIMIT), allowed, matched > BULK_LIMIT
 
 
-def bulk_act(conn: psycopg.Connection, action: str, *, where: JobFilter | None = None,
-             ids: list[int] | None = None) -> BulkReport:
+def bulk_act(
+    conn: psycopg.Connection, action: str, *, where: JobFilter | None = None, ids: list[int] | None = None
+) -> BulkReport:
     """Run a bulk action (BULK_ACTIONS) on the ticked `ids`, or on the jobs `where` matches
     (at most BULK_LIMIT, oldest first), in one statement; report matched and changed rows."""
     filters, params = _bulk_filters(where, ids)
@@ -390,8 +413,11 @@ def bulk_act(conn: psycopg.Connection, action: str, *, where: JobFilter | None =
                 results.notify_recheck(conn)  # cancel and archive are seen by the trigger
     except psycopg.errors.UniqueViolation:
         # A live job took one of the keys between the check and the update: nothing changed.
-        raise Conflict("idempotency_conflict", "a live job took the idempotency key of one of these jobs "
-                       "meanwhile; nothing was retried, try again", {"action": action}) from None
+        raise Conflict(
+            "idempotency_conflict",
+            "a live job took the idempotency key of one of these jobs meanwhile; nothing was retried, try again",
+            {"action": action},
+        ) from None
     return BulkReport(matched, changed)
 
 

@@ -54,8 +54,9 @@ def failed_attempt(conn: psycopg.Connection, address: str, attempts: int, window
 
 def locked_until(conn: psycopg.Connection, address: str, attempts: int, window: float) -> tuple[bool, float | None]:
     """(whether the address has failures on record, when it may try again if it is locked out now)."""
-    row = conn.execute(queries.AUTH_LOCKED_UNTIL, {"address": address, "attempts": attempts,
-                                                   "window": window}).fetchone()
+    row = conn.execute(
+        queries.AUTH_LOCKED_UNTIL, {"address": address, "attempts": attempts, "window": window}
+    ).fetchone()
     return (row is not None, row[0] if row else None)
 
 
@@ -83,11 +84,13 @@ async def afailed_attempt(conn: psycopg.AsyncConnection, address: str, attempts:
     return until
 
 
-async def alocked_until(conn: psycopg.AsyncConnection, address: str, attempts: int,
-                        window: float) -> tuple[bool, float | None]:
+async def alocked_until(
+    conn: psycopg.AsyncConnection, address: str, attempts: int, window: float
+) -> tuple[bool, float | None]:
     """`locked_until` on an AsyncConnection."""
-    row = await (await conn.execute(queries.AUTH_LOCKED_UNTIL, {"address": address, "attempts": attempts,
-                                                                "window": window})).fetchone()
+    row = await (
+        await conn.execute(queries.AUTH_LOCKED_UNTIL, {"address": address, "attempts": attempts, "window": window})
+    ).fetchone()
     return (row is not None, row[0] if row else None)
 
 

@@ -45,7 +45,7 @@ def parse_rate(value: Any) -> tuple[int, float]:
     """A rate limit such as "100/s", "600/m" or "10000/h": (starts, window in seconds)."""
     match = _RATE.match(value) if isinstance(value, str) else None
     if not match:
-        raise ValueError(f"rate_limit {value!r} must be a count per unit: \"100/s\", \"600/m\" or \"10000/h\"")
+        raise ValueError(f'rate_limit {value!r} must be a count per unit: "100/s", "600/m" or "10000/h"')
     count = int(match.group(1))
     if count <= 0:
         raise ValueError(f"rate_limit {value!r} must allow at least 1 start per window")
@@ -239,8 +239,10 @@ def _host_names(value: Any) -> tuple[str, ...]:
         raise ValueError("must be a host name or a list of host names")
     for name in names:
         if not _HOST_NAME.match(name.strip().lower()):
-            raise ValueError(f"{name!r} is not a host name (e.g. jobs.example.com, .example.com for a domain "
-                             "and its subdomains, or * for any); no scheme, port or path")
+            raise ValueError(
+                f"{name!r} is not a host name (e.g. jobs.example.com, .example.com for a domain "
+                "and its subdomains, or * for any); no scheme, port or path"
+            )
     return tuple(name.strip().lower() for name in names)
 
 
@@ -363,8 +365,9 @@ def load_settings(config_dir: Path | str | None = None, *, env: str | None = Non
 def load_queues(path: Path) -> dict[str, Queue]:
     source = str(path)
     if not path.exists():
-        raise ConfigError(source, "file",
-                          "not found; create it with at least `queues: [{name: default, concurrency: 4}]`")
+        raise ConfigError(
+            source, "file", "not found; create it with at least `queues: [{name: default, concurrency: 4}]`"
+        )
     document = _read_yaml(path)
     if not isinstance(document, dict) or "queues" not in document or not set(document) <= {"queues", "kinds"}:
         raise ConfigError(source, "top level", "must be a mapping with the key `queues` (and optionally `kinds`)")
@@ -381,8 +384,11 @@ def load_queues(path: Path) -> dict[str, Queue]:
             label = f"queues[{index}] ({name})"
         unknown = sorted(set(entry) - {"name", "concurrency", *LIMIT_KEYS})
         if unknown:
-            raise ConfigError(source, label, f"unknown key {unknown[0]!r}; allowed keys: name, concurrency, "
-                              "concurrency_limit, rate_limit, key")
+            raise ConfigError(
+                source,
+                label,
+                f"unknown key {unknown[0]!r}; allowed keys: name, concurrency, concurrency_limit, rate_limit, key",
+            )
         if not isinstance(name, str) or not KEBAB_CASE.match(name):
             raise ConfigError(source, label, f"name {name!r} must be kebab-case (lowercase letters, digits, dashes)")
         concurrency = entry.get("concurrency")
@@ -416,8 +422,9 @@ def load_limits(path: Path) -> tuple[Limit, ...]:
         label = f"kinds[{index}] ({entry['kind']})"
         unknown = sorted(set(entry) - {"kind", *LIMIT_KEYS})
         if unknown:
-            raise ConfigError(source, label, f"unknown key {unknown[0]!r}; allowed keys: kind, "
-                              "concurrency_limit, rate_limit, key")
+            raise ConfigError(
+                source, label, f"unknown key {unknown[0]!r}; allowed keys: kind, concurrency_limit, rate_limit, key"
+            )
         if entry["kind"] in seen:
             raise ConfigError(source, label, f"kind {entry['kind']!r} is already limited by an earlier entry")
         seen.add(entry["kind"])

@@ -121,8 +121,21 @@ def _instants(wall: datetime, where: ZoneInfo, real_time: bool) -> list[datetime
 # --- in words -------------------------------------------------------------------------------------
 
 DAY_NAMES = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-MONTH_NAMES = ["", "January", "February", "March", "April", "May", "June", "July", "August", "September",
-               "October", "November", "December"]
+MONTH_NAMES = [
+    "",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 _DAY_ALIASES = {name[:3].lower(): str(i) for i, name in enumerate(DAY_NAMES[:7])}
 _MONTH_ALIASES = {name[:3].lower(): str(i) for i, name in enumerate(MONTH_NAMES) if name}
 

@@ -22,8 +22,10 @@ def database_url(settings: Settings) -> str:
             conninfo_to_dict(url)
         except psycopg.Error as exc:
             # libpq quotes the part it could not parse, which can be the password itself.
-            raise DatabaseUnavailable(f"DATABASE_URL is not a valid connection string: {scrub(str(exc), url)}; "
-                                      "expected postgresql://user:password@host:port/database") from None
+            raise DatabaseUnavailable(
+                f"DATABASE_URL is not a valid connection string: {scrub(str(exc), url)}; "
+                "expected postgresql://user:password@host:port/database"
+            ) from None
         return url
     from dygo.store import embedded
 

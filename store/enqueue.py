@@ -68,15 +68,24 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
         queue = definition.queue_name
         _check_queue(queue, jobs)
         return {
-            "kind": request.kind, "queue": queue, "args": _dump("args", request.args),
-            "meta": _meta_json(None, context) if context else "{}", "priority": _priority(definition.priority),
-            "run_at": None, "delay": 0.0, "max_attempts": None, "key": None, "ttl": None,
+            "kind": request.kind,
+            "queue": queue,
+            "args": _dump("args", request.args),
+            "meta": _meta_json(None, context) if context else "{}",
+            "priority": _priority(definition.priority),
+            "run_at": None,
+            "delay": 0.0,
+            "max_attempts": None,
+            "key": None,
+            "ttl": None,
         }
     queue = request.queue
     if definition is None:
         if queue is None:
-            raise EnqueueError("unknown_kind", f"kind {request.kind!r} is not registered; "
-                               f"known kinds: {', '.join(jobs.kinds()) or 'none'}")
+            raise EnqueueError(
+                "unknown_kind",
+                f"kind {request.kind!r} is not registered; known kinds: {', '.join(jobs.kinds()) or 'none'}",
+            )
         args = request.args.model_dump(mode="json") if hasattr(request.args, "model_dump") else request.args
         if args is None:
             args = {}
@@ -92,8 +101,9 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     _check_queue(queue, jobs)
     args_json = _dump("args", args)
 
-    priority = _priority(request.priority if request.priority is not None else
-                         (definition.priority if definition else 0))
+    priority = _priority(
+        request.priority if request.priority is not None else (definition.priority if definition else 0)
+    )
     # Unset stays NULL: the claiming worker gives the kind's registered max_attempts (or the configured
     # default) at the first lease, so a producer that does not import the kind cannot stamp the wrong one.
     max_attempts = request.max_attempts
@@ -112,8 +122,9 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
             # In UTC: PostgreSQL takes offsets up to ±15:59 only, ISO 8601 up to ±23:59.
             run_at = run_at.astimezone(UTC)
         except OverflowError:
-            raise EnqueueError("invalid_timestamp", f"run_at {request.run_at.isoformat()} is outside years 1 to "
-                               "9999 in UTC") from None
+            raise EnqueueError(
+                "invalid_timestamp", f"run_at {request.run_at.isoformat()} is outside years 1 to 9999 in UTC"
+            ) from None
     delay = _seconds(request.delay, "delay") if request.delay is not None else 0.0
 
     if request.meta is not None and not isinstance(request.meta, Mapping):
@@ -124,8 +135,9 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     key = request.idempotency_key
     if key is not None:
         if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH:
-            raise EnqueueError("invalid_option", f"idempotency_key must be a string of 1 to {MAX_KEY_LENGTH} "
-                               "characters")
+            raise EnqueueError(
+                "invalid_option", f"idempotency_key must be a string of 1 to {MAX_KEY_LENGTH} characters"
+            )
         _refuse_unstorable("idempotency_key", key)
     ttl = None
     if request.idempotency_ttl is not None:
@@ -136,25 +148,43 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
             raise EnqueueError("invalid_duration", "idempotency_ttl must be greater than 0")
 
     return {
-        "kind": request.kind, "queue": queue, "args": args_json, "meta": meta_json,
-        "priority": priority, "run_at": run_at, "delay": delay, "max_attempts": max_attempts,
-        "key": key, "ttl": ttl,
+        "kind": request.kind,
+        "queue": queue,
+        "args": args_json,
+        "meta": meta_json,
+        "priority": priority,
+        "run_at": run_at,
+        "delay": delay,
+        "max_attempts": max_attempts,
+        "key": key,
+        "ttl": ttl,
     }
 
 
 def _plain(request: JobRequest) -> bool:
     """No option set: every field but the kind and the args at its default."""
-    return (request.queue is None and request.priority is None and request.run_at is None and request.delay is None
-            and request.max_attempts is None and not request.meta and request.idempotency_key is None
-            and request.idempotency_ttl is None)
+    return (
+        request.queue is None
+        and request.priority is None
+        and request.run_at is None
+        and request.delay is None
+        and request.max_attempts is None
+        and not request.meta
+        and request.idempotency_key is None
+        and request.idempotency_ttl is None
+    )
 
 
 def _priority(priority: Any) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int) or not (
-        PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not (PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1])
     ):
-        raise EnqueueError("invalid_option", f"priority must be an integer from {PRIORITY_RANGE[0]} to "
-                           f"{PRIORITY_RANGE[1]}, got {priority!r}")
+        raise EnqueueError(
+            "invalid_option",
+            f"priority must be an integer from {PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}, got {priority!r}",
+        )
     return priority
 
 
@@ -165,13 +195,17 @@ def _check_queue(queue: Any, jobs: Registry) -> None:
     if configured is not None and queue in configured:
         return  # the hot path: one lookup in a short list
     if not isinstance(queue, str) or not KEBAB_CASE.match(queue):
-        raise EnqueueError("unknown_queue", f"queue {queue!r} is not configured, nor can it be: queue names are "
-                           "kebab-case (lowercase letters, digits and dashes, like 'email' or 'slow-imports')",
-                           {"field": "queue"})
+        raise EnqueueError(
+            "unknown_queue",
+            f"queue {queue!r} is not configured, nor can it be: queue names are "
+            "kebab-case (lowercase letters, digits and dashes, like 'email' or 'slow-imports')",
+            {"field": "queue"},
+        )
     configured = jobs.configured_queues()
     if queue not in configured:
-        raise EnqueueError("unknown_queue", f"queue {queue!r} is not configured; queues: {', '.join(configured)}",
-                           {"field": "queue"})
+        raise EnqueueError(
+            "unknown_queue", f"queue {queue!r} is not configured; queues: {', '.join(configured)}", {"field": "queue"}
+        )
 
 
 def _meta_json(meta: Mapping[str, str] | None, context: Mapping[str, str]) -> str:
@@ -200,8 +234,12 @@ def _refuse_unstorable(name: str, value: Any) -> None:
         if isinstance(item, str):
             found = UNSTORABLE.search(item)
             if found:
-                raise EnqueueError("invalid_value", f"{where} holds {ascii(found.group())} (a NUL character or an "
-                                   "unpaired surrogate), which PostgreSQL cannot store", {"field": where})
+                raise EnqueueError(
+                    "invalid_value",
+                    f"{where} holds {ascii(found.group())} (a NUL character or an "
+                    "unpaired surrogate), which PostgreSQL cannot store",
+                    {"field": where},
+                )
         elif isinstance(item, Mapping):
             for key, child in item.items():
                 pending.append((f"{where} key", key))
@@ -234,8 +272,7 @@ def _single_statement(row: dict[str, Any]) -> tuple[str, str | None]:
 
 def _copy_row(job_id: int, row: dict[str, Any], db_now: datetime) -> tuple[Any, ...]:
     run_at = row["run_at"] or db_now + timedelta(seconds=row["delay"])
-    return (job_id, row["kind"], row["queue"], row["args"], row["meta"], row["priority"], run_at,
-            row["max_attempts"])
+    return (job_id, row["kind"], row["queue"], row["args"], row["meta"], row["priority"], run_at, row["max_attempts"])
 
 
 def _keyed_params(ids: list[int], rows: list[dict[str, Any]], db_now: datetime) -> dict[str, list[Any]]:
@@ -315,11 +352,17 @@ class _BatchPlan:
         return len(self.plain) + len(self.keyed)
 
     def keyed_params(self, ids: list[int], db_now: datetime) -> dict[str, list[Any]]:
-        return _keyed_params(ids[len(self.plain):], [self.rows[i] for i in self.keyed], db_now)
+        return _keyed_params(ids[len(self.plain) :], [self.rows[i] for i in self.keyed], db_now)
 
-    def keyed_results(self, ids: list[int], params: dict[str, list[Any]], inserted: set[int],
-                      holders: dict[str, int], results: dict[int, Enqueued]) -> None:
-        for job_id, run_at, i in zip(ids[len(self.plain):], params["run_ats"], self.keyed, strict=True):
+    def keyed_results(
+        self,
+        ids: list[int],
+        params: dict[str, list[Any]],
+        inserted: set[int],
+        holders: dict[str, int],
+        results: dict[int, Enqueued],
+    ) -> None:
+        for job_id, run_at, i in zip(ids[len(self.plain) :], params["run_ats"], self.keyed, strict=True):
             if job_id in inserted:
                 results[i] = Enqueued(job_id, False, run_at)
             else:
@@ -390,18 +433,26 @@ def _quoted(name: str) -> str:
 def _plain_rows_json(rows: list[dict[str, Any]]) -> str:
     """The rows as the JSON array INSERT_JOBS reads; args and meta are JSON text already."""
     dumps = json.dumps
-    return "[" + ",".join(
-        f'{{"kind":{_quoted(r["kind"])},"queue":{_quoted(r["queue"])},"args":{r["args"]},"meta":{r["meta"]},'
-        f'"priority":{int(r["priority"])},"run_at":{"null" if r["run_at"] is None else dumps(r["run_at"].isoformat())},'
-        f'"delay":{float(r["delay"])!r},"max_attempts":{_json_int(r["max_attempts"])}}}' for r in rows) + "]"
+    return (
+        "["
+        + ",".join(
+            f'{{"kind":{_quoted(r["kind"])},"queue":{_quoted(r["queue"])},"args":{r["args"]},"meta":{r["meta"]},'
+            f'"priority":{int(r["priority"])},'
+            f'"run_at":{"null" if r["run_at"] is None else dumps(r["run_at"].isoformat())},'
+            f'"delay":{float(r["delay"])!r},"max_attempts":{_json_int(r["max_attempts"])}}}'
+            for r in rows
+        )
+        + "]"
+    )
 
 
 def _json_int(value: int | None) -> str:
     return "null" if value is None else str(int(value))
 
 
-async def aenqueue_many(conn: psycopg.AsyncConnection,
-                        jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+async def aenqueue_many(
+    conn: psycopg.AsyncConnection, jobs: Sequence[JobRequest | Mapping[str, Any]]
+) -> list[Enqueued]:
     """`enqueue_many` for an AsyncConnection, all or nothing, results in order. A batch of up to
     PLAIN_BATCH_MAX jobs without idempotency keys is one statement (INSERT_JOBS); others take the COPY
     transaction of `enqueue_many`."""
@@ -409,8 +460,9 @@ async def aenqueue_many(conn: psycopg.AsyncConnection,
         return await _aenqueue_batch(conn, jobs)
 
 
-async def _aenqueue_batch(conn: psycopg.AsyncConnection,
-                          jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+async def _aenqueue_batch(
+    conn: psycopg.AsyncConnection, jobs: Sequence[JobRequest | Mapping[str, Any]]
+) -> list[Enqueued]:
     plan = _BatchPlan(_prepare_batch(jobs))
     rows = plan.rows
     results: dict[int, Enqueued] = {}

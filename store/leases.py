@@ -85,8 +85,13 @@ def array(values: Iterable[object]) -> str:
     element type, then a dumper for it) cost ~85 us per list in the worker's claim and settle, about 10 lists
     a round; this costs a few (issue 12, item 7). Every element is quoted, with backslash and double quote
     escaped: what any element type's input reads."""
-    return "{" + ",".join("NULL" if v is None else '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
-                          for v in values) + "}"
+    return (
+        "{"
+        + ",".join(
+            "NULL" if v is None else '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values
+        )
+        + "}"
+    )
 
 
 def plain_array(texts: Iterable[str]) -> str:
@@ -116,14 +121,17 @@ COMMIT = "COMMIT"
 # that does not wait for the WAL flush, and one generic plan for the prepared claim
 # rather than a custom plan per call (what the server would otherwise pick for it: a plan per call is the
 # planning the prepare is there to save). All three end with the transaction.
-CLAIM_SETTINGS = ("SELECT set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'off', true), "
-                  "set_config('plan_cache_mode', 'force_generic_plan', true)")
+CLAIM_SETTINGS = (
+    "SELECT set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'off', true), "
+    "set_config('plan_cache_mode', 'force_generic_plan', true)"
+)
 # A settle's: sequential scans priced out, and one generic plan for each prepared settle statement. Left to
 # itself, the server planned the settle afresh at every call (the generic plan's estimate for arrays of unknown
 # length lost to the custom plans' for a few ids): a third of a 4-job settle's CPU, 525 -> 340 us per settle
 # (issue 12, item 7). Both end with the transaction.
-SETTLE_SETTINGS = ("SELECT set_config('enable_seqscan', 'off', true), "
-                   "set_config('plan_cache_mode', 'force_generic_plan', true)")
+SETTLE_SETTINGS = (
+    "SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)"
+)
 
 
 # The same three settings for a whole session: the worker's own claim connection, when it goes straight to
@@ -131,8 +139,10 @@ SETTLE_SETTINGS = ("SELECT set_config('enable_seqscan', 'off', true), "
 # claims are then one statement each, with no pipeline around them (~0.2 ms of the worker's CPU per claim).
 # Every claim on it commits without waiting for the flush, a limited claim too (store/limits.py): what a
 # server crash loses is the whole claim, its start-log rows with it, so its jobs are pending again.
-CLAIM_SESSION = ("SELECT set_config('enable_seqscan', 'off', false), set_config('synchronous_commit', 'off', false), "
-                 "set_config('plan_cache_mode', 'force_generic_plan', false)")
+CLAIM_SESSION = (
+    "SELECT set_config('enable_seqscan', 'off', false), set_config('synchronous_commit', 'off', false), "
+    "set_config('plan_cache_mode', 'force_generic_plan', false)"
+)
 _claim_sessions: weakref.WeakSet[psycopg.AsyncConnection] = weakref.WeakSet()
 
 
@@ -163,21 +173,34 @@ async def roll_back(conn: psycopg.AsyncConnection) -> None:
             await conn.rollback()
 
 
-async def claim(conn: psycopg.AsyncConnection, queue: str, limit: int, owner: str, ttl: float,
-                jobs: Registry | None = None) -> list[ClaimedJob]:
+async def claim(
+    conn: psycopg.AsyncConnection, queue: str, limit: int, owner: str, ttl: float, jobs: Registry | None = None
+) -> list[ClaimedJob]:
     """Claim up to `limit` ready jobs of one queue (claim_queues for one queue)."""
     return await claim_queues(conn, {queue: limit}, owner, ttl, jobs)
 
 
-async def claim_queues(conn: psycopg.AsyncConnection, limits: Mapping[str, int], owner: str, ttl: float,
-                       jobs: Registry | None = None, kind_free: Mapping[str, int] | None = None) -> list[ClaimedJob]:
+async def claim_queues(
+    conn: psycopg.AsyncConnection,
+    limits: Mapping[str, int],
+    owner: str,
+    ttl: float,
+    jobs: Registry | None = None,
+    kind_free: Mapping[str, int] | None = None,
+) -> list[ClaimedJob]:
     """Claim up to limits[queue] ready jobs of each queue in one statement, in claim order (claim_with_next_due)."""
     return (await claim_with_next_due(conn, limits, owner, ttl, jobs, kind_free=kind_free)).jobs
 
 
-async def claim_with_next_due(conn: psycopg.AsyncConnection, limits: Mapping[str, int], owner: str, ttl: float,
-                              jobs: Registry | None = None, since: Mapping[str, datetime | None] | None = None,
-                              kind_free: Mapping[str, int] | None = None) -> Claim:
+async def claim_with_next_due(
+    conn: psycopg.AsyncConnection,
+    limits: Mapping[str, int],
+    owner: str,
+    ttl: float,
+    jobs: Registry | None = None,
+    since: Mapping[str, datetime | None] | None = None,
+    kind_free: Mapping[str, int] | None = None,
+) -> Claim:
     """Claim up to limits[queue] ready jobs of each queue in one statement, in claim order, and learn, in the
     same statement, when the next scheduled job of each queue that came back short is due. A job enqueued
     without max_attempts gets it here, durably: its kind's in `jobs` (default: the process's registry, the
@@ -192,11 +215,18 @@ async def claim_with_next_due(conn: psycopg.AsyncConnection, limits: Mapping[str
     kind_free = kind_free or {}
     most = sum(wanted.values())  # a kind with this many free slots cannot be trimmed: leave it out
     trimmed = {kind: free for kind, free in kind_free.items() if 0 < free < most}
-    params = {"queues": array(wanted), "limits": array(wanted.values()), "owner": owner, "ttl": ttl,
-              "kind_attempts": kind_attempts, "max_attempts": default,
-              "since": array((since or {}).get(queue) for queue in wanted),
-              "full_kinds": array(kind for kind, free in kind_free.items() if free <= 0),
-              "cap_kinds": array(trimmed), "cap_free": array(trimmed.values())}
+    params = {
+        "queues": array(wanted),
+        "limits": array(wanted.values()),
+        "owner": owner,
+        "ttl": ttl,
+        "kind_attempts": kind_attempts,
+        "max_attempts": default,
+        "since": array((since or {}).get(queue) for queue in wanted),
+        "full_kinds": array(kind for kind, free in kind_free.items() if free <= 0),
+        "cap_kinds": array(trimmed),
+        "cap_free": array(trimmed.values()),
+    }
     statement = queries.CLAIM_JOBS_CAPPED if trimmed else queries.CLAIM_JOBS
     # In a transaction of its own (an idle autocommit connection: the worker's), the claim's commit does not
     # wait for the WAL flush: a slot's claim no longer waits on the disk (issue 12, item 7). A claim lost in a
@@ -211,18 +241,21 @@ async def claim_with_next_due(conn: psycopg.AsyncConnection, limits: Mapping[str
     else:
         rows = await (await _on_indexes(conn, statement, params)).fetchall()
     reached = {row[2]: row[13] for row in rows if row[0] is not None}  # rows in claim order: the last one stays
-    return Claim([claimed_job(row) for row in rows if row[0] is not None],
-                 {row[2]: row[10] for row in rows if row[0] is None and row[10] is not None},
-                 _timestamp(rows[0][11]) if rows else None,
-                 reached={queue: _timestamp(run_at) for queue, run_at in reached.items()})
+    return Claim(
+        [claimed_job(row) for row in rows if row[0] is not None],
+        {row[2]: row[10] for row in rows if row[0] is None and row[10] is not None},
+        _timestamp(rows[0][11]) if rows else None,
+        reached={queue: _timestamp(run_at) for queue, run_at in reached.items()},
+    )
 
 
 def _timestamp(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC)
 
 
-async def _claim_in_own_transaction(conn: psycopg.AsyncConnection, statement: str,
-                                    params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+async def _claim_in_own_transaction(
+    conn: psycopg.AsyncConnection, statement: str, params: Mapping[str, Any]
+) -> list[tuple[Any, ...]]:
     """The claim and its settings in one pipeline: one round trip and one implicit transaction (its commit, at
     the pipeline's sync, does not wait for the WAL flush). Parameters are bound server-side, so psycopg
     prepares the claim like any statement it runs often (not through a transaction pooler: store/db.py), and
@@ -251,8 +284,6 @@ async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: floa
         return set()
     params = {"ids": [j.id for j in jobs], "tokens": [j.lease_token for j in jobs], "ttl": ttl}
     return {row[0] for row in await (await _on_indexes(conn, queries.RENEW_LEASES, params)).fetchall()}
-
-
 
 
 async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify: list[str] | None = None) -> set[int]:
@@ -314,8 +345,10 @@ def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str
     of the batch has a report; then one fraction and message per job, None where it has none."""
     if all(o.progress is None for o in outcomes):
         return {"fractions": None, "messages": None}
-    return {"fractions": array(o.progress[0] if o.progress else None for o in outcomes),
-            "messages": array(o.progress[1] if o.progress else None for o in outcomes)}
+    return {
+        "fractions": array(o.progress[0] if o.progress else None for o in outcomes),
+        "messages": array(o.progress[1] if o.progress else None for o in outcomes),
+    }
 
 
 RECOVER_BATCH = 1000  # leases recovered per pass at most
@@ -327,18 +360,19 @@ class Recovered:
     clock: datetime  # the database's now() for the pass: deadlines before it that it could see are done
 
 
-async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int,
-                          since: datetime | None = None) -> Recovered:
+async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int, since: datetime | None = None) -> Recovered:
     """Put back (or kill as poison) the jobs whose lease expired at `since` or later (None: whenever), at most
     RECOVER_BATCH of them."""
-    cursor = await _on_indexes(conn, queries.RECOVER_EXPIRED_LEASES,
-                               {"max_reaps": max_reaps, "since": since, "batch": RECOVER_BATCH})
+    cursor = await _on_indexes(
+        conn, queries.RECOVER_EXPIRED_LEASES, {"max_reaps": max_reaps, "since": since, "batch": RECOVER_BATCH}
+    )
     clock, ids, states = await cursor.fetchone()
     return Recovered(list(zip(ids, states, strict=True)), clock)
 
 
-async def heartbeat(conn: psycopg.AsyncConnection, worker_id: str, hostname: str, pid: int,
-                    queues: dict[str, int]) -> None:
+async def heartbeat(
+    conn: psycopg.AsyncConnection, worker_id: str, hostname: str, pid: int, queues: dict[str, int]
+) -> None:
     params = {"id": worker_id, "hostname": hostname, "pid": pid, "queues": json.dumps(queues)}
     await conn.execute(queries.WORKER_HEARTBEAT, params)
 
@@ -351,8 +385,7 @@ async def worker_gone(conn: psycopg.AsyncConnection, worker_id: str) -> None:
     await conn.execute(queries.WORKER_GONE, (worker_id,))
 
 
-async def report_progress(conn: psycopg.AsyncConnection,
-                          reports: list[tuple[ClaimedJob, Progress]]) -> set[int]:
+async def report_progress(conn: psycopg.AsyncConnection, reports: list[tuple[ClaimedJob, Progress]]) -> set[int]:
     """Write the latest progress of running jobs, fenced by lease token; returns the ids written."""
     params = {
         "ids": [job.id for job, _ in reports],

@@ -207,9 +207,15 @@ def forget_cache() -> None:
     _cache.clear()
 
 
-async def claim(conn: psycopg.AsyncConnection, wanted: Mapping[str, int], owner: str, ttl: float,
-                jobs: Registry | None = None, since: Mapping[str, datetime | None] | None = None,
-                kind_free: Mapping[str, int] | None = None) -> Claim:
+async def claim(
+    conn: psycopg.AsyncConnection,
+    wanted: Mapping[str, int],
+    owner: str,
+    ttl: float,
+    jobs: Registry | None = None,
+    since: Mapping[str, datetime | None] | None = None,
+    kind_free: Mapping[str, int] | None = None,
+) -> Claim:
     """Claim up to wanted[queue] ready jobs of each queue without exceeding any limit in force, nor this
     worker's per-kind caps (`kind_free`, leases.claim_with_next_due). Without a limit concerned, the walks
     start at `since`; under one, from the head."""
@@ -222,17 +228,34 @@ async def claim(conn: psycopg.AsyncConnection, wanted: Mapping[str, int], owner:
     return await _claim_limited(conn, wanted, owner, ttl, jobs or registry, concerned, dict(kind_free or {}))
 
 
-async def _claim_limited(conn: psycopg.AsyncConnection, wanted: dict[str, int], owner: str, ttl: float,
-                         jobs: Registry, concerned: list[LimitRow], kind_free: dict[str, int]) -> Claim:
+async def _claim_limited(
+    conn: psycopg.AsyncConnection,
+    wanted: dict[str, int],
+    owner: str,
+    ttl: float,
+    jobs: Registry,
+    concerned: list[LimitRow],
+    kind_free: dict[str, int],
+) -> Claim:
     kind_attempts, default = jobs.max_attempts_at_claim()
-    params = {"queues": list(wanted), "limits": list(wanted.values()), "owner": owner, "ttl": ttl,
-              "kind_attempts": kind_attempts, "max_attempts": default, "recheck": CONCURRENCY_RECHECK,
-              "scopes": [r.scope for r in concerned], "names": [r.name for r in concerned],
-              "fields": [r.key for r in concerned], "concurrency": [r.concurrency_limit for r in concerned],
-              "rate_counts": [r.rate_count for r in concerned], "rate_windows": [r.rate_window for r in concerned],
-              "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
-              "cap_kinds": [kind for kind, free in kind_free.items() if free > 0],
-              "cap_free": [free for free in kind_free.values() if free > 0]}
+    params = {
+        "queues": list(wanted),
+        "limits": list(wanted.values()),
+        "owner": owner,
+        "ttl": ttl,
+        "kind_attempts": kind_attempts,
+        "max_attempts": default,
+        "recheck": CONCURRENCY_RECHECK,
+        "scopes": [r.scope for r in concerned],
+        "names": [r.name for r in concerned],
+        "fields": [r.key for r in concerned],
+        "concurrency": [r.concurrency_limit for r in concerned],
+        "rate_counts": [r.rate_count for r in concerned],
+        "rate_windows": [r.rate_window for r in concerned],
+        "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
+        "cap_kinds": [kind for kind, free in kind_free.items() if free > 0],
+        "cap_free": [free for free in kind_free.values() if free > 0],
+    }
     # One pipeline, one round trip: the lock is a statement of its own, so that CLAIM_LIMITED, a later
     # statement, takes its READ COMMITTED snapshot after the lock was granted and counts every claim
     # committed while this one waited for it. The commit need not wait for the WAL flush, as
@@ -311,10 +334,15 @@ WHERE l.in_file AND NOT EXISTS (SELECT 1 FROM declared d WHERE d.scope = l.scope
 async def sync(conn: psycopg.AsyncConnection, limits: Sequence[Limit]) -> None:
     """Bring dygo_limits in line with config/queues.yml (at worker start)."""
     rates = [limit.rate for limit in limits]
-    params = {"scopes": [lim.scope for lim in limits], "names": [lim.name for lim in limits],
-              "keys": [lim.key for lim in limits], "concurrency": [lim.concurrency_limit for lim in limits],
-              "rates": [lim.rate_limit for lim in limits], "counts": [r[0] if r else None for r in rates],
-              "windows": [r[1] if r else None for r in rates]}
+    params = {
+        "scopes": [lim.scope for lim in limits],
+        "names": [lim.name for lim in limits],
+        "keys": [lim.key for lim in limits],
+        "concurrency": [lim.concurrency_limit for lim in limits],
+        "rates": [lim.rate_limit for lim in limits],
+        "counts": [r[0] if r else None for r in rates],
+        "windows": [r[1] if r else None for r in rates],
+    }
     await conn.execute(SYNC_LIMITS, params)
     forget_cache()
 
@@ -324,11 +352,15 @@ def check_kinds(limits: Sequence[Limit], jobs: Registry, source: str) -> None:
     known = set(jobs.kinds())
     for limit in limits:
         if limit.scope == "kind" and limit.name not in known:
-            raise ConfigError(source, f"kinds ({limit.name})",
-                              f"unknown kind {limit.name!r}; the loaded kinds are: {', '.join(sorted(known))}")
+            raise ConfigError(
+                source,
+                f"kinds ({limit.name})",
+                f"unknown kind {limit.name!r}; the loaded kinds are: {', '.join(sorted(known))}",
+            )
 
 
 # --- reading and changing limits (API, dashboard, dygo status, metrics) ----------------------------
+
 
 @dataclass(frozen=True)
 class LimitUse:
@@ -343,8 +375,9 @@ class LimitUse:
     rate_count: int | None = None
 
     def full(self, key: str) -> bool:
-        return ((self.concurrency_limit is not None and self.in_use.get(key, 0) >= self.concurrency_limit)
-                or (self.rate_count is not None and self.started.get(key, 0) >= self.rate_count))
+        return (self.concurrency_limit is not None and self.in_use.get(key, 0) >= self.concurrency_limit) or (
+            self.rate_count is not None and self.started.get(key, 0) >= self.rate_count
+        )
 
     @property
     def waiting(self) -> int:
@@ -352,10 +385,17 @@ class LimitUse:
         return sum(n for key, n in self.ready.items() if self.full(key))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"scope": self.scope, "name": self.name, "key": f"meta.{self.key}" if self.key else None,
-                "concurrency_limit": self.concurrency_limit, "rate_limit": self.rate_limit,
-                "in_use": sum(self.in_use.values()), "in_use_by_key": self.in_use if self.key else None,
-                "started_in_window": sum(self.started.values()), "waiting": self.waiting}
+        return {
+            "scope": self.scope,
+            "name": self.name,
+            "key": f"meta.{self.key}" if self.key else None,
+            "concurrency_limit": self.concurrency_limit,
+            "rate_limit": self.rate_limit,
+            "in_use": sum(self.in_use.values()),
+            "in_use_by_key": self.in_use if self.key else None,
+            "started_in_window": sum(self.started.values()),
+            "waiting": self.waiting,
+        }
 
 
 def format_rate(count: int | None, window: float | None) -> str | None:
@@ -392,9 +432,17 @@ FROM l ORDER BY l.scope DESC, l.name"""
 
 def _use(row: tuple[Any, ...]) -> LimitUse:
     scope, name, key, concurrency, count, window, active, started, ready = row
-    return LimitUse(scope, name, key, concurrency, format_rate(count, window),
-                    {k: int(v) for k, v in active.items()}, {k: int(v) for k, v in started.items()},
-                    {k: int(v) for k, v in ready.items()}, count)
+    return LimitUse(
+        scope,
+        name,
+        key,
+        concurrency,
+        format_rate(count, window),
+        {k: int(v) for k, v in active.items()},
+        {k: int(v) for k, v in started.items()},
+        {k: int(v) for k, v in ready.items()},
+        count,
+    )
 
 
 def limits_in_use(conn: psycopg.Connection) -> list[LimitUse]:
@@ -413,8 +461,15 @@ ON CONFLICT (scope, name) DO UPDATE SET
     rate_window = excluded.rate_window, key = excluded.key, updated_at = now()"""
 
 
-def set_limit(conn: psycopg.Connection, scope: str, name: str, concurrency_limit: int | None,
-              rate_limit: str | None, key: str | None, queues: Sequence[str]) -> None:
+def set_limit(
+    conn: psycopg.Connection,
+    scope: str,
+    name: str,
+    concurrency_limit: int | None,
+    rate_limit: str | None,
+    key: str | None,
+    queues: Sequence[str],
+) -> None:
     """Put a limit in force now (None for both: no limit), and wake `queues`' workers to claim under it.
     Raises ValueError naming the field and the rule. Kept over restarts until config/queues.yml's
     value for it changes (sync)."""
@@ -424,8 +479,14 @@ def set_limit(conn: psycopg.Connection, scope: str, name: str, concurrency_limit
         parse_concurrency_limit(concurrency_limit)
     count, window = parse_rate(rate_limit) if rate_limit is not None else (None, None)
     field_name = parse_limit_key(key) if key is not None else None
-    params = {"scope": scope, "name": name, "key": field_name, "concurrency": concurrency_limit,
-              "count": count, "window": window}
+    params = {
+        "scope": scope,
+        "name": name,
+        "key": field_name,
+        "concurrency": concurrency_limit,
+        "count": count,
+        "window": window,
+    }
     with conn.transaction():
         conn.execute(SET_LIMIT, params)
         conn.execute(queries.NOTIFY_QUEUES, {"queues": list(queues)})

@@ -30,8 +30,9 @@ def load_jobs(settings: Settings, modules: Iterable[str] | None = None) -> Regis
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name and module.startswith(exc.name):
-                raise ConfigError(str(settings.config_dir / "dygo.yml"), f"jobs: {module}",
-                                  "module not found; is it on PYTHONPATH?") from None
+                raise ConfigError(
+                    str(settings.config_dir / "dygo.yml"), f"jobs: {module}", "module not found; is it on PYTHONPATH?"
+                ) from None
             raise
     registry.check_queues(settings)
     registry.queues = settings.queue_names

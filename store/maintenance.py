@@ -43,8 +43,12 @@ class Retention:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Retention:
-        return cls(settings.completed_retention, settings.dead_retention, settings.cancelled_retention,
-                   settings.stats_retention)
+        return cls(
+            settings.completed_retention,
+            settings.dead_retention,
+            settings.cancelled_retention,
+            settings.stats_retention,
+        )
 
 
 @dataclass
@@ -64,8 +68,9 @@ class Trimmed:
         return sum(getattr(self, f.name) for f in fields(self) if f.name != "batches")
 
     def summary(self) -> str:
-        return ", ".join(f"{getattr(self, f.name)} {f.name.replace('_', ' ')}" for f in fields(self)
-                         if f.name != "batches")
+        return ", ".join(
+            f"{getattr(self, f.name)} {f.name.replace('_', ' ')}" for f in fields(self) if f.name != "batches"
+        )
 
 
 @dataclass
@@ -110,16 +115,16 @@ async def trim(connections: Connections, retention: Retention, walk: SucceededWa
         async with connections() as conn:
             await fold_stats(conn)  # before trimming, so old deltas land in rows the trim then sees
         if retention.daily_stats:
-            trimmed.daily_stats = await _repeat(connections, queries.TRIM_DAILY_STATS, retention.daily_stats,
-                                                trimmed)
+            trimmed.daily_stats = await _repeat(connections, queries.TRIM_DAILY_STATS, retention.daily_stats, trimmed)
         trimmed.minute_stats = await _repeat(connections, queries.TRIM_MINUTE_STATS, MINUTE_STATS_KEEP, trimmed)
     except LockTaken:
         return trimmed if trimmed.batches else None
     return trimmed
 
 
-async def _locked_batch(connections: Connections, statement: str, params: dict[str, object],
-                        trimmed: Trimmed) -> tuple[int, int | None]:
+async def _locked_batch(
+    connections: Connections, statement: str, params: dict[str, object], trimmed: Trimmed
+) -> tuple[int, int | None]:
     """One batch under the retention lock, committed on its own; raises LockTaken when another has it."""
     async with connections() as conn, conn.transaction():
         if not (await (await conn.execute(queries.RETENTION_LOCK)).fetchone())[0]:

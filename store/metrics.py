@@ -27,8 +27,10 @@ class Snapshot:
 
 def stat_totals(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """Totals per queue and kind over every day the stats still keep (rollups plus unfolded deltas)."""
-    return [{"queue": row[0], "kind": row[1], **dict(zip(admin.STAT_FIELDS, row[2:], strict=True))}
-            for row in conn.execute(queries.METRICS_STAT_TOTALS)]
+    return [
+        {"queue": row[0], "kind": row[1], **dict(zip(admin.STAT_FIELDS, row[2:], strict=True))}
+        for row in conn.execute(queries.METRICS_STAT_TOTALS)
+    ]
 
 
 def busy_slots(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
@@ -40,6 +42,12 @@ def snapshot(conn: psycopg.Connection, configured: Mapping[str, int], seen_withi
     """Everything one scrape reports, on one connection."""
     queues = admin.list_queues(conn, configured)
     lag = admin.queue_lag(conn)  # never negative: only jobs with run_at <= now() count
-    return Snapshot(queues=queues, lag=dict.fromkeys((q["name"] for q in queues), 0.0) | lag,
-                    totals=stat_totals(conn), workers=admin.live_workers(conn, seen_within),
-                    timings=timings.totals(conn), busy=busy_slots(conn), limits=limits.limits_in_use(conn))
+    return Snapshot(
+        queues=queues,
+        lag=dict.fromkeys((q["name"] for q in queues), 0.0) | lag,
+        totals=stat_totals(conn),
+        workers=admin.live_workers(conn, seen_within),
+        timings=timings.totals(conn),
+        busy=busy_slots(conn),
+        limits=limits.limits_in_use(conn),
+    )

@@ -42,13 +42,18 @@ class OutageLog:
                 first = True
             elif now - self.reminded_at >= REMINDER_INTERVAL:
                 self.reminded_at = now
-                self.log.warning("%s still unreachable after %.0fs (%s: %s)", self.what, now - self.down_since,
-                                 where, _reason(exc))
+                self.log.warning(
+                    "%s still unreachable after %.0fs (%s: %s)", self.what, now - self.down_since, where, _reason(exc)
+                )
                 return False
             else:
                 return False
-        self.log.warning("%s connection lost (%s: %s); retrying with backoff, logging again when it is back",
-                         self.what, where, _reason(exc))
+        self.log.warning(
+            "%s connection lost (%s: %s); retrying with backoff, logging again when it is back",
+            self.what,
+            where,
+            _reason(exc),
+        )
         return first
 
     def back(self) -> bool:

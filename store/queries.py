@@ -115,6 +115,7 @@ _NEXT_RUN_AT = """
     WHERE state = 'pending' AND queue = w.queue AND run_at > now()
       AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)"""
 
+
 # One statement claims for every queue a worker serves: each (queue, free slots) pair of the arrays
 # walks the dygo_jobs_ready partial index (queue, priority DESC, run_at, id) in a LATERAL of its own,
 # so each queue gets at most its own free slots in the seed's order, and one round trip serves any
@@ -215,8 +216,9 @@ RETURNING j.id"""
 
 # A job's `progress` value (jobs j) from the fraction and message columns of the unnest row `{row}`:
 # what REPORT_PROGRESS writes while the job runs and a settle writes at its end.
-_PROGRESS = ("jsonb_build_object('fraction', {row}.fraction, 'message', {row}.message, "
-             "'attempt', j.attempt, 'at', now())")
+_PROGRESS = (
+    "jsonb_build_object('fraction', {row}.fraction, 'message', {row}.message, 'attempt', j.attempt, 'at', now())"
+)
 
 # Every settle is fenced by the lease token: a worker that lost its lease changes nothing.
 # Each settle statement also appends its counts, one row per queue and kind, to the stats
@@ -475,6 +477,7 @@ WITH resumed AS (
 )
 SELECT pg_notify('dygo_jobs', name) FROM resumed"""
 
+
 # Which of many jobs to retry may revive: a job whose idempotency key is held by a live job stays
 # where it is (reviving it would break the key's uniqueness), as do all but the newest job sharing
 # a key. The CTEs `keyed` and `chosen` (ids) over `source`, a CTE of (id, idempotency_key) rows.
@@ -503,8 +506,7 @@ WHERE j.id = chosen.id AND j.state = 'dead'
 RETURNING j.id"""
 
 
-RETRY_DEAD_JOBS = _revive_dead(
-    "SELECT id, idempotency_key FROM dygo_jobs WHERE state = 'dead' AND queue = %(queue)s")
+RETRY_DEAD_JOBS = _revive_dead("SELECT id, idempotency_key FROM dygo_jobs WHERE state = 'dead' AND queue = %(queue)s")
 # The same for every queue at once (the seed's RetryAll with no queue).
 RETRY_ALL_DEAD_JOBS = _revive_dead("SELECT id, idempotency_key FROM dygo_jobs WHERE state = 'dead'")
 
@@ -748,12 +750,16 @@ WITH doomed AS (
 SELECT count(*) FROM trimmed"""
 
 # Daily stats of UTC days that ended before the retention window.
-TRIM_DAILY_STATS = _TRIM_ROLLUP.format(table="dygo_daily_stats", period="day",
-                                       cutoff="((now() - make_interval(secs => %(keep)s)) AT TIME ZONE 'UTC')::date")
+TRIM_DAILY_STATS = _TRIM_ROLLUP.format(
+    table="dygo_daily_stats",
+    period="day",
+    cutoff="((now() - make_interval(secs => %(keep)s)) AT TIME ZONE 'UTC')::date",
+)
 
 # Minute rollups older than %(keep)s seconds: the chart only shows the last hour.
 TRIM_MINUTE_STATS = _TRIM_ROLLUP.format(
-    table="dygo_minute_stats", period="minute", cutoff="now() - make_interval(secs => %(keep)s)")
+    table="dygo_minute_stats", period="minute", cutoff="now() - make_interval(secs => %(keep)s)"
+)
 
 # --- Metrics (GET /metrics) -----------------------------------------------------------------------
 

@@ -54,8 +54,9 @@ class JobContext:
         """Report how far the job is, 0 to 1, with an optional message. Cheap to call often: the
         worker keeps the latest value and writes it at most once a second (API and dashboard show it)."""
         if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"ctx.progress: fraction must be a number from 0 to 1 (0.25 = a quarter done), "
-                             f"got {fraction!r}")
+            raise ValueError(
+                f"ctx.progress: fraction must be a number from 0 to 1 (0.25 = a quarter done), got {fraction!r}"
+            )
         if message is not None and not isinstance(message, str):
             raise ValueError(f"ctx.progress: message must be a string or None, got {type(message).__name__}")
         if self.reporter is not None and self.lease_token is not None:
@@ -68,8 +69,14 @@ def make_context(kind: str = "test.job", **overrides: Any) -> JobContext:
     from datetime import UTC
 
     values: dict[str, Any] = {
-        "id": 1, "kind": kind, "queue": DEFAULT_QUEUE, "attempt": 1, "max_attempts": 20,
-        "enqueued_at": datetime.now(UTC), "meta": {}, "deadline": None,
+        "id": 1,
+        "kind": kind,
+        "queue": DEFAULT_QUEUE,
+        "attempt": 1,
+        "max_attempts": 20,
+        "enqueued_at": datetime.now(UTC),
+        "meta": {},
+        "deadline": None,
     }
     values.update(overrides)
     return JobContext(**values)
@@ -142,7 +149,8 @@ class Registry:
         if definition.kind in self._definitions:
             other = self._definitions[definition.kind].handler
             raise ConfigError(
-                source, definition.kind,
+                source,
+                definition.kind,
                 f"kind is already registered by {other.__module__}.{other.__qualname__}; kinds must be unique",
             )
         self._definitions[definition.kind] = definition
@@ -188,9 +196,12 @@ class Registry:
                 self.queues = list(load_queues(default_config_dir() / "queues.yml"))
             except ConfigError as exc:
                 raise EnqueueError(
-                    "queues_unknown", f"cannot check the job's queue against the configured queues ({exc}): load "
+                    "queues_unknown",
+                    f"cannot check the job's queue against the configured queues ({exc}): load "
                     "the configuration first (dygo.store.loading.load_jobs(dygo.store.config.load_settings())), or set "
-                    "DYGO_CONFIG_DIR to the folder holding queues.yml", {"field": "queue"}) from None
+                    "DYGO_CONFIG_DIR to the folder holding queues.yml",
+                    {"field": "queue"},
+                ) from None
         return self.queues
 
     def check_queues(self, settings: Settings) -> None:
@@ -235,21 +246,33 @@ def job(
             raise ConfigError(source, f"job {kind!r}", "queue must be a queue name")
         if max_attempts is not None and (isinstance(max_attempts, bool) or max_attempts < 1):
             raise ConfigError(source, f"job {kind!r}", "max_attempts must be an integer of at least 1")
-        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
-                                        or concurrency < 1):
-            raise ConfigError(source, f"job {kind!r}",
-                              f"concurrency must be an integer of at least 1, got {concurrency!r}")
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise ConfigError(
+                source, f"job {kind!r}", f"concurrency must be an integer of at least 1, got {concurrency!r}"
+            )
         try:
             timeout_s = None if timeout is None else parse_duration(timeout, field="timeout")
             backoff_s = parse_duration(retry_backoff, field="retry_backoff")
         except ValueError as exc:
             raise ConfigError(source, f"job {kind!r}", str(exc)) from None
-        registry.add(JobDefinition(
-            kind=kind, handler=handler, queue=queue, timeout=timeout_s, max_attempts=max_attempts,
-            priority=priority, retry_backoff=backoff_s, args_model=_args_model(handler),
-            is_async=inspect.iscoroutinefunction(handler), cron=cron, cron_timezone=timezone,
-            concurrency=concurrency,
-        ))
+        registry.add(
+            JobDefinition(
+                kind=kind,
+                handler=handler,
+                queue=queue,
+                timeout=timeout_s,
+                max_attempts=max_attempts,
+                priority=priority,
+                retry_backoff=backoff_s,
+                args_model=_args_model(handler),
+                is_async=inspect.iscoroutinefunction(handler),
+                cron=cron,
+                cron_timezone=timezone,
+                concurrency=concurrency,
+            )
+        )
         return handler
 
     return decorate
@@ -262,8 +285,11 @@ def _args_model(handler: Handler) -> type[BaseModel] | None:
     try:
         hint = get_type_hints(handler).get(parameters[1].name)
     except NameError as exc:
-        raise ConfigError(handler.__module__, handler.__qualname__,
-                          f"cannot resolve the args annotation ({exc}); define the model at module level") from None
+        raise ConfigError(
+            handler.__module__,
+            handler.__qualname__,
+            f"cannot resolve the args annotation ({exc}); define the model at module level",
+        ) from None
     if inspect.isclass(hint) and issubclass(hint, BaseModel):
         return hint
     return None

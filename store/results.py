@@ -136,7 +136,7 @@ def unregister(conn: psycopg.Connection, waiter: int) -> None:
 def notify_deleted(conn: psycopg.Connection, job_ids: list[int]) -> None:
     """Wake the waiters of deleted jobs (the trigger only sees updates); they then find the job gone."""
     for start in range(0, len(job_ids), 390):
-        conn.execute(queries.NOTIFY_FINISHED, (",".join(str(i) for i in job_ids[start:start + 390]),))
+        conn.execute(queries.NOTIFY_FINISHED, (",".join(str(i) for i in job_ids[start : start + 390]),))
 
 
 def notify_recheck(conn: psycopg.Connection) -> None:

@@ -64,13 +64,34 @@ class Schedule:
 DECLARED: dict[str, Schedule] = {}
 
 
-def schedule(name: str, cron: str, kind: str, args: Any = None, *, queue: str | None = None,
-             priority: int | None = None, max_attempts: int | None = None, timezone: str = "UTC",
-             missed: str = "once", declared: dict[str, Schedule] = DECLARED) -> Schedule:
+def schedule(
+    name: str,
+    cron: str,
+    kind: str,
+    args: Any = None,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    timezone: str = "UTC",
+    missed: str = "once",
+    declared: dict[str, Schedule] = DECLARED,
+) -> Schedule:
     """Declare a schedule in code (at import time of a job module). Validated when the jobs load."""
     source = sys._getframe(1).f_globals.get("__name__", "?")
-    declaration = Schedule(name, cron, kind, args, queue, priority, max_attempts, timezone, missed,
-                           source=source, entry=f"schedule {name!r}")
+    declaration = Schedule(
+        name,
+        cron,
+        kind,
+        args,
+        queue,
+        priority,
+        max_attempts,
+        timezone,
+        missed,
+        source=source,
+        entry=f"schedule {name!r}",
+    )
     if name in declared:
         raise ConfigError(source, declaration.entry, f"name is already declared by {declared[name].source}")
     declared[name] = declaration
@@ -80,23 +101,28 @@ def schedule(name: str, cron: str, kind: str, args: Any = None, *, queue: str | 
 # --- loading and validation -------------------------------------------------------------------------
 
 
-def load_schedules(settings: Settings, jobs: Registry,
-                   declared: dict[str, Schedule] = DECLARED) -> dict[str, Schedule]:
+def load_schedules(settings: Settings, jobs: Registry, declared: dict[str, Schedule] = DECLARED) -> dict[str, Schedule]:
     """Every declared schedule, validated and resolved (queue and args filled in), by name."""
     found = [*_job_schedules(jobs), *declared.values(), *read_schedules_file(settings.config_dir / FILE_NAME)]
     schedules: dict[str, Schedule] = {}
     for declaration in found:
         if declaration.name in schedules:
             other = schedules[declaration.name]
-            raise ConfigError(declaration.source, declaration.entry,
-                              f"name: {declaration.name!r} is already declared by {other.source} ({other.entry})")
+            raise ConfigError(
+                declaration.source,
+                declaration.entry,
+                f"name: {declaration.name!r} is already declared by {other.source} ({other.entry})",
+            )
         schedules[declaration.name] = validate(declaration, settings, jobs)
     return schedules
 
 
 def _job_schedules(jobs: Registry) -> list[Schedule]:
-    return [Schedule(d.kind, d.cron, d.kind, timezone=d.cron_timezone, source=d.handler.__module__,
-                     entry=f"job {d.kind!r}") for d in jobs if d.cron is not None]
+    return [
+        Schedule(d.kind, d.cron, d.kind, timezone=d.cron_timezone, source=d.handler.__module__, entry=f"job {d.kind!r}")
+        for d in jobs
+        if d.cron is not None
+    ]
 
 
 def read_schedules_file(path: Path) -> list[Schedule]:
@@ -138,8 +164,10 @@ def validate(declaration: Schedule, settings: Settings, jobs: Registry) -> Sched
 
     name = declaration.name
     if not isinstance(name, str) or not KIND_PATTERN.match(name) or len(name) > MAX_NAME_LENGTH:
-        raise fail(f"name: {name!r} must be a name like 'nightly-report' or 'reports.daily' "
-                   f"(letters, digits, _ . -; at most {MAX_NAME_LENGTH} characters)")
+        raise fail(
+            f"name: {name!r} must be a name like 'nightly-report' or 'reports.daily' "
+            f"(letters, digits, _ . -; at most {MAX_NAME_LENGTH} characters)"
+        )
     try:
         cron.validate(declaration.cron)
     except ValueError as exc:
@@ -189,13 +217,17 @@ class SyncResult:
         return bool(self.added or self.updated or self.disabled)
 
     def __str__(self) -> str:
-        parts = [f"{word} {', '.join(names)}" for word, names in
-                 (("added", self.added), ("updated", self.updated), ("disabled", self.disabled)) if names]
+        parts = [
+            f"{word} {', '.join(names)}"
+            for word, names in (("added", self.added), ("updated", self.updated), ("disabled", self.disabled))
+            if names
+        ]
         return "; ".join(parts) or "unchanged"
 
 
-async def sync(conn: psycopg.AsyncConnection, declared: Iterable[Schedule], *,
-               now: datetime | None = None) -> SyncResult:
+async def sync(
+    conn: psycopg.AsyncConnection, declared: Iterable[Schedule], *, now: datetime | None = None
+) -> SyncResult:
     """Make the table match the declarations: add new ones, update changed ones, disable removed ones."""
     declared = list(declared)
     added: list[str] = []
@@ -220,17 +252,32 @@ async def sync(conn: psycopg.AsyncConnection, declared: Iterable[Schedule], *,
 
 def _row(declaration: Schedule, now: datetime) -> dict[str, Any]:
     return {
-        "name": declaration.name, "spec": declaration.cron, "timezone": declaration.timezone,
-        "kind": declaration.kind, "args": json.dumps(declaration.args), "queue": declaration.queue,
-        "priority": declaration.priority, "max_attempts": declaration.max_attempts, "missed": declaration.missed,
+        "name": declaration.name,
+        "spec": declaration.cron,
+        "timezone": declaration.timezone,
+        "kind": declaration.kind,
+        "args": json.dumps(declaration.args),
+        "queue": declaration.queue,
+        "priority": declaration.priority,
+        "max_attempts": declaration.max_attempts,
+        "missed": declaration.missed,
         "next_run_at": cron.next_fire(declaration.cron, declaration.timezone, now),
     }
 
 
 def _comparable(declaration: Schedule) -> tuple[Any, ...]:
     """The stored columns a declaration sets, as STORED_SCHEDULES returns them (`scheduled` last)."""
-    return (declaration.cron, declaration.timezone, declaration.kind, declaration.args, declaration.queue,
-            declaration.priority, declaration.max_attempts, declaration.missed, True)
+    return (
+        declaration.cron,
+        declaration.timezone,
+        declaration.kind,
+        declaration.args,
+        declaration.queue,
+        declaration.priority,
+        declaration.max_attempts,
+        declaration.missed,
+        True,
+    )
 
 
 @dataclass(frozen=True)
@@ -261,8 +308,7 @@ class _Due:
     now: datetime
 
 
-async def fire_due(conn: psycopg.AsyncConnection, *, now: datetime | None = None,
-                   limit: int = 1000) -> list[Fired]:
+async def fire_due(conn: psycopg.AsyncConnection, *, now: datetime | None = None, limit: int = 1000) -> list[Fired]:
     """Fire every schedule due at `now` (default: the database clock), one transaction each.
 
     A schedule that missed several occurrences fires once and moves to its next occurrence after
@@ -284,8 +330,15 @@ async def _fire(conn: psycopg.AsyncConnection, due: _Due) -> Fired:
     with tracing.schedule_fire_span(due.name, due.occurrence, due.kind) as span:
         fired = await _fire_occurrence(conn, due)
         if span is not None:
-            outcome = ("error" if fired.error else "skipped" if fired.skipped
-                       else "deduplicated" if fired.deduplicated else "fired")
+            outcome = (
+                "error"
+                if fired.error
+                else "skipped"
+                if fired.skipped
+                else "deduplicated"
+                if fired.deduplicated
+                else "fired"
+            )
             tracing.record_fire(span, outcome, fired.job_id, fired.error)
         return fired
 
@@ -300,17 +353,21 @@ async def _fire_occurrence(conn: psycopg.AsyncConnection, due: _Due) -> Fired:
     if due.missed == "skip" and now - occurrence > MISSED_GRACE:
         return await _advance(conn, Fired(due.name, occurrence, None, next_run_at=next_run_at, skipped=True), now)
     try:
-        job = await aenqueue(conn, due.kind, due.args, **_job_options(due.name, due.queue, due.priority,
-                                                                      due.max_attempts, occurrence))
+        job = await aenqueue(
+            conn, due.kind, due.args, **_job_options(due.name, due.queue, due.priority, due.max_attempts, occurrence)
+        )
     except EnqueueError as exc:
-        return await _advance(conn, Fired(due.name, occurrence, None, next_run_at=next_run_at,
-                                          error=f"cannot enqueue: {exc}"), now)
+        return await _advance(
+            conn, Fired(due.name, occurrence, None, next_run_at=next_run_at, error=f"cannot enqueue: {exc}"), now
+        )
     return await _advance(conn, Fired(due.name, occurrence, job.id, job.deduplicated, next_run_at), now)
 
 
 async def _advance(conn: psycopg.AsyncConnection, fired: Fired, now: datetime) -> Fired:
-    await conn.execute(queries.ADVANCE_SCHEDULE, {"name": fired.name, "next_run_at": fired.next_run_at,
-                                                  "job_id": fired.job_id, "fired_at": now})
+    await conn.execute(
+        queries.ADVANCE_SCHEDULE,
+        {"name": fired.name, "next_run_at": fired.next_run_at, "job_id": fired.job_id, "fired_at": now},
+    )
     return fired
 
 
@@ -319,8 +376,9 @@ def occurrence_key(name: str, occurrence: datetime) -> str:
     return f"schedule:{name}:{occurrence.astimezone(UTC).isoformat()}"
 
 
-def _job_options(name: str, queue: str, priority: int | None, max_attempts: int | None,
-                 occurrence: datetime | None) -> dict[str, Any]:
+def _job_options(
+    name: str, queue: str, priority: int | None, max_attempts: int | None, occurrence: datetime | None
+) -> dict[str, Any]:
     options: dict[str, Any] = {"queue": queue, "priority": priority, "max_attempts": max_attempts}
     if occurrence is None:
         options["meta"] = {"schedule": name, "trigger": "manual"}
@@ -362,13 +420,23 @@ def view(row: dict[str, Any]) -> dict[str, Any]:
     status = "removed" if not row["enabled"] else "paused" if row["paused"] else "active"
     last_job = {"id": row["last_job_id"], "state": row["last_job_state"]} if row["last_job_id"] else None
     return {
-        "name": row["name"], "spec": row["spec"], "description": cron.describe(row["spec"]),
-        "timezone": row["timezone"], "kind": row["kind"], "args": row["args"], "queue": row["queue"],
-        "priority": row["priority"], "max_attempts": row["max_attempts"], "missed": row["missed"],
-        "status": status, "enabled": row["enabled"], "paused": row["paused"],
+        "name": row["name"],
+        "spec": row["spec"],
+        "description": cron.describe(row["spec"]),
+        "timezone": row["timezone"],
+        "kind": row["kind"],
+        "args": row["args"],
+        "queue": row["queue"],
+        "priority": row["priority"],
+        "max_attempts": row["max_attempts"],
+        "missed": row["missed"],
+        "status": status,
+        "enabled": row["enabled"],
+        "paused": row["paused"],
         # Only an active schedule has a next fire; a paused one restarts from now when resumed.
         "next_run_at": row["next_run_at"] if status == "active" else None,
-        "last_run_at": row["last_run_at"], "last_job": last_job,
+        "last_run_at": row["last_run_at"],
+        "last_job": last_job,
     }
 
 

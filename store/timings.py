@@ -21,8 +21,26 @@ import psycopg
 from dygo.store import queries
 
 # Upper bounds in seconds (Prometheus `le`); an observation equal to a bound counts in that bucket.
-BOUNDS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-                             300.0, 600.0, 1800.0, 3600.0)
+BOUNDS: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
 MEASURES = ("latency", "duration")
 
 Key = tuple[str, str, str]  # queue, kind, measure
@@ -37,8 +55,11 @@ class Histogram:
     count: int = 0
 
     def minus(self, earlier: Histogram) -> Histogram:
-        return Histogram([a - b for a, b in zip(self.buckets, earlier.buckets, strict=True)],
-                         self.sum - earlier.sum, self.count - earlier.count)
+        return Histogram(
+            [a - b for a, b in zip(self.buckets, earlier.buckets, strict=True)],
+            self.sum - earlier.sum,
+            self.count - earlier.count,
+        )
 
     def copy(self) -> Histogram:
         return Histogram(list(self.buckets), self.sum, self.count)
@@ -87,18 +108,26 @@ class Timings:
     def unflushed(self) -> dict[Key, Histogram]:
         """What was observed since the last `mark_flushed`, per key with any observation."""
         with self.lock:
-            return {key: histogram.minus(self.flushed[key]) if key in self.flushed else histogram.copy()
-                    for key, histogram in self.totals.items()
-                    if histogram.count != (self.flushed[key].count if key in self.flushed else 0)}
+            return {
+                key: histogram.minus(self.flushed[key]) if key in self.flushed else histogram.copy()
+                for key, histogram in self.totals.items()
+                if histogram.count != (self.flushed[key].count if key in self.flushed else 0)
+            }
 
     def mark_flushed(self, deltas: dict[Key, Histogram]) -> None:
         """Count `deltas` (from `unflushed`) as written; anything observed since stays unflushed."""
         with self.lock:
             for key, delta in deltas.items():
                 before = self.flushed.get(key)
-                self.flushed[key] = delta.copy() if before is None else Histogram(
-                    [a + b for a, b in zip(before.buckets, delta.buckets, strict=True)],
-                    before.sum + delta.sum, before.count + delta.count)
+                self.flushed[key] = (
+                    delta.copy()
+                    if before is None
+                    else Histogram(
+                        [a + b for a, b in zip(before.buckets, delta.buckets, strict=True)],
+                        before.sum + delta.sum,
+                        before.count + delta.count,
+                    )
+                )
 
 
 async def record(conn: psycopg.AsyncConnection, deltas: dict[Key, Histogram]) -> None:
@@ -106,10 +135,17 @@ async def record(conn: psycopg.AsyncConnection, deltas: dict[Key, Histogram]) ->
     if not deltas:
         return
     keys = list(deltas)
-    await conn.execute(queries.RECORD_TIMINGS, {
-        "queues": [k[0] for k in keys], "kinds": [k[1] for k in keys], "measures": [k[2] for k in keys],
-        "buckets": ["{" + ",".join(map(str, deltas[k].buckets)) + "}" for k in keys],
-        "sums": [deltas[k].sum for k in keys], "counts": [deltas[k].count for k in keys]})
+    await conn.execute(
+        queries.RECORD_TIMINGS,
+        {
+            "queues": [k[0] for k in keys],
+            "kinds": [k[1] for k in keys],
+            "measures": [k[2] for k in keys],
+            "buckets": ["{" + ",".join(map(str, deltas[k].buckets)) + "}" for k in keys],
+            "sums": [deltas[k].sum for k in keys],
+            "counts": [deltas[k].count for k in keys],
+        },
+    )
 
 
 def totals(conn: psycopg.Connection) -> dict[Key, Histogram]:

@@ -46,8 +46,9 @@ def enqueue_span(**attributes: Any) -> Iterator[Any]:
     if not active():
         yield None
         return
-    with trace.get_tracer(TRACER).start_as_current_span("dygo.enqueue", kind=SpanKind.PRODUCER,
-                                                        attributes=attributes) as span:
+    with trace.get_tracer(TRACER).start_as_current_span(
+        "dygo.enqueue", kind=SpanKind.PRODUCER, attributes=attributes
+    ) as span:
         yield span
 
 
@@ -61,8 +62,9 @@ def carrier() -> dict[str, str]:
 
 def set_attributes(span: Any, **attributes: Any) -> None:
     if span is not None:
-        span.set_attributes({f"dygo.{name.replace('_', '.')}": value for name, value in attributes.items()
-                             if value is not None})
+        span.set_attributes(
+            {f"dygo.{name.replace('_', '.')}": value for name, value in attributes.items() if value is not None}
+        )
 
 
 @contextmanager
@@ -85,10 +87,15 @@ def execution_span(job: ClaimedJob) -> Iterator[Any]:
         yield None
         return
     parent = propagate.extract(job.meta) if job.meta else None
-    attributes = {"dygo.job.id": job.id, "dygo.job.kind": job.kind, "dygo.job.queue": job.queue,
-                  "dygo.job.attempt": job.attempt}
-    with trace.get_tracer(TRACER).start_as_current_span(f"dygo.execute {job.kind}", context=parent,
-                                                        kind=SpanKind.CONSUMER, attributes=attributes) as span:
+    attributes = {
+        "dygo.job.id": job.id,
+        "dygo.job.kind": job.kind,
+        "dygo.job.queue": job.queue,
+        "dygo.job.attempt": job.attempt,
+    }
+    with trace.get_tracer(TRACER).start_as_current_span(
+        f"dygo.execute {job.kind}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
+    ) as span:
         yield span
 
 
@@ -99,8 +106,11 @@ def schedule_fire_span(name: str, occurrence: datetime, kind: str) -> Iterator[A
     if not active():
         yield None
         return
-    attributes = {"dygo.schedule.name": name, "dygo.schedule.occurrence": occurrence.astimezone(UTC).isoformat(),
-                  "dygo.job.kind": kind}
+    attributes = {
+        "dygo.schedule.name": name,
+        "dygo.schedule.occurrence": occurrence.astimezone(UTC).isoformat(),
+        "dygo.job.kind": kind,
+    }
     with trace.get_tracer(TRACER).start_as_current_span("dygo.schedule.fire", attributes=attributes) as span:
         yield span
 

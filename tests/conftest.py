@@ -172,8 +172,7 @@ def test_jobs() -> None:
 
 def dygo_env(db_url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYGO_")}
-    env.update(DATABASE_URL=db_url, DYGO_CONFIG_DIR=str(TEST_CONFIG), PYTHONPATH=str(REPO),
-               PYTHONUNBUFFERED="1")
+    env.update(DATABASE_URL=db_url, DYGO_CONFIG_DIR=str(TEST_CONFIG), PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
 
@@ -186,8 +185,12 @@ class DygoProcess:
         fd, path = tempfile.mkstemp(prefix="dygo-stderr-", suffix=".log")
         self.stderr_path = Path(path)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "dygo", *args], cwd=REPO, env=env or dygo_env(db_url),
-            stdout=subprocess.PIPE, stderr=fd, text=True,
+            [sys.executable, "-m", "dygo", *args],
+            cwd=REPO,
+            env=env or dygo_env(db_url),
+            stdout=subprocess.PIPE,
+            stderr=fd,
+            text=True,
         )
         os.close(fd)
         self.lines: list[str] = []
@@ -203,8 +206,9 @@ class DygoProcess:
                     return line
             elif self.process.poll() is not None:
                 break
-        raise AssertionError(f"no {fragment!r} from dygo {' '.join(self.args)}; stdout={self.lines} "
-                             f"stderr={self.stderr()[-3000:]}")
+        raise AssertionError(
+            f"no {fragment!r} from dygo {' '.join(self.args)}; stdout={self.lines} stderr={self.stderr()[-3000:]}"
+        )
 
     def stderr(self) -> str:
         return self.stderr_path.read_text()

@@ -22,8 +22,10 @@ def record(ctx: JobContext, note: str = "") -> int:
     if conn is None or conn.closed:
         # connect_kwargs(): DATABASE_URL may be PgBouncer in transaction mode (tests/test_pgbouncer.py).
         conn = _local.conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, **connect_kwargs())
-    conn.execute("INSERT INTO test_runs (job_id, attempt, pid, note) VALUES (%s, %s, %s, %s)",
-                 (ctx.id, ctx.attempt, os.getpid(), note))
+    conn.execute(
+        "INSERT INTO test_runs (job_id, attempt, pid, note) VALUES (%s, %s, %s, %s)",
+        (ctx.id, ctx.attempt, os.getpid(), note),
+    )
     return conn.execute("SELECT count(*) FROM test_runs WHERE job_id = %s", (ctx.id,)).fetchone()[0]
 
 
@@ -117,9 +119,17 @@ class Context(BaseModel):
 
 @job("test.context", queue="other", priority=5)
 async def context(ctx: JobContext, args: Context) -> dict:
-    return {"id": ctx.id, "kind": ctx.kind, "queue": ctx.queue, "attempt": ctx.attempt,
-            "max_attempts": ctx.max_attempts, "meta": dict(ctx.meta), "is_retry": ctx.is_retry,
-            "has_deadline": ctx.deadline is not None, "enqueued_at": ctx.enqueued_at.isoformat()}
+    return {
+        "id": ctx.id,
+        "kind": ctx.kind,
+        "queue": ctx.queue,
+        "attempt": ctx.attempt,
+        "max_attempts": ctx.max_attempts,
+        "meta": dict(ctx.meta),
+        "is_retry": ctx.is_retry,
+        "has_deadline": ctx.deadline is not None,
+        "enqueued_at": ctx.enqueued_at.isoformat(),
+    }
 
 
 @job("test.slow_first")
@@ -139,10 +149,10 @@ async def mark(ctx: JobContext, args: dict) -> None:
     """Records the execution on one async connection per process: cheap enough for 20,000 jobs."""
     global _marker
     if _marker is None or _marker.closed:
-        _marker = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True,
-                                                        **connect_kwargs())
-    await _marker.execute("INSERT INTO test_runs (job_id, attempt, pid) VALUES (%s, %s, %s)",
-                          (ctx.id, ctx.attempt, os.getpid()))
+        _marker = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True, **connect_kwargs())
+    await _marker.execute(
+        "INSERT INTO test_runs (job_id, attempt, pid) VALUES (%s, %s, %s)", (ctx.id, ctx.attempt, os.getpid())
+    )
 
 
 @job("test.span")
@@ -282,16 +292,23 @@ def _marks() -> ConnectionPool:
     global _marks_pool
     with _marks_lock:
         if _marks_pool is None:
-            _marks_pool = ConnectionPool(os.environ["DATABASE_URL"], min_size=1, max_size=4, open=True,
-                                         kwargs={"autocommit": True, **connect_kwargs()})
+            _marks_pool = ConnectionPool(
+                os.environ["DATABASE_URL"],
+                min_size=1,
+                max_size=4,
+                open=True,
+                kwargs={"autocommit": True, **connect_kwargs()},
+            )
         return _marks_pool
 
 
 def _mark(ctx: JobContext, note: str) -> None:
     at = time.time()
     with _marks().connection() as conn:
-        conn.execute("INSERT INTO test_runs (job_id, attempt, pid, note, at) VALUES (%s, %s, %s, %s, to_timestamp(%s))",
-                     (ctx.id, ctx.attempt, os.getpid(), note, at))
+        conn.execute(
+            "INSERT INTO test_runs (job_id, attempt, pid, note, at) VALUES (%s, %s, %s, %s, to_timestamp(%s))",
+            (ctx.id, ctx.attempt, os.getpid(), note, at),
+        )
 
 
 @job("test.limited")

@@ -57,8 +57,11 @@ class PgBouncer:
 
     def _write_config(self) -> Path:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        target = " ".join(f"{key}={value}" for key, value in self.server.items()
-                          if key in ("host", "port", "user", "password") and value)
+        target = " ".join(
+            f"{key}={value}"
+            for key, value in self.server.items()
+            if key in ("host", "port", "user", "password") and value
+        )
         (self.workdir / "users.txt").write_text(f'"{self.user}" ""\n')
         ini = self.workdir / "pgbouncer.ini"
         ini.write_text(f"""[databases]
@@ -69,15 +72,15 @@ listen_addr = 127.0.0.1
 listen_port = {self.port}
 unix_socket_dir =
 auth_type = trust
-auth_file = {self.workdir / 'users.txt'}
+auth_file = {self.workdir / "users.txt"}
 pool_mode = transaction
 max_client_conn = 500
 default_pool_size = 20
 server_reset_query =
 server_login_retry = 1
 ignore_startup_parameters = extra_float_digits
-logfile = {self.workdir / 'pgbouncer.log'}
-pidfile = {self.workdir / 'pgbouncer.pid'}
+logfile = {self.workdir / "pgbouncer.log"}
+pidfile = {self.workdir / "pgbouncer.pid"}
 """)
         if os.getuid() == 0:
             account = pwd.getpwnam(RUN_AS)
@@ -94,8 +97,14 @@ pidfile = {self.workdir / 'pgbouncer.pid'}
         deadline = time.monotonic() + 10
         while True:
             try:
-                with psycopg.connect(host="127.0.0.1", port=self.port, dbname="postgres", user=self.user,
-                                     connect_timeout=2, prepare_threshold=None) as conn:
+                with psycopg.connect(
+                    host="127.0.0.1",
+                    port=self.port,
+                    dbname="postgres",
+                    user=self.user,
+                    connect_timeout=2,
+                    prepare_threshold=None,
+                ) as conn:
                     conn.execute("SELECT 1")
                 return
             except psycopg.OperationalError:

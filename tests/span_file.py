@@ -16,10 +16,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 
 def span_record(span: ReadableSpan) -> dict[str, Any]:
     context, parent = span.get_span_context(), span.parent
-    return {"name": span.name, "trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}",
-            "parent_id": f"{parent.span_id:016x}" if parent else None,
-            "attributes": dict(span.attributes or {}), "status": span.status.status_code.name,
-            "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events]}
+    return {
+        "name": span.name,
+        "trace_id": f"{context.trace_id:032x}",
+        "span_id": f"{context.span_id:016x}",
+        "parent_id": f"{parent.span_id:016x}" if parent else None,
+        "attributes": dict(span.attributes or {}),
+        "status": span.status.status_code.name,
+        "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events],
+    }
 
 
 class FileSpanExporter(SpanExporter):

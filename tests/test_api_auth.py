@@ -23,8 +23,15 @@ def every_api_operation(api) -> list[tuple[str, str]]:
 
 def test_the_document_lists_every_area(module_api):
     paths = {path for _, path in every_api_operation(module_api)}
-    for expected in ("/api/v1/jobs", "/api/v1/jobs/batch", "/api/v1/jobs/1/run-now", "/api/v1/queues/default/purge",
-                     "/api/v1/stats", "/api/v1/workers", "/api/v1/nuke"):
+    for expected in (
+        "/api/v1/jobs",
+        "/api/v1/jobs/batch",
+        "/api/v1/jobs/1/run-now",
+        "/api/v1/queues/default/purge",
+        "/api/v1/stats",
+        "/api/v1/workers",
+        "/api/v1/nuke",
+    ):
         assert expected in paths
 
 
@@ -32,8 +39,12 @@ def test_every_api_route_refuses_a_missing_or_wrong_token(module_api):
     for n, (method, path) in enumerate(every_api_operation(module_api)):
         # Wrong tokens come from a different (proxied) client address each, or the throttle locks one out.
         guesser = {"X-Forwarded-For": f"198.51.100.{n + 1}"}
-        for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789abc", **guesser},
-                        {"Authorization": f"Basic {ADMIN_TOKEN}"}, {"Authorization": "Bearer"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong-token-0123456789abc", **guesser},
+            {"Authorization": f"Basic {ADMIN_TOKEN}"},
+            {"Authorization": "Bearer"},
+        ):
             response = module_api.anon.request(method, path, headers=headers, params={"older_than": "1d"})
             assert response.status_code == 401, (method, path, headers, response.text)
             assert response.json()["error"]["code"] == "unauthorized"
@@ -74,13 +85,16 @@ def test_without_tokens_development_on_localhost_is_open(serve):
     assert "auth off" in "".join(api.process.lines)
 
 
-@pytest.mark.parametrize(("args", "env", "fragment"), [
-    (("--env", "production"), {}, "environment production: the API must be protected"),
-    (("--env", "test"), {}, "environment test: the API must be protected"),
-    (("--host", "0.0.0.0"), {}, "host 0.0.0.0: binding beyond localhost"),
-    ((), {"PORT": "0"}, "host 0.0.0.0: binding beyond localhost"),  # Heroku-style: PORT set binds 0.0.0.0
-    (("--env", "production"), {"DYGO_ADMIN_TOKEN": "short"}, "at least 16 characters"),
-])
+@pytest.mark.parametrize(
+    ("args", "env", "fragment"),
+    [
+        (("--env", "production"), {}, "environment production: the API must be protected"),
+        (("--env", "test"), {}, "environment test: the API must be protected"),
+        (("--host", "0.0.0.0"), {}, "host 0.0.0.0: binding beyond localhost"),
+        ((), {"PORT": "0"}, "host 0.0.0.0: binding beyond localhost"),  # Heroku-style: PORT set binds 0.0.0.0
+        (("--env", "production"), {"DYGO_ADMIN_TOKEN": "short"}, "at least 16 characters"),
+    ],
+)
 def test_serve_refuses_to_start_unprotected(spawn, db_url, args, env, fragment):
     process = spawn("serve", *args, env=dygo_env(db_url, **env))
     assert process.wait() == 2

@@ -14,11 +14,19 @@ def count_jobs(conn) -> int:
 
 
 def test_enqueue_with_every_option_is_stored_as_asked(api, conn):
-    response = api.admin.post("/api/v1/jobs", json={
-        "kind": "test.record", "args": {"seconds": 0.5}, "queue": "other", "priority": 7,
-        "run_at": "2030-01-02T03:04:05Z", "max_attempts": 4, "meta": {"tenant": "acme"},
-        "idempotency_key": "order-1",
-    })
+    response = api.admin.post(
+        "/api/v1/jobs",
+        json={
+            "kind": "test.record",
+            "args": {"seconds": 0.5},
+            "queue": "other",
+            "priority": 7,
+            "run_at": "2030-01-02T03:04:05Z",
+            "max_attempts": 4,
+            "meta": {"tenant": "acme"},
+            "idempotency_key": "order-1",
+        },
+    )
     assert response.status_code == 201, response.text
     body = response.json()
     assert body["deduplicated"] is False and body["run_at"].startswith("2030-01-02T03:04:05")
@@ -29,8 +37,9 @@ def test_enqueue_with_every_option_is_stored_as_asked(api, conn):
 
 def test_delay_runs_on_the_database_clock(api, conn):
     job_id = api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "delay": "90s"}).json()["id"]
-    lead = conn.execute("SELECT extract(epoch FROM run_at - enqueued_at) FROM dygo_jobs WHERE id = %s",
-                        (job_id,)).fetchone()[0]
+    lead = conn.execute(
+        "SELECT extract(epoch FROM run_at - enqueued_at) FROM dygo_jobs WHERE id = %s", (job_id,)
+    ).fetchone()[0]
     assert lead == 90
 
 
@@ -55,12 +64,17 @@ def test_idempotency_ttl_holds_the_key_after_the_job_finished(api, conn):
 
 
 def test_batch_enqueues_every_job_in_order(api, conn):
-    response = api.admin.post("/api/v1/jobs/batch", json={"jobs": [
-        {"kind": "test.noop"},
-        {"kind": "test.record", "args": {"seconds": 1}, "delay": "1h", "priority": 3},
-        {"kind": "test.noop", "idempotency_key": "once"},
-        {"kind": "test.noop", "idempotency_key": "once"},
-    ]})
+    response = api.admin.post(
+        "/api/v1/jobs/batch",
+        json={
+            "jobs": [
+                {"kind": "test.noop"},
+                {"kind": "test.record", "args": {"seconds": 1}, "delay": "1h", "priority": 3},
+                {"kind": "test.noop", "idempotency_key": "once"},
+                {"kind": "test.noop", "idempotency_key": "once"},
+            ]
+        },
+    )
     assert response.status_code == 201, response.text
     results = response.json()["jobs"]
     assert [r["deduplicated"] for r in results] == [False, False, False, True]
@@ -71,8 +85,12 @@ def test_batch_enqueues_every_job_in_order(api, conn):
 
 
 def test_batch_is_all_or_nothing_and_names_the_bad_job(api, conn):
-    response = api.admin.post("/api/v1/jobs/batch", json={"jobs": [
-        {"kind": "test.noop"}, {"kind": "test.record", "args": {"seconds": "soon"}}, {"kind": "test.noop"}]})
+    response = api.admin.post(
+        "/api/v1/jobs/batch",
+        json={
+            "jobs": [{"kind": "test.noop"}, {"kind": "test.record", "args": {"seconds": "soon"}}, {"kind": "test.noop"}]
+        },
+    )
     assert response.status_code == 422
     error = response.json()["error"]
     assert error["code"] == "invalid_args" and error["message"].startswith("jobs[1]: ")
@@ -94,7 +112,7 @@ def test_oversize_body_is_413_whether_declared_or_streamed(api, conn):
 
     def chunks():
         for start in range(0, len(big), 65536):
-            yield big[start:start + 65536]
+            yield big[start : start + 65536]
 
     streamed = api.admin.post("/api/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
     for response in (declared, streamed):
@@ -107,22 +125,25 @@ def test_oversize_body_is_413_whether_declared_or_streamed(api, conn):
     assert accepted.status_code == 201, accepted.text
 
 
-@pytest.mark.parametrize(("body", "status", "code"), [
-    (b"{not json", 400, "invalid_json"),
-    (b'{"kind": "test.noop", "priority": "high"}', 422, "invalid_request"),
-    (b'{"kind": "test.noop", "meta": {"n": 1}}', 422, "invalid_request"),
-    (b'{"kind": "test.noop", "colour": "red"}', 422, "invalid_request"),
-    (b'["test.noop"]', 422, "invalid_request"),
-    (b'{"kind": "no.such"}', 422, "unknown_kind"),
-    (b'{"kind": "test.noop", "queue": "nope"}', 422, "unknown_queue"),
-    (b'{"kind": "test.record", "args": {"seconds": "soon"}}', 422, "invalid_args"),
-    (b'{"kind": "test.noop", "priority": 5000}', 422, "invalid_option"),
-    (b'{"kind": "test.noop", "delay": "tomorrow"}', 422, "invalid_duration"),
-    (b'{"kind": "test.noop", "idempotency_key": "k", "idempotency_ttl": "-1h"}', 422, "invalid_duration"),
-    (b'{"kind": "test.noop", "run_at": "next tuesday"}', 422, "invalid_timestamp"),
-    (b'{"kind": "test.noop", "run_at": "2030-01-01T00:00:00"}', 422, "invalid_timestamp"),
-    (b'{"kind": "test.noop", "meta": {"k": "a\\u0000b"}}', 422, "invalid_value"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        (b'{"kind": "test.noop", "priority": "high"}', 422, "invalid_request"),
+        (b'{"kind": "test.noop", "meta": {"n": 1}}', 422, "invalid_request"),
+        (b'{"kind": "test.noop", "colour": "red"}', 422, "invalid_request"),
+        (b'["test.noop"]', 422, "invalid_request"),
+        (b'{"kind": "no.such"}', 422, "unknown_kind"),
+        (b'{"kind": "test.noop", "queue": "nope"}', 422, "unknown_queue"),
+        (b'{"kind": "test.record", "args": {"seconds": "soon"}}', 422, "invalid_args"),
+        (b'{"kind": "test.noop", "priority": 5000}', 422, "invalid_option"),
+        (b'{"kind": "test.noop", "delay": "tomorrow"}', 422, "invalid_duration"),
+        (b'{"kind": "test.noop", "idempotency_key": "k", "idempotency_ttl": "-1h"}', 422, "invalid_duration"),
+        (b'{"kind": "test.noop", "run_at": "next tuesday"}', 422, "invalid_timestamp"),
+        (b'{"kind": "test.noop", "run_at": "2030-01-01T00:00:00"}', 422, "invalid_timestamp"),
+        (b'{"kind": "test.noop", "meta": {"k": "a\\u0000b"}}', 422, "invalid_value"),
+    ],
+)
 def test_each_kind_of_bad_input_has_its_own_code_and_writes_nothing(module_api, module_db_url, body, status, code):
     # One server for all these cases: none of them may write anything.
     response = module_api.admin.post("/api/v1/jobs", content=body, headers={"content-type": "application/json"})
@@ -135,19 +156,27 @@ def test_each_kind_of_bad_input_has_its_own_code_and_writes_nothing(module_api, 
 
 
 # The same refusals for a batch entry, plain ({"kind", "args"} only) or not: each names the entry's index.
-@pytest.mark.parametrize(("entry", "status", "code", "loc"), [
-    ({"kind": "test.noop", "args": [1]}, 422, "invalid_request", ["body", "jobs", 1, "args"]),
-    ({"kind": 5}, 422, "invalid_request", ["body", "jobs", 1, "kind"]),
-    ({"args": {}}, 422, "invalid_request", ["body", "jobs", 1, "kind"]),
-    ({"kind": "test.noop", "args": {}, "colour": "red"}, 422, "invalid_request", ["body", "jobs", 1, "colour"]),
-    ({"kind": "test.noop", "args": {"k": {"deep": 1}}, "priority": "5"}, 422, "invalid_request",
-     ["body", "jobs", 1, "priority"]),
-    ({"kind": "no.such", "args": {}}, 422, "unknown_kind", None),
-    ({"kind": "test.noop", "args": {"k": "a\ud800b"}}, 422, "invalid_value", None),
-    ({"kind": "test.record", "args": {"seconds": "soon"}}, 422, "invalid_args", None),
-])
-def test_each_bad_batch_entry_is_refused_with_its_index_and_writes_nothing(module_api, module_db_url, entry, status,
-                                                                            code, loc):
+@pytest.mark.parametrize(
+    ("entry", "status", "code", "loc"),
+    [
+        ({"kind": "test.noop", "args": [1]}, 422, "invalid_request", ["body", "jobs", 1, "args"]),
+        ({"kind": 5}, 422, "invalid_request", ["body", "jobs", 1, "kind"]),
+        ({"args": {}}, 422, "invalid_request", ["body", "jobs", 1, "kind"]),
+        ({"kind": "test.noop", "args": {}, "colour": "red"}, 422, "invalid_request", ["body", "jobs", 1, "colour"]),
+        (
+            {"kind": "test.noop", "args": {"k": {"deep": 1}}, "priority": "5"},
+            422,
+            "invalid_request",
+            ["body", "jobs", 1, "priority"],
+        ),
+        ({"kind": "no.such", "args": {}}, 422, "unknown_kind", None),
+        ({"kind": "test.noop", "args": {"k": "a\ud800b"}}, 422, "invalid_value", None),
+        ({"kind": "test.record", "args": {"seconds": "soon"}}, 422, "invalid_args", None),
+    ],
+)
+def test_each_bad_batch_entry_is_refused_with_its_index_and_writes_nothing(
+    module_api, module_db_url, entry, status, code, loc
+):
     body = json.dumps({"jobs": [{"kind": "test.noop", "args": {"n": 0}}, entry]})
     response = module_api.admin.post("/api/v1/jobs/batch", content=body, headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
@@ -161,29 +190,40 @@ def test_each_bad_batch_entry_is_refused_with_its_index_and_writes_nothing(modul
         assert count_jobs(conn) == 0
 
 
-@pytest.mark.parametrize(("content_type", "status"), [
-    ("application/json", 201),
-    ("application/json; charset=utf-8", 201),
-    ("application/vnd.api+json", 201),
-    ("text/plain", 422),
-    (None, 422),
-])
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("application/json", 201),
+        ("application/json; charset=utf-8", 201),
+        ("application/vnd.api+json", 201),
+        ("text/plain", 422),
+        (None, 422),
+    ],
+)
 def test_a_json_body_is_read_as_json_whatever_json_content_type_names_it(module_api, content_type, status):
     headers = {} if content_type is None else {"content-type": content_type}
-    for path, body in (("/api/v1/jobs", b'{"kind": "test.noop"}'),
-                       ("/api/v1/jobs/batch", b'{"jobs": [{"kind": "test.noop"}]}')):
+    for path, body in (
+        ("/api/v1/jobs", b'{"kind": "test.noop"}'),
+        ("/api/v1/jobs/batch", b'{"jobs": [{"kind": "test.noop"}]}'),
+    ):
         response = module_api.admin.post(path, content=body, headers=headers)
         assert response.status_code == status, (path, content_type, response.text)
 
 
-@pytest.mark.parametrize(("key", "status", "code"), [
-    ("", 422, "invalid_request"),
-    ("k" * 256, 422, "invalid_request"),
-    ("k" * 255, 201, None),
-])
+@pytest.mark.parametrize(
+    ("key", "status", "code"),
+    [
+        ("", 422, "invalid_request"),
+        ("k" * 256, 422, "invalid_request"),
+        ("k" * 255, 201, None),
+    ],
+)
 def test_the_idempotency_key_header_holds_1_to_255_characters(module_api, key, status, code):
-    response = module_api.admin.post("/api/v1/jobs", content=b'{"kind": "test.noop"}',
-                                     headers={"content-type": "application/json", "Idempotency-Key": key})
+    response = module_api.admin.post(
+        "/api/v1/jobs",
+        content=b'{"kind": "test.noop"}',
+        headers={"content-type": "application/json", "Idempotency-Key": key},
+    )
     assert response.status_code in (status, 200), response.text
     if code is not None:
         error = response.json()["error"]

@@ -41,13 +41,15 @@ def test_no_generated_request_gets_a_server_error(api_schema, module_api):
     for operation in operations(api_schema):
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
         def no_server_error(case) -> None:
             # 70 s: a generated ?wait= may hold a request up to its 60 s cap.
             response = case.call(base_url=module_api.url, headers=headers, timeout=70)
             assert response.status_code < 500, (
-                f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}")
+                f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}"
+            )
             if response.status_code >= 400:
                 error = response.json()["error"]
                 assert error["code"] and error["message"] and "Traceback" not in response.text
@@ -77,11 +79,30 @@ def test_schemathesis_with_every_check_finds_nothing(serve, db_url, tmp_path):
     with psycopg.connect(db_url, autocommit=True) as conn:  # a few rows, so ids and cursors find something
         for n in range(5):
             enqueue(conn, "test.record", {"seconds": n}, delay="1h" if n % 2 else None)
-    command = [sys.executable, "-m", "schemathesis.cli", "run", f"{api.url}/openapi.json", "--checks", "all",
-               "-H", f"Authorization: Bearer {ADMIN_TOKEN}", "--max-examples", str(EXAMPLES_PER_OPERATION),
-               "--request-timeout", "70", "--seed", os.environ.get("DYGO_FUZZ_SEED", "15"), "--workers", "1",
-               "--no-color",
-               "--generation-allow-x00", "false", "--generation-codec", "utf-8"]
+    command = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "run",
+        f"{api.url}/openapi.json",
+        "--checks",
+        "all",
+        "-H",
+        f"Authorization: Bearer {ADMIN_TOKEN}",
+        "--max-examples",
+        str(EXAMPLES_PER_OPERATION),
+        "--request-timeout",
+        "70",
+        "--seed",
+        os.environ.get("DYGO_FUZZ_SEED", "15"),
+        "--workers",
+        "1",
+        "--no-color",
+        "--generation-allow-x00",
+        "false",
+        "--generation-codec",
+        "utf-8",
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-20000:]

@@ -17,9 +17,12 @@ def add(api, **body) -> int:
 
 def make_active(conn, job_id: int) -> None:
     """As a worker's claim leaves it: leased, attempt spent."""
-    conn.execute("""UPDATE dygo_jobs SET state = 'active', attempt = attempt + 1, started_at = now(),
+    conn.execute(
+        """UPDATE dygo_jobs SET state = 'active', attempt = attempt + 1, started_at = now(),
                     lease_owner = 'elsewhere:1:abc', lease_token = gen_random_uuid(),
-                    lease_deadline = now() + interval '1 hour' WHERE id = %s""", (job_id,))
+                    lease_deadline = now() + interval '1 hour' WHERE id = %s""",
+        (job_id,),
+    )
 
 
 def test_a_job_carries_its_result_and_every_failed_attempt(api, spawn):
@@ -126,8 +129,14 @@ def test_a_bad_cursor_is_a_400(api):
     assert cursor
     # A cursor is a position (its digits, as the OpenAPI document's pattern says): it continues either order.
     assert api.reader.get("/api/v1/jobs", params={"cursor": cursor, "order": "oldest"}).status_code == 200
-    for params in ({"cursor": "not-a-cursor!"}, {"cursor": "b2xkZXN0Ong"}, {"cursor": "0"}, {"cursor": "01"},
-                   {"cursor": ""}, {"cursor": "9" * 19}):  # beyond the pattern's (and any bigint's) digits
+    for params in (
+        {"cursor": "not-a-cursor!"},
+        {"cursor": "b2xkZXN0Ong"},
+        {"cursor": "0"},
+        {"cursor": "01"},
+        {"cursor": ""},
+        {"cursor": "9" * 19},
+    ):  # beyond the pattern's (and any bigint's) digits
         response = api.reader.get("/api/v1/jobs", params=params)
         assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_cursor"
     bad = api.reader.get("/api/v1/jobs", params={"limit": 501})
@@ -168,8 +177,11 @@ def test_pause_and_resume_keep_the_run_at(api):
 
 def test_cancel_then_retry_gives_a_fresh_attempt_budget(api, conn):
     job_id = add(api)
-    conn.execute("""UPDATE dygo_jobs SET attempt = 3, errors = '[{"attempt": 1, "at": "2030-01-01T00:00:00Z",
-                    "error": "boom"}]' WHERE id = %s""", (job_id,))
+    conn.execute(
+        """UPDATE dygo_jobs SET attempt = 3, errors = '[{"attempt": 1, "at": "2030-01-01T00:00:00Z",
+                    "error": "boom"}]' WHERE id = %s""",
+        (job_id,),
+    )
     cancelled = act(api, job_id, "cancel").json()
     assert cancelled["state"] == "cancelled" and cancelled["finished_at"]
     assert_refused(act(api, job_id, "cancel"), "cancelled")
@@ -183,8 +195,7 @@ def test_archive_parks_pending_and_scheduled_jobs_in_dead_without_running(api):
     for body in ({}, {"delay": "1h"}):
         job_id = add(api, **body)
         job = act(api, job_id, "archive").json()
-        assert (job["state"], job["attempt"], job["last_error"]) == (
-            "dead", 0, "archived by an operator before it ran")
+        assert (job["state"], job["attempt"], job["last_error"]) == ("dead", 0, "archived by an operator before it ran")
         assert job["finished_at"]
         assert_refused(act(api, job_id, "archive"), "dead")
     assert act(api, job_id, "retry").json()["state"] == "pending"
@@ -217,8 +228,9 @@ def test_retrying_a_job_whose_key_a_live_job_holds_is_a_clean_409(api, conn):
     assert conn.execute("SELECT state FROM dygo_jobs WHERE id = %s", (first,)).fetchone()[0] == "dead"
 
 
-@pytest.mark.parametrize("path", ["/api/v1/jobs/0", "/api/v1/jobs/99999999999999999999", "/api/v1/jobs/abc",
-                                  "/api/v1/jobs/-1/retry"])
+@pytest.mark.parametrize(
+    "path", ["/api/v1/jobs/0", "/api/v1/jobs/99999999999999999999", "/api/v1/jobs/abc", "/api/v1/jobs/-1/retry"]
+)
 def test_impossible_job_ids_are_422_not_500(module_api, path):
     method = module_api.admin.post if path.endswith("retry") else module_api.admin.get
     response = method(path)
@@ -246,5 +258,6 @@ def test_a_job_shows_when_its_last_attempt_failed(api, spawn):
     assert spawn("worker", "--once").wait() == 0
     job = api.reader.get(f"/api/v1/jobs/{job_id}").json()
     from datetime import datetime
+
     assert job["failed_at"] is not None
     assert datetime.fromisoformat(job["failed_at"]) == datetime.fromisoformat(job["errors"][-1]["at"])

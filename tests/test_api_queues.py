@@ -37,8 +37,14 @@ def test_queues_list_their_counts_concurrency_and_pause(api, conn):
     enqueue(conn, "test.record_sync", {})
     queues = {q["name"]: q for q in api.reader.get("/api/v1/queues").json()["queues"]}
     assert list(queues) == ["default", "other"]
-    assert queues["default"]["counts"] == {"pending": 2, "scheduled": 1, "active": 1, "paused": 1, "dead": 1,
-                                           "cancelled": 1}
+    assert queues["default"]["counts"] == {
+        "pending": 2,
+        "scheduled": 1,
+        "active": 1,
+        "paused": 1,
+        "dead": 1,
+        "cancelled": 1,
+    }
     assert (queues["default"]["concurrency"], queues["other"]["concurrency"]) == (8, 2)
     assert queues["other"]["counts"]["pending"] == 1 and not queues["other"]["paused"]
     one = api.reader.get("/api/v1/queues/default").json()
@@ -79,11 +85,14 @@ def test_purge_deletes_pending_scheduled_and_dead_and_leaves_active_and_paused(a
     ids = fill_default_queue(conn)
     elsewhere = enqueue(conn, "test.record_sync", {}).id
     report = api.admin.post("/api/v1/queues/default/purge").json()
-    assert report == {"queue": "default", "pending": 2, "scheduled": 1, "dead": 1, "active_left": 1,
-                      "paused_left": 1}
+    assert report == {"queue": "default", "pending": 2, "scheduled": 1, "dead": 1, "active_left": 1, "paused_left": 1}
     left = dict(conn.execute("SELECT id, state FROM dygo_jobs").fetchall())
-    assert left == {ids["active"][0]: "active", ids["paused"][0]: "paused", ids["cancelled"][0]: "cancelled",
-                    elsewhere: "pending"}
+    assert left == {
+        ids["active"][0]: "active",
+        ids["paused"][0]: "paused",
+        ids["cancelled"][0]: "cancelled",
+        elsewhere: "pending",
+    }
 
 
 def test_retry_dead_revives_every_dead_job_of_the_queue_it_can(api, conn):
@@ -112,11 +121,18 @@ def test_vacuum_deletes_jobs_dead_longer_than_asked(api, conn):
     assert missing.status_code == 422 and missing.json()["error"]["code"] == "invalid_request"
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("get", "/api/v1/queues/nope"), ("get", "/api/v1/queues/nope/stats"), ("post", "/api/v1/queues/nope/pause"),
-    ("post", "/api/v1/queues/nope/resume"), ("post", "/api/v1/queues/nope/purge"),
-    ("post", "/api/v1/queues/nope/retry-dead"), ("post", "/api/v1/queues/nope/vacuum-dead?older_than=1d"),
-])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("get", "/api/v1/queues/nope"),
+        ("get", "/api/v1/queues/nope/stats"),
+        ("post", "/api/v1/queues/nope/pause"),
+        ("post", "/api/v1/queues/nope/resume"),
+        ("post", "/api/v1/queues/nope/purge"),
+        ("post", "/api/v1/queues/nope/retry-dead"),
+        ("post", "/api/v1/queues/nope/vacuum-dead?older_than=1d"),
+    ],
+)
 def test_an_unknown_queue_is_a_404(module_api, method, path):
     response = getattr(module_api.admin, method)(path)
     assert response.status_code == 404 and response.json()["error"]["code"] == "queue_not_found"
@@ -158,8 +174,10 @@ def test_queues_list_their_succeeded_count_of_today(api, conn):
     done = [enqueue(conn, "test.noop", {}).id for _ in range(3)]
     enqueue(conn, "test.record_sync", {})
     conn.execute("UPDATE dygo_jobs SET state = 'succeeded', finished_at = now() WHERE id = ANY(%s)", (done,))
-    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded) "
-                 "VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', 'test.noop', 3)")  # what the settle writes
+    conn.execute(
+        "INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded) "
+        "VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', 'test.noop', 3)"
+    )  # what the settle writes
     queues = {q["name"]: q for q in api.reader.get("/api/v1/queues").json()["queues"]}
     assert (queues["default"]["succeeded_today"], queues["other"]["succeeded_today"]) == (3, 0)
     assert api.reader.get("/api/v1/queues/default").json()["succeeded_today"] == 3

@@ -22,9 +22,14 @@ JOB = {"kind": "test.noop"}
 
 def caught_up(conn: psycopg.Connection) -> bool:
     """serve's LISTEN connection has subscribed everything (the waiters' LISTEN comes last)."""
-    return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND application_name = 'dygo-serve-listen' AND state = 'idle' "
-                        "AND query = 'LISTEN dygo_finished'").fetchone()[0] > 0
+    return (
+        conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'dygo-serve-listen' AND state = 'idle' "
+            "AND query = 'LISTEN dygo_finished'"
+        ).fetchone()[0]
+        > 0
+    )
 
 
 @contextmanager
@@ -75,15 +80,13 @@ def test_an_address_whose_failures_are_cleared_is_no_longer_read(serve, conn, db
     first, second = serve(), serve()
     wait_until(lambda: caught_up(conn), message="serve to listen")
     address = "192.0.2.44"
-    assert first.anon.get("/api/v1/queues", headers=from_address(address, "wrong-token-0123456789")).status_code \
-        == 401
+    assert first.anon.get("/api/v1/queues", headers=from_address(address, "wrong-token-0123456789")).status_code == 401
     # The second process heard of the failure: it reads the table, finds the address not locked out,
     # clears its failures (a right token forgets them) and stops suspecting it.
     assert second.anon.post("/api/v1/jobs", json=JOB, headers=from_address(address)).status_code == 201
     assert conn.execute("SELECT count(*) FROM dygo_auth_failures").fetchone()[0] == 0
     with table_locked(db_url):
-        assert second.anon.post("/api/v1/jobs", json=JOB, headers=from_address(address), timeout=5).status_code \
-            == 201
+        assert second.anon.post("/api/v1/jobs", json=JOB, headers=from_address(address), timeout=5).status_code == 201
 
 
 def test_while_its_listen_connection_is_down_serve_reads_every_token_in_the_failure_table(serve, conn, db_url):
@@ -91,10 +94,14 @@ def test_while_its_listen_connection_is_down_serve_reads_every_token_in_the_fail
     wait_until(lambda: caught_up(conn), message="serve to listen")
     with table_locked(db_url):
         # The reconnected listener cannot catch up (reading the table waits for the lock): it is deaf.
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
-                     "AND application_name = 'dygo-serve-listen'")
-        wait_until(lambda: "database connection lost (result LISTEN connection" in api.process.stderr(),
-                   message="serve to notice")
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'dygo-serve-listen'"
+        )
+        wait_until(
+            lambda: "database connection lost (result LISTEN connection" in api.process.stderr(),
+            message="serve to notice",
+        )
         thread, answer = in_background(api, from_address("198.51.100.2"))
         thread.join(1.5)
         assert thread.is_alive() and not answer, answer  # waiting for the table, as before this cache
@@ -102,8 +109,9 @@ def test_while_its_listen_connection_is_down_serve_reads_every_token_in_the_fail
     assert answer["status"] == 201
     wait_until(lambda: caught_up(conn), message="serve to listen again")
     with table_locked(db_url):
-        assert api.anon.post("/api/v1/jobs", json=JOB, headers=from_address("198.51.100.2"), timeout=5).status_code \
-            == 201
+        assert (
+            api.anon.post("/api/v1/jobs", json=JOB, headers=from_address("198.51.100.2"), timeout=5).status_code == 201
+        )
 
 
 def test_behind_a_transaction_pooler_without_a_direct_url_serve_reads_every_token(serve, conn, db_url):

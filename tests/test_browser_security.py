@@ -86,8 +86,14 @@ def test_the_signed_in_dashboard_cannot_be_framed(serve, page, other_site):  # n
 def test_the_dashboard_works_under_its_content_security_policy(serve, page):  # noqa: F811
     api = serve()
     violations: list[str] = []
-    page.on("console", lambda message: violations.append(message.text)
-            if "Content Security Policy" in message.text or "Refused to" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            violations.append(message.text)
+            if "Content Security Policy" in message.text or "Refused to" in message.text
+            else None
+        ),
+    )
     for _ in range(3):
         assert api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "delay": "1h"}).status_code == 201
     log_in(page, api)

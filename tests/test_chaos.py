@@ -29,8 +29,24 @@ def data_dir() -> Iterator[Path]:
 
 def short(data_dir: Path, scenario: str, tmp_path: Path) -> dict[str, Any]:
     out = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, "-m", "chaos", "--short", "--scenario", scenario, "--data-dir",
-                           str(data_dir), "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=110)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "chaos",
+            "--short",
+            "--scenario",
+            scenario,
+            "--data-dir",
+            str(data_dir),
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert out.exists(), done.stderr[-3000:]
     [report] = json.loads(out.read_text())
     assert report["problems"] == [], f"{report['problems']}; notes {report['notes']}; logs in {data_dir / 'logs'}"
@@ -81,17 +97,33 @@ def test_a_job_reclaimed_by_the_same_worker_during_its_first_run_leaves_the_work
     runs = "SELECT count(*) FROM test_runs WHERE job_id = %s"
     wait_until(lambda: conn.execute(runs, (job.id,)).fetchone()[0] == 1, message="the first run")
     # What lease recovery does to a job whose lease ran out (store/queries.py RECOVER_EXPIRED_LEASES).
-    conn.execute("UPDATE dygo_jobs SET state = 'pending', lease_owner = NULL, lease_token = NULL, "
-                 "lease_deadline = NULL, attempt = attempt - 1, reap_count = reap_count + 1 WHERE id = %s", (job.id,))
-    wait_until(lambda: conn.execute("SELECT state = 'succeeded' FROM dygo_jobs WHERE id = %s",
-                                    (job.id,)).fetchone()[0], message="the second run to succeed")
+    conn.execute(
+        "UPDATE dygo_jobs SET state = 'pending', lease_owner = NULL, lease_token = NULL, "
+        "lease_deadline = NULL, attempt = attempt - 1, reap_count = reap_count + 1 WHERE id = %s",
+        (job.id,),
+    )
+    wait_until(
+        lambda: conn.execute("SELECT state = 'succeeded' FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone()[0],
+        message="the second run to succeed",
+    )
     wait_until(lambda: "lease lost before settling" in worker.stderr(), message="the first run's refused settle")
     assert conn.execute("SELECT result FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone()[0] == "run 2"
     assert "Traceback" not in worker.stderr()
     # Both slots are free again: two jobs run side by side.
     spans = enqueue_many(conn, [JobRequest("test.span", {"seconds": 0.5})] * 2)
-    wait_until(lambda: conn.execute("SELECT count(*) FROM dygo_jobs WHERE id = ANY(%s) AND state = 'succeeded'",
-                                    ([s.id for s in spans],)).fetchone()[0] == 2, message="the two spans")
-    notes = [n for (n,) in conn.execute("SELECT note FROM test_runs WHERE job_id = ANY(%s) ORDER BY at",
-                                        ([s.id for s in spans],))]
+    wait_until(
+        lambda: (
+            conn.execute(
+                "SELECT count(*) FROM dygo_jobs WHERE id = ANY(%s) AND state = 'succeeded'", ([s.id for s in spans],)
+            ).fetchone()[0]
+            == 2
+        ),
+        message="the two spans",
+    )
+    notes = [
+        n
+        for (n,) in conn.execute(
+            "SELECT note FROM test_runs WHERE job_id = ANY(%s) ORDER BY at", ([s.id for s in spans],)
+        )
+    ]
     assert notes == ["start", "start", "end", "end"]

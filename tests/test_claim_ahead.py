@@ -38,7 +38,8 @@ def largest_claim(conn) -> int:
 
 @pytest.mark.parametrize(("claim_ahead", "claims_ahead"), [("50ms", True), ("0", False)])
 def test_short_jobs_are_claimed_beyond_the_free_slots_only_while_claim_ahead_is_on(
-        conn, db_url, spawn, tmp_path, claim_ahead, claims_ahead):
+    conn, db_url, spawn, tmp_path, claim_ahead, claims_ahead
+):
     env = dygo_env(db_url, DYGO_CONFIG_DIR=str(config(tmp_path, claim_ahead)))
     worker = spawn("worker", "--queue", "default", "--concurrency", "2", env=env)
     worker.wait_for_line("started")
@@ -60,10 +61,16 @@ def test_jobs_claimed_ahead_go_back_to_the_queue_when_a_slow_job_holds_the_slots
     first.wait_for_line("started")
     learn_the_pace(conn)
     enqueue_many(conn, [{"kind": "test.record", "args": {"seconds": 6}}] + [{"kind": "test.noop"} for _ in range(10)])
-    wait_until(lambda: count(conn, "state = 'active' AND kind = 'test.noop'") > 0, timeout=10,
-               message="no-op jobs claimed ahead behind the slow one")
-    wait_until(lambda: "claimed-ahead job(s) (no slot of queue default freed for 1s)" in first.stderr(),
-               timeout=10, message="the waiting jobs to be handed back")
+    wait_until(
+        lambda: count(conn, "state = 'active' AND kind = 'test.noop'") > 0,
+        timeout=10,
+        message="no-op jobs claimed ahead behind the slow one",
+    )
+    wait_until(
+        lambda: "claimed-ahead job(s) (no slot of queue default freed for 1s)" in first.stderr(),
+        timeout=10,
+        message="the waiting jobs to be handed back",
+    )
     second = spawn("worker", "--queue", "default", "--concurrency", "1", env=env)
     second.wait_for_line("started")
     wait_until(lambda: count(conn, "state = 'succeeded'") == 310, timeout=20, message="the 10 no-op jobs to succeed")
@@ -79,18 +86,26 @@ def test_a_stopping_worker_hands_back_the_jobs_it_claimed_ahead_before_draining(
     worker.wait_for_line("started")
     learn_the_pace(conn)
     enqueue_many(conn, [{"kind": "test.record", "args": {"seconds": 2}}] + [{"kind": "test.noop"} for _ in range(10)])
-    wait_until(lambda: count(conn, "state = 'active' AND kind = 'test.noop'") > 0, timeout=10,
-               message="no-op jobs claimed ahead behind the slow one")
-    waiting = wait_until(lambda: scrape_worker(port).get(("dygo_worker_claimed_ahead", (("queue", "default"),))),
-                         message="the worker's gauge of jobs claimed ahead")
+    wait_until(
+        lambda: count(conn, "state = 'active' AND kind = 'test.noop'") > 0,
+        timeout=10,
+        message="no-op jobs claimed ahead behind the slow one",
+    )
+    waiting = wait_until(
+        lambda: scrape_worker(port).get(("dygo_worker_claimed_ahead", (("queue", "default"),))),
+        message="the worker's gauge of jobs claimed ahead",
+    )
     assert waiting == count(conn, "state = 'active' AND kind = 'test.noop'")
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0
     found = re.search(r"handing back (\d+) claimed-ahead job\(s\) \(not started before the stop\)", worker.stderr())
     assert found, worker.stderr()
     assert count(conn, "kind = 'test.record' AND state = 'succeeded'") == 1  # the running one was drained
-    assert count(conn, "kind = 'test.noop' AND state = 'pending' AND attempt = 0 AND lease_owner IS NULL") \
-        == int(found.group(1)) == waiting
+    assert (
+        count(conn, "kind = 'test.noop' AND state = 'pending' AND attempt = 0 AND lease_owner IS NULL")
+        == int(found.group(1))
+        == waiting
+    )
     assert count(conn, "state = 'active'") == 0
 
 
@@ -103,8 +118,9 @@ def test_a_capped_kind_claimed_ahead_never_runs_over_its_cap(conn, db_url, spawn
     worker = spawn("worker", "--queue", "default", "--concurrency", "8", "--poll-interval", "60s", env=env)
     worker.wait_for_line("started")
     learn_the_pace(conn)
-    enqueue_many(conn, [{"kind": kind, "args": {"seconds": 0.002}} for _ in range(60)
-                        for kind in ("test.capped", "test.span")])
+    enqueue_many(
+        conn, [{"kind": kind, "args": {"seconds": 0.002}} for _ in range(60) for kind in ("test.capped", "test.span")]
+    )
     wait_until(lambda: ended(conn, 120), timeout=30, message="all 120 jobs to end")
     assert max_overlap(conn, ("test.capped",)) == 1
     assert max_overlap(conn, ("test.span",)) > 1

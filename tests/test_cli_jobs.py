@@ -12,8 +12,14 @@ from tests.conftest import REPO, dygo_env
 
 
 def dygo(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dygo", *args], cwd=REPO, env=dygo_env(db_url),
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "dygo", *args],
+        cwd=REPO,
+        env=dygo_env(db_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_jobs_list_shows_a_filtered_table(conn, db_url):
@@ -37,8 +43,9 @@ def test_jobs_list_leaves_last_error_empty_for_a_job_that_failed_then_succeeded(
     assert dygo(db_url, "worker", "--once").returncode == 0  # the first attempt of each
     conn.execute("UPDATE dygo_jobs SET run_at = now() WHERE id = %s", (recovered.id,))  # skip the backoff
     assert dygo(db_url, "worker", "--once").returncode == 0
-    state, last_error = conn.execute("SELECT state, last_error FROM dygo_jobs WHERE id = %s",
-                                     (recovered.id,)).fetchone()
+    state, last_error = conn.execute(
+        "SELECT state, last_error FROM dygo_jobs WHERE id = %s", (recovered.id,)
+    ).fetchone()
     assert state == "succeeded" and last_error == "ValueError: failure number 1"  # the history stays
 
     listed = dygo(db_url, "jobs", "list")
@@ -82,8 +89,9 @@ def test_jobs_cancel_and_retry_act_on_each_id_and_exit_1_with_the_reason_for_the
 
     again = dygo(db_url, "jobs", "cancel", str(first.id), "999999")
     assert again.returncode == 1
-    assert f"job {first.id} is cancelled; cancel applies to a job that is pending or scheduled or paused" \
-        in again.stderr
+    assert (
+        f"job {first.id} is cancelled; cancel applies to a job that is pending or scheduled or paused" in again.stderr
+    )
     assert "no job with id 999999" in again.stderr
 
     retried = dygo(db_url, "jobs", "retry", str(first.id))

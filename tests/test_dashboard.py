@@ -20,12 +20,21 @@ from tests.conftest import ADMIN_TOKEN, READ_TOKEN, REPO, Api, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts" / "dashboard"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 # In CI (root, `make test` installs Chromium) a missing browser fails the tests instead of skipping them.
-NO_BROWSER = ("Debian chromium is not installed at /usr/bin/chromium "
-              "(`make test` installs it when run as root: apt-get install chromium)")
+NO_BROWSER = (
+    "Debian chromium is not installed at /usr/bin/chromium "
+    "(`make test` installs it when run as root: apt-get install chromium)"
+)
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists() and not os.environ.get("CI"), reason=NO_BROWSER)
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -36,8 +45,12 @@ expect = sync_api.expect
 def browser_context() -> Iterator:
     with tempfile.TemporaryDirectory(prefix="dygo-chromium-") as profile, sync_api.sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            profile, executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True,
-            viewport={"width": 1100, "height": 800})
+            profile,
+            executable_path=str(CHROMIUM),
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1100, "height": 800},
+        )
         context.set_default_timeout(10_000)
         yield context
         context.close()
@@ -114,12 +127,14 @@ def test_dead_jobs_are_grouped_and_a_group_retry_succeeds_on_a_real_worker(serve
 def test_overview_counts_refresh_without_a_reload(serve, conn, page):
     api = serve()
     # Some history for the charts in the screenshots: a few minutes of the last hour and a few days.
-    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded, failed, dead, at) "
-                 "SELECT (t AT TIME ZONE 'UTC')::date, 'default', 'test.noop', 20 + mod(n * 7, 30), mod(n * 3, 7), "
-                 "mod(n, 2), t "
-                 "FROM generate_series(1, 40) AS n, LATERAL (SELECT now() - make_interval(mins => n) AS t) AS at "
-                 "UNION ALL SELECT (now() AT TIME ZONE 'UTC')::date - n, 'default', 'test.noop', 900 + n * 40, "
-                 "n * 5, n, now() - make_interval(days => n) FROM generate_series(1, 12) AS n")
+    conn.execute(
+        "INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded, failed, dead, at) "
+        "SELECT (t AT TIME ZONE 'UTC')::date, 'default', 'test.noop', 20 + mod(n * 7, 30), mod(n * 3, 7), "
+        "mod(n, 2), t "
+        "FROM generate_series(1, 40) AS n, LATERAL (SELECT now() - make_interval(mins => n) AS t) AS at "
+        "UNION ALL SELECT (now() AT TIME ZONE 'UTC')::date - n, 'default', 'test.noop', 900 + n * 40, "
+        "n * 5, n, now() - make_interval(days => n) FROM generate_series(1, 12) AS n"
+    )
     log_in(page, api)
     pending = page.locator("tr[data-queue='default'] td.c-pending")
     expect(pending).to_have_text("0")
@@ -127,8 +142,10 @@ def test_overview_counts_refresh_without_a_reload(serve, conn, page):
     expect(pending).to_have_text("1", timeout=8_000)
     succeeded = page.locator("figure[data-chart=minutes] polyline[data-series=succeeded]")
     before = int(succeeded.get_attribute("data-total"))
-    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded) "
-                 "VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', 'test.noop', 5)")
+    conn.execute(
+        "INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded) "
+        "VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', 'test.noop', 5)"
+    )
     expect(succeeded).to_have_attribute("data-total", str(before + 5), timeout=8_000)  # the chart refreshes too
     page.emulate_media(color_scheme="dark")
     page.set_viewport_size({"width": 390, "height": 800})
@@ -141,12 +158,10 @@ def test_a_forged_post_is_refused_with_a_page_not_a_stack_trace(serve, conn, pag
     api = serve()
     job_id = enqueue(api, "test.noop")
     log_in(page, api)
-    reply = page.request.post(f"{api.url}/dashboard/jobs/{job_id}/cancel", form={"csrf": "forged"},
-                              max_redirects=0)
+    reply = page.request.post(f"{api.url}/dashboard/jobs/{job_id}/cancel", form={"csrf": "forged"}, max_redirects=0)
     assert reply.status == 403
     assert "This form has expired" in reply.text()
-    odd = page.request.post(f"{api.url}/dashboard/jobs/{job_id}/cancel", form={"csrf": "ünïcode"},
-                            max_redirects=0)
+    odd = page.request.post(f"{api.url}/dashboard/jobs/{job_id}/cancel", form={"csrf": "ünïcode"}, max_redirects=0)
     assert odd.status == 403 and "This form has expired" in odd.text()
     assert state_of(conn, job_id) == "pending"
     page.set_content(reply.text())
@@ -166,8 +181,11 @@ def test_wrong_token_is_refused_at_login(serve, page):
 def test_read_only_token_sees_no_buttons_and_cannot_post(serve, conn, page):
     api = serve()
     job_id = enqueue(api, "test.noop")
-    conn.execute("UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'ValueError: x', "
-                 "dead_fingerprint = dygo_error_fingerprint('ValueError: x') WHERE id = %s", (job_id,))
+    conn.execute(
+        "UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'ValueError: x', "
+        "dead_fingerprint = dygo_error_fingerprint('ValueError: x') WHERE id = %s",
+        (job_id,),
+    )
     log_in(page, api, READ_TOKEN)
     for path in ("/dashboard/dead", f"/dashboard/jobs/{job_id}", "/dashboard/jobs", "/dashboard/queues"):
         page.goto(api.url + path)
@@ -200,9 +218,13 @@ def test_jobs_filter_paginate_and_act_on_one(serve, conn, page):
 
     job_id = int(page.locator("tr[data-job]").get_attribute("data-job"))
     page.click(f"tr[data-job='{job_id}'] a")
-    for button, flash in [("Pause", "paused; it is now paused"), ("Resume", "resumed; it is now scheduled"),
-                          ("Run now", "set to run now; it is now pending"), ("Cancel", "cancelled"),
-                          ("Retry", "retried; it is now pending")]:
+    for button, flash in [
+        ("Pause", "paused; it is now paused"),
+        ("Resume", "resumed; it is now scheduled"),
+        ("Run now", "set to run now; it is now pending"),
+        ("Cancel", "cancelled"),
+        ("Retry", "retried; it is now pending"),
+    ]:
         page.click(f".actions.bar button:has-text('{button}')")
         expect(page.locator(".flash.ok")).to_contain_text(f"Job {job_id} {flash}")
     page.click(".actions.bar button:has-text('Delete')")
@@ -216,12 +238,16 @@ def test_jobs_list_shows_no_last_error_for_a_job_that_failed_then_succeeded(serv
     api = serve()
     recovered, retrying = enqueue(api, "test.noop"), enqueue(api, "test.noop")
     # As a worker leaves them: the error of the failed attempt stays in the row (and its history).
-    conn.execute("UPDATE dygo_jobs SET state = 'succeeded', attempt = 2, finished_at = now(), "
-                 "last_error = 'ValueError: failure number 1', errors = jsonb_build_array(jsonb_build_object("
-                 "'attempt', 1, 'at', now(), 'error', 'ValueError: failure number 1', 'traceback', 'Traceback')) "
-                 "WHERE id = %s", (recovered,))
-    conn.execute("UPDATE dygo_jobs SET attempt = 1, last_error = 'ValueError: still failing' WHERE id = %s",
-                 (retrying,))
+    conn.execute(
+        "UPDATE dygo_jobs SET state = 'succeeded', attempt = 2, finished_at = now(), "
+        "last_error = 'ValueError: failure number 1', errors = jsonb_build_array(jsonb_build_object("
+        "'attempt', 1, 'at', now(), 'error', 'ValueError: failure number 1', 'traceback', 'Traceback')) "
+        "WHERE id = %s",
+        (recovered,),
+    )
+    conn.execute(
+        "UPDATE dygo_jobs SET attempt = 1, last_error = 'ValueError: still failing' WHERE id = %s", (retrying,)
+    )
     log_in(page, api)
     page.goto(f"{api.url}/dashboard/jobs")
     expect(page.locator(f"tr[data-job='{retrying}'] .error-line")).to_have_text("ValueError: still failing")
@@ -265,8 +291,10 @@ def test_development_without_tokens_is_open_like_the_api(serve, page):
 
 def test_schedules_pause_resume_and_trigger(serve, conn, page):
     api = serve()
-    conn.execute("INSERT INTO dygo_schedules (name, spec, kind, queue, next_run_at) "
-                 "VALUES ('nightly', '30 2 * * *', 'test.noop', 'default', now() + interval '1 day')")
+    conn.execute(
+        "INSERT INTO dygo_schedules (name, spec, kind, queue, next_run_at) "
+        "VALUES ('nightly', '30 2 * * *', 'test.noop', 'default', now() + interval '1 day')"
+    )
     log_in(page, api)
     page.goto(f"{api.url}/dashboard/schedules")
     row = page.locator("tr[data-schedule='nightly']")
@@ -285,8 +313,11 @@ def test_schedules_pause_resume_and_trigger(serve, conn, page):
 
 
 def kill(conn, *job_ids: int) -> None:
-    conn.execute("UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'ValueError: boom', "
-                 "dead_fingerprint = dygo_error_fingerprint('ValueError: boom') WHERE id = ANY(%s)", (list(job_ids),))
+    conn.execute(
+        "UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'ValueError: boom', "
+        "dead_fingerprint = dygo_error_fingerprint('ValueError: boom') WHERE id = ANY(%s)",
+        (list(job_ids),),
+    )
 
 
 def test_bulk_retry_ticked_rows_then_everything_matching_the_filter_after_a_count(serve, conn, page):
@@ -304,7 +335,8 @@ def test_bulk_retry_ticked_rows_then_everything_matching_the_filter_after_a_coun
     shot(page, "jobs-bulk-ticked")
     page.click("button[data-bulk=retry]")
     expect(page.locator(".flash.ok")).to_have_text(
-        "Retried 2 of 2 selected jobs; 0 skipped (retry applies to jobs that are dead or cancelled).")
+        "Retried 2 of 2 selected jobs; 0 skipped (retry applies to jobs that are dead or cancelled)."
+    )
     expect(page).to_have_url(re.compile(r"/dashboard/jobs\?state=dead$"))
     assert [state_of(conn, i) for i in noop] == ["pending"] * 2 + ["dead"] * 3
 
@@ -312,8 +344,9 @@ def test_bulk_retry_ticked_rows_then_everything_matching_the_filter_after_a_coun
     expect(page.locator("tr[data-job]")).to_have_count(3)
     page.click("a[data-bulk-matching=retry]")
     expect(page.locator("h1")).to_have_text("Retry every job matching the filter?")
-    expect(page.locator(".notice")).to_contain_text("The filter matches 3 jobs. 3 of them are dead or cancelled "
-                                                    "and will be retried; the other 0 are skipped.")
+    expect(page.locator(".notice")).to_contain_text(
+        "The filter matches 3 jobs. 3 of them are dead or cancelled and will be retried; the other 0 are skipped."
+    )
     shot(page, "bulk-confirmation")
     page.click("button:has-text('Retry 3 jobs')")
     expect(page.locator(".flash.ok")).to_contain_text("Retried 3 of 3 jobs matching the filter; 0 skipped")
@@ -327,7 +360,8 @@ def test_bulk_retry_ticked_rows_then_everything_matching_the_filter_after_a_coun
     expect(page.locator("main p.muted").first).to_have_text("Filter: none (every job)")
     expect(page.locator(".notice")).to_contain_text(
         "The filter matches 7 jobs. 6 of them are pending, scheduled or paused and will be cancelled; "
-        "the other 1 is skipped.")
+        "the other 1 is skipped."
+    )
     page.click("button:has-text('Cancel 6 jobs')")
     expect(page.locator(".flash.ok")).to_contain_text("Cancelled 6 of 7 jobs matching the filter; 1 skipped")
     assert state_of(conn, waiting) == "cancelled" and state_of(conn, other) == "dead"
@@ -339,8 +373,7 @@ def test_bulk_retry_ticked_rows_then_everything_matching_the_filter_after_a_coun
     page.click("button[data-bulk=delete]")
     expect(page.locator(".flash.ok")).to_contain_text("Deleted 2 of 2 selected jobs; 0 skipped")
     assert conn.execute("SELECT count(*) FROM dygo_jobs WHERE id = ANY(%s)", ([other, waiting],)).fetchone()[0] == 0
-    forged = page.request.post(f"{api.url}/dashboard/bulk/delete/matching", form={"csrf": "forged"},
-                               max_redirects=0)
+    forged = page.request.post(f"{api.url}/dashboard/bulk/delete/matching", form={"csrf": "forged"}, max_redirects=0)
     assert forged.status == 403 and "This form has expired" in forged.text()
     assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 5
 
@@ -353,8 +386,10 @@ def test_bulk_actions_are_refused_to_a_read_only_token(serve, conn, page):
     expect(page.locator("input[name=id]")).to_have_count(0)
     expect(page.locator("[data-bulk-matching]")).to_have_count(0)
     csrf = page.locator("header input[name=csrf]").get_attribute("value")
-    for path, form in [("/dashboard/bulk/archive", {"csrf": csrf, "id": str(job_id)}),
-                       ("/dashboard/bulk/archive/matching", {"csrf": csrf})]:
+    for path, form in [
+        ("/dashboard/bulk/archive", {"csrf": csrf, "id": str(job_id)}),
+        ("/dashboard/bulk/archive/matching", {"csrf": csrf}),
+    ]:
         reply = page.request.post(api.url + path, form=form, max_redirects=0)
         assert reply.status == 403 and "Read-only access" in reply.text()
     assert state_of(conn, job_id) == "pending"
@@ -365,10 +400,12 @@ def test_overview_shows_queue_lag_and_failing_kinds(serve, conn, page):
     late = enqueue(api, "test.noop")
     conn.execute("UPDATE dygo_jobs SET run_at = now() - interval '7 minutes' WHERE id = %s", (late,))
     enqueue(api, "test.noop", queue="other", delay="1h")  # scheduled: not lagging
-    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead) VALUES "
-                 "((now() AT TIME ZONE 'UTC')::date, 'default', 'test.fail_first_runs', 4, 2), "
-                 "((now() AT TIME ZONE 'UTC')::date - 1, 'default', 'test.noop', 1, 0), "
-                 "((now() AT TIME ZONE 'UTC')::date - 3, 'default', 'test.record_sync', 9, 9)")
+    conn.execute(
+        "INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead) VALUES "
+        "((now() AT TIME ZONE 'UTC')::date, 'default', 'test.fail_first_runs', 4, 2), "
+        "((now() AT TIME ZONE 'UTC')::date - 1, 'default', 'test.noop', 1, 0), "
+        "((now() AT TIME ZONE 'UTC')::date - 3, 'default', 'test.record_sync', 9, 9)"
+    )
     log_in(page, api)
     expect(page.locator("tr[data-queue='default'] td.lag")).to_have_text("7m")
     expect(page.locator("tr[data-queue='other'] td.lag")).to_have_text("—")
@@ -416,8 +453,9 @@ def test_vacuum_dead_confirms_how_many_it_deletes_then_says_what_it_did(serve, c
     page.goto(f"{api.url}/dashboard/queues/default/vacuum-dead?older_than=0s")
     expect(page.locator("main form[method=post]")).to_have_count(0)
     csrf = page.locator("header input[name=csrf]").get_attribute("value")
-    reply = page.request.post(f"{api.url}/dashboard/queues/default/vacuum-dead",
-                              form={"csrf": csrf, "older_than": "0s"}, max_redirects=0)
+    reply = page.request.post(
+        f"{api.url}/dashboard/queues/default/vacuum-dead", form={"csrf": csrf, "older_than": "0s"}, max_redirects=0
+    )
     assert reply.status == 403 and "Read-only access" in reply.text()
     assert state_of(conn, recent) == "dead"
 
@@ -505,9 +543,11 @@ def test_jobs_page_bulk_buttons_stay_on_the_line_of_their_label(module_api: Api,
 
 
 def test_failing_kinds_link_dead_jobs_only_for_a_kind_that_has_some(module_api: Api, module_conn, page):
-    module_conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead) VALUES "
-               "((now() AT TIME ZONE 'UTC')::date, 'default', 'audit.flaky', 4, 0), "
-               "((now() AT TIME ZONE 'UTC')::date, 'default', 'audit.broken', 1, 2)")
+    module_conn.execute(
+        "INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead) VALUES "
+        "((now() AT TIME ZONE 'UTC')::date, 'default', 'audit.flaky', 4, 0), "
+        "((now() AT TIME ZONE 'UTC')::date, 'default', 'audit.broken', 1, 2)"
+    )
     log_in(page, module_api)
     page.goto(f"{module_api.url}/dashboard/")
     expect(page.locator("table.failing tr[data-kind='audit.broken'] a", has_text="dead jobs")).to_have_count(1)
@@ -517,8 +557,9 @@ def test_failing_kinds_link_dead_jobs_only_for_a_kind_that_has_some(module_api: 
 def test_queues_page_has_the_cancelled_column_the_overview_has(module_api: Api, module_conn, page):
     job_id = enqueue(module_api, "test.noop", delay="1h")
     assert module_api.admin.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
-    cancelled = module_conn.execute("SELECT count(*) FROM dygo_jobs WHERE queue = 'default' AND state = 'cancelled'"
-                           ).fetchone()[0]
+    cancelled = module_conn.execute(
+        "SELECT count(*) FROM dygo_jobs WHERE queue = 'default' AND state = 'cancelled'"
+    ).fetchone()[0]
     log_in(page, module_api)
     page.goto(f"{module_api.url}/dashboard/queues")
     headers = [text.strip().lower() for text in page.locator("thead th").all_inner_texts()]

@@ -16,7 +16,8 @@ def dead(conn, kind: str, error: str, key: str | None = None) -> int:
         "errors) VALUES (%s, 'default', 'dead', now(), %s, dygo_error_fingerprint(%s), %s, "
         "jsonb_build_array(jsonb_build_object('attempt', 1, 'error', %s::text, "
         "'traceback', 'Traceback: ' || %s::text))) RETURNING id",
-        (kind, error, error, key, error, error)).fetchone()[0]
+        (kind, error, error, key, error, error),
+    ).fetchone()[0]
 
 
 def test_dead_jobs_group_by_kind_and_normalised_error(conn):
@@ -27,9 +28,11 @@ def test_dead_jobs_group_by_kind_and_normalised_error(conn):
     conn.execute("INSERT INTO dygo_jobs (kind, queue) VALUES ('mail.send', 'default')")  # not dead
 
     groups = {(g["kind"], g["fingerprint"]): g for g in admin.dead_letter_groups(conn)}
-    assert set(groups) == {("mail.send", "KeyError: user <id> at <hex> missing"),
-                           ("mail.send", "TimeoutError: after <n> seconds"),
-                           ("bill.charge", "TimeoutError: after <n> seconds")}
+    assert set(groups) == {
+        ("mail.send", "KeyError: user <id> at <hex> missing"),
+        ("mail.send", "TimeoutError: after <n> seconds"),
+        ("bill.charge", "TimeoutError: after <n> seconds"),
+    }
     biggest = admin.dead_letter_groups(conn)[0]
     assert (biggest["kind"], biggest["count"], biggest["sample_id"]) == ("mail.send", 2, newest)
     assert biggest["sample_traceback"].startswith(f"Traceback: KeyError: user {UUID_B}")
@@ -40,11 +43,19 @@ def test_fingerprint_normalises_whole_numbers_and_ids_never_digits_inside_words(
     def fingerprint(error: str) -> str:
         return conn.execute("SELECT dygo_error_fingerprint(%s)", (error,)).fetchone()[0]
 
-    for kept in ("Abort: e2e says no", "Http2Error: stream reset", "S3 upload refused", "IPv4 only",
-                 "OAuth2 token expired", "utf8 decode failed"):
+    for kept in (
+        "Abort: e2e says no",
+        "Http2Error: stream reset",
+        "S3 upload refused",
+        "IPv4 only",
+        "OAuth2 token expired",
+        "utf8 decode failed",
+    ):
         assert fingerprint(kept) == kept
-    assert fingerprint("order 123 failed after 30s (id=42, 7 left; -1)") == \
-        "order <n> failed after <n>s (id=<n>, <n> left; -<n>)"
+    assert (
+        fingerprint("order 123 failed after 30s (id=42, 7 left; -1)")
+        == "order <n> failed after <n>s (id=<n>, <n> left; -<n>)"
+    )
     assert fingerprint(f"user {UUID_A} at 0x7f3a12") == "user <id> at <hex>"
     assert fingerprint("Abort: e2e says no, 3 times") == fingerprint("Abort: e2e says no, 4 times")
 
@@ -83,9 +94,13 @@ def test_bulk_actions_change_only_allowed_states_and_report_the_skipped(conn, mo
     keyed = dead(conn, "mail.send", "TimeoutError: y", key="k1")
     held = dead(conn, "mail.send", "TimeoutError: z", key="k2")
     conn.execute("INSERT INTO dygo_jobs (kind, queue, idempotency_key) VALUES ('mail.send', 'default', 'k2')")
-    due, later = (conn.execute("INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('bill.charge', 'default', "
-                               f"now() + interval '{offset}') RETURNING id").fetchone()[0]
-                  for offset in ("-1 minute", "1 hour"))
+    due, later = (
+        conn.execute(
+            "INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('bill.charge', 'default', "
+            f"now() + interval '{offset}') RETURNING id"
+        ).fetchone()[0]
+        for offset in ("-1 minute", "1 hour")
+    )
 
     # Ticked rows: the live key keeps `held` dead, and the pending job is skipped, not an error.
     report = admin.bulk_act(conn, "retry", ids=[plain, keyed, held, due])
@@ -109,14 +124,20 @@ def test_bulk_actions_change_only_allowed_states_and_report_the_skipped(conn, mo
 
 
 def test_queue_lag_and_failing_kinds(conn):
-    conn.execute("INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('a', 'default', now() - interval '90 seconds'),"
-                 " ('a', 'default', now() - interval '10 seconds'), ('a', 'other', now() + interval '1 hour')")
+    conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('a', 'default', now() - interval '90 seconds'),"
+        " ('a', 'default', now() - interval '10 seconds'), ('a', 'other', now() + interval '1 hour')"
+    )
     lag = admin.queue_lag(conn)
     assert set(lag) == {"default"} and 90 <= lag["default"] < 120
-    conn.execute("INSERT INTO dygo_daily_stats (day, queue, kind, failed, dead) VALUES "
-                 "((now() AT TIME ZONE 'UTC')::date, 'default', 'a', 3, 1), "
-                 "((now() AT TIME ZONE 'UTC')::date - 5, 'default', 'old', 50, 50)")
-    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead) VALUES "
-                 "((now() AT TIME ZONE 'UTC')::date, 'default', 'a', 1, 1), "
-                 "((now() AT TIME ZONE 'UTC')::date, 'default', 'b', 7, 0)")
+    conn.execute(
+        "INSERT INTO dygo_daily_stats (day, queue, kind, failed, dead) VALUES "
+        "((now() AT TIME ZONE 'UTC')::date, 'default', 'a', 3, 1), "
+        "((now() AT TIME ZONE 'UTC')::date - 5, 'default', 'old', 50, 50)"
+    )
+    conn.execute(
+        "INSERT INTO dygo_stats_deltas (day, queue, kind, failed, dead) VALUES "
+        "((now() AT TIME ZONE 'UTC')::date, 'default', 'a', 1, 1), "
+        "((now() AT TIME ZONE 'UTC')::date, 'default', 'b', 7, 0)"
+    )
     assert admin.failing_kinds(conn) == [{"kind": "a", "dead": 2, "failed": 4}, {"kind": "b", "dead": 0, "failed": 7}]

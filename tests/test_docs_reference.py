@@ -62,8 +62,12 @@ def _subcommands(parser: argparse.ArgumentParser, prefix: str) -> Iterator[tuple
 
 
 def _flags(parser: argparse.ArgumentParser) -> set[str]:
-    return {option for action in parser._actions for option in action.option_strings
-            if option.startswith("--") and option != "--help"}
+    return {
+        option
+        for action in parser._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
 
 
 def test_cli_reference_has_a_row_for_every_command_and_flag() -> None:
@@ -93,8 +97,14 @@ def test_cli_reference_documents_no_flag_that_does_not_exist() -> None:
 
 def test_cli_reference_matches_the_help_output() -> None:
     """What a user reads in `dygo --help`: each command it lists has its row."""
-    shown = subprocess.run([sys.executable, "-m", "dygo", "--help"], cwd=REPO, capture_output=True, text=True,
-                           env={**os.environ, "COLUMNS": "200"}, timeout=60)
+    shown = subprocess.run(
+        [sys.executable, "-m", "dygo", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
     listed = re.findall(r"^ {4}(\w[\w-]*) ", shown.stdout, flags=re.M)
     assert "worker" in listed and "init" in listed
@@ -173,7 +183,19 @@ def test_metrics_reference_has_a_row_for_every_metric_served_and_no_other(api, s
 
 
 def test_manual_builds_without_a_broken_link(tmp_path: Path) -> None:
-    built = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "--quiet",
-                            "--site-dir", str(tmp_path / "site")], cwd=REPO, capture_output=True, text=True,
-                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=120)
+    built = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "mkdocs"),
+            "build",
+            "--strict",
+            "--quiet",
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=120,
+    )
     assert built.returncode == 0, built.stdout + built.stderr

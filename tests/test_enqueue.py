@@ -19,16 +19,27 @@ def test_enqueue_stores_the_job_with_definition_defaults(conn):
     job = row(conn, result.id)
     assert not result.deduplicated
     assert (job["kind"], job["queue"], job["priority"], job["state"], job["attempt"]) == (
-        "test.context", "other", 5, "pending", 0)
+        "test.context",
+        "other",
+        5,
+        "pending",
+        0,
+    )
     assert job["max_attempts"] is None  # unset: resolved at the first lease (test_leases)
 
 
 def test_enqueue_options_are_stored(conn):
-    result = enqueue(conn, "test.record", {"seconds": 0.5}, queue="other", priority=-3, max_attempts=7,
-                     meta={"tenant": "acme"})
+    result = enqueue(
+        conn, "test.record", {"seconds": 0.5}, queue="other", priority=-3, max_attempts=7, meta={"tenant": "acme"}
+    )
     job = row(conn, result.id)
     assert (job["queue"], job["priority"], job["max_attempts"], job["meta"], job["args"]) == (
-        "other", -3, 7, {"tenant": "acme"}, {"seconds": 0.5})
+        "other",
+        -3,
+        7,
+        {"tenant": "acme"},
+        {"seconds": 0.5},
+    )
 
 
 def test_delay_is_computed_on_the_database_clock(conn):
@@ -84,13 +95,15 @@ def test_batch_is_copied_in_order_with_per_row_options(conn, batch):
 
 def test_batch_with_keys_reports_deduplicated_rows(conn, batch):
     held = enqueue(conn, "test.noop", {}, idempotency_key="a")
-    results = batch([
-        {"kind": "test.noop", "idempotency_key": "a"},
-        {"kind": "test.noop", "idempotency_key": "b"},
-        {"kind": "test.noop", "idempotency_key": "b"},
-        {"kind": "test.noop"},
-        {"kind": "test.noop", "idempotency_key": "w", "idempotency_ttl": "1m"},
-    ])
+    results = batch(
+        [
+            {"kind": "test.noop", "idempotency_key": "a"},
+            {"kind": "test.noop", "idempotency_key": "b"},
+            {"kind": "test.noop", "idempotency_key": "b"},
+            {"kind": "test.noop"},
+            {"kind": "test.noop", "idempotency_key": "w", "idempotency_ttl": "1m"},
+        ]
+    )
     assert [r.deduplicated for r in results] == [True, False, True, False, False]
     assert results[0].id == held.id and results[2].id == results[1].id
     assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 4
@@ -123,20 +136,23 @@ def test_enqueue_inside_the_callers_transaction_commits_and_notifies_with_it(db_
         assert app.execute("SELECT array_agg(id) FROM dygo_jobs").fetchone()[0] == [job.id]
 
 
-@pytest.mark.parametrize(("kind", "args", "options", "code", "message"), [
-    ("no.such.kind", {}, {}, "unknown_kind", "not registered"),
-    ("test.noop", {}, {"queue": "nope"}, "unknown_queue", "queue 'nope' is not configured"),
-    ("test.record", {"seconds": "long"}, {}, "invalid_args", "invalid"),
-    ("test.noop", [], {}, "invalid_args", "JSON object"),
-    ("test.noop", {}, {"priority": 5000}, "invalid_option", "priority must be an integer from -1000 to 1000"),
-    ("test.noop", {}, {"max_attempts": 0}, "invalid_option", "max_attempts"),
-    ("test.noop", {}, {"delay": "-5s"}, "invalid_duration", "delay: must not be negative"),
-    ("test.noop", {}, {"delay": "5s", "run_at": datetime.now(UTC)}, "invalid_option", "not both"),
-    ("test.noop", {}, {"run_at": datetime(2030, 1, 1)}, "invalid_timestamp", "timezone"),
-    ("test.noop", {}, {"meta": {"n": 1}}, "invalid_option", "meta must map strings"),
-    ("test.noop", {}, {"idempotency_ttl": "1h"}, "invalid_option", "needs an idempotency_key"),
-    ("test.noop", {}, {"idempotency_key": "x" * 300}, "invalid_option", "1 to 255"),
-])
+@pytest.mark.parametrize(
+    ("kind", "args", "options", "code", "message"),
+    [
+        ("no.such.kind", {}, {}, "unknown_kind", "not registered"),
+        ("test.noop", {}, {"queue": "nope"}, "unknown_queue", "queue 'nope' is not configured"),
+        ("test.record", {"seconds": "long"}, {}, "invalid_args", "invalid"),
+        ("test.noop", [], {}, "invalid_args", "JSON object"),
+        ("test.noop", {}, {"priority": 5000}, "invalid_option", "priority must be an integer from -1000 to 1000"),
+        ("test.noop", {}, {"max_attempts": 0}, "invalid_option", "max_attempts"),
+        ("test.noop", {}, {"delay": "-5s"}, "invalid_duration", "delay: must not be negative"),
+        ("test.noop", {}, {"delay": "5s", "run_at": datetime.now(UTC)}, "invalid_option", "not both"),
+        ("test.noop", {}, {"run_at": datetime(2030, 1, 1)}, "invalid_timestamp", "timezone"),
+        ("test.noop", {}, {"meta": {"n": 1}}, "invalid_option", "meta must map strings"),
+        ("test.noop", {}, {"idempotency_ttl": "1h"}, "invalid_option", "needs an idempotency_key"),
+        ("test.noop", {}, {"idempotency_key": "x" * 300}, "invalid_option", "1 to 255"),
+    ],
+)
 def test_bad_enqueue_names_the_field_and_writes_nothing(conn, kind, args, options, code, message):
     with pytest.raises(EnqueueError) as caught:
         enqueue(conn, kind, args, **options)
@@ -194,16 +210,19 @@ def run_producer(db_url: str, cwd, **env: str) -> dict:
     import sys
 
     from tests.conftest import REPO
+
     environment = {k: v for k, v in os.environ.items() if not k.startswith("DYGO_")}
     environment.update(PYTHONPATH=str(REPO), **env)
-    done = subprocess.run([sys.executable, "-c", PRODUCER, db_url], cwd=cwd, env=environment, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", PRODUCER, db_url], cwd=cwd, env=environment, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
 def test_enqueue_refuses_unknown_and_non_kebab_queues_without_loaded_config(conn, db_url, tmp_path):
     from tests.conftest import TEST_CONFIG
+
     out = run_producer(db_url, tmp_path, DYGO_CONFIG_DIR=str(TEST_CONFIG))
     assert out["unknown"][0] == "unknown_queue" and "'nowhere' is not configured" in out["unknown"][1]
     assert out["unknown"][2] == {"field": "queue"}
@@ -237,6 +256,7 @@ def run_async_batch(db_url: str, jobs: list, *, fail_after: bool = False) -> lis
             async with aconn.transaction():  # the caller's transaction: the batch goes with it
                 await aenqueue_many(aconn, jobs)
                 raise RuntimeError("the caller's work failed")
+
     return asyncio.run(go())
 
 

@@ -22,7 +22,9 @@ def max_overlap(conn, kinds: tuple[str, ...]) -> int:
     """The most runs of `kinds` in progress at one moment, from the handlers' own start/end rows."""
     rows = conn.execute(
         "SELECT r.at, r.note FROM test_runs r JOIN dygo_jobs j ON j.id = r.job_id "
-        "WHERE j.kind = ANY(%s) AND r.note IN ('start', 'end') ORDER BY r.at", (list(kinds),)).fetchall()
+        "WHERE j.kind = ANY(%s) AND r.note IN ('start', 'end') ORDER BY r.at",
+        (list(kinds),),
+    ).fetchall()
     running = highest = 0
     for _, note in rows:
         running += 1 if note == "start" else -1
@@ -40,34 +42,44 @@ def config(tmp_path: Path, extra: str) -> Path:
     return tmp_path
 
 
-def test_a_kind_capped_at_one_never_runs_twice_at_once_while_other_kinds_of_its_queue_keep_running(
-        conn, db_url, spawn):
+def test_a_kind_capped_at_one_never_runs_twice_at_once_while_other_kinds_of_its_queue_keep_running(conn, db_url, spawn):
     # The capped kind first, at the head of the queue: a claim that took it in order would fill the
     # worker's 10 slots with it and leave the other kind waiting behind it.
-    enqueue_many(conn, [{"kind": "test.capped", "args": {"seconds": 0.3}} for _ in range(6)]
-                 + [{"kind": "test.span", "args": {"seconds": 0.2}} for _ in range(20)])
+    enqueue_many(
+        conn,
+        [{"kind": "test.capped", "args": {"seconds": 0.3}} for _ in range(6)]
+        + [{"kind": "test.span", "args": {"seconds": 0.2}} for _ in range(20)],
+    )
     worker = spawn("worker", "--queue", "default", "--concurrency", "10")
     worker.wait_for_line("started")
     wait_until(lambda: ended(conn, 26), timeout=30, message="all 26 jobs to end")
     # A handler's 'end' row commits before its job's settle: wait for the settles too.
-    wait_until(lambda: conn.execute("SELECT count(*) FROM dygo_jobs WHERE state IN ('pending', 'active')")
-               .fetchone()[0] == 0, timeout=10, message="all 26 jobs to be settled")
+    wait_until(
+        lambda: conn.execute("SELECT count(*) FROM dygo_jobs WHERE state IN ('pending', 'active')").fetchone()[0] == 0,
+        timeout=10,
+        message="all 26 jobs to be settled",
+    )
     # Never claimed ahead of a free slot of its kind (to wait in memory, active with its lease running):
     # each capped job was claimed (started_at, the claim's clock) after the previous one's handler ended.
     rows = conn.execute(
         "SELECT j.started_at, max(r.at) FILTER (WHERE r.note = 'end') FROM dygo_jobs j "
-        "JOIN test_runs r ON r.job_id = j.id WHERE j.kind = 'test.capped' GROUP BY j.id ORDER BY j.started_at")
+        "JOIN test_runs r ON r.job_id = j.id WHERE j.kind = 'test.capped' GROUP BY j.id ORDER BY j.started_at"
+    )
     claims = rows.fetchall()
     assert len(claims) == 6
     assert all(claimed >= previous_end for (claimed, _), (_, previous_end) in zip(claims[1:], claims, strict=False))
     assert max_overlap(conn, ("test.capped",)) == 1
     assert max_overlap(conn, ("test.span",)) >= 5  # the rest of the slots went to the other kind
-    starts = dict(conn.execute(
-        "SELECT j.kind, array_agg(r.at ORDER BY r.at) FROM test_runs r JOIN dygo_jobs j ON j.id = r.job_id "
-        "WHERE r.note = 'start' GROUP BY j.kind").fetchall())
+    starts = dict(
+        conn.execute(
+            "SELECT j.kind, array_agg(r.at ORDER BY r.at) FROM test_runs r JOIN dygo_jobs j ON j.id = r.job_id "
+            "WHERE r.note = 'start' GROUP BY j.kind"
+        ).fetchall()
+    )
     last_span_end = conn.execute(
         "SELECT max(r.at) FROM test_runs r JOIN dygo_jobs j ON j.id = r.job_id "
-        "WHERE j.kind = 'test.span' AND r.note = 'end'").fetchone()[0]
+        "WHERE j.kind = 'test.span' AND r.note = 'end'"
+    ).fetchone()[0]
     # 20 jobs of 0.2 s on the 9 other slots end in ~0.5 s; the capped kind's 6 in a row take ~1.8 s.
     assert last_span_end < starts["test.capped"][4]
     # Each job ran once, on its first attempt: none was claimed and handed back.
@@ -75,8 +87,11 @@ def test_a_kind_capped_at_one_never_runs_twice_at_once_while_other_kinds_of_its_
 
 
 def test_default_concurrency_caps_kinds_that_set_none_and_a_kinds_own_cap_wins(conn, db_url, spawn, tmp_path):
-    enqueue_many(conn, [{"kind": "test.span", "args": {"seconds": 0.15}} for _ in range(10)]
-                 + [{"kind": "test.capped", "args": {"seconds": 0.15}} for _ in range(4)])
+    enqueue_many(
+        conn,
+        [{"kind": "test.span", "args": {"seconds": 0.15}} for _ in range(10)]
+        + [{"kind": "test.capped", "args": {"seconds": 0.15}} for _ in range(4)],
+    )
     env = dygo_env(db_url, DYGO_CONFIG_DIR=str(config(tmp_path, "default_concurrency: 2\n")))
     worker = spawn("worker", "--queue", "default", "--concurrency", "10", env=env)
     worker.wait_for_line("started")
@@ -99,8 +114,11 @@ def test_a_kind_at_its_cap_never_strands_its_remaining_jobs(conn, db_url, spawn,
 
 
 def spans_in_both_queues(conn) -> None:
-    enqueue_many(conn, [{"kind": "test.span", "args": {"seconds": 0.15}} for _ in range(12)]
-                 + [{"kind": "test.span", "queue": "other", "args": {"seconds": 0.15}} for _ in range(6)])
+    enqueue_many(
+        conn,
+        [{"kind": "test.span", "args": {"seconds": 0.15}} for _ in range(12)]
+        + [{"kind": "test.span", "queue": "other", "args": {"seconds": 0.15}} for _ in range(6)],
+    )
 
 
 def test_max_concurrency_flag_caps_all_handlers_of_the_process_together(conn, db_url, spawn, tmp_path):
@@ -152,9 +170,18 @@ def test_capped_claim_still_walks_the_ready_index(conn):
     from dygo.store import queries
 
     conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
-    params = {"queues": ["default", "other"], "limits": [100, 100], "owner": "w1", "ttl": 30,
-              "kind_attempts": "{}", "max_attempts": 20, "full_kinds": ["test.capped"],
-              "cap_kinds": ["test.span"], "cap_free": [3], "since": [None, None]}
+    params = {
+        "queues": ["default", "other"],
+        "limits": [100, 100],
+        "owner": "w1",
+        "ttl": 30,
+        "kind_attempts": "{}",
+        "max_attempts": 20,
+        "full_kinds": ["test.capped"],
+        "cap_kinds": ["test.span"],
+        "cap_free": [3],
+        "since": [None, None],
+    }
     plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS_CAPPED, params))
     assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, plan
 
@@ -170,9 +197,18 @@ def test_job_concurrency_must_be_an_integer_of_at_least_1(value):
 
 def run_worker(tmp_path: Path, *flags: str, extra: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dygo", "worker", *flags], cwd=REPO, capture_output=True, text=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "DYGO_CONFIG_DIR": str(config(tmp_path, extra)), "PYTHONPATH": str(REPO),
-             "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
+        [sys.executable, "-m", "dygo", "worker", *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "DYGO_CONFIG_DIR": str(config(tmp_path, extra)),
+            "PYTHONPATH": str(REPO),
+            "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+        },
+    )
 
 
 @pytest.mark.parametrize("key", ["default_concurrency", "max_concurrency"])
@@ -225,10 +261,20 @@ def test_the_process_cap_deals_its_free_slots_around_the_queues_starting_one_fur
 
 def test_a_job_module_with_a_bad_concurrency_stops_the_worker_with_exit_2_naming_the_kind(tmp_path):
     (tmp_path / "badcap.py").write_text(
-        "from dygo import job\n\n\n@job('bad.cap', concurrency=0)\ndef handler(ctx, args):\n    return None\n")
+        "from dygo import job\n\n\n@job('bad.cap', concurrency=0)\ndef handler(ctx, args):\n    return None\n"
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "dygo", "worker"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "DYGO_CONFIG_DIR": str(config(tmp_path, "jobs: [badcap]\n")),
-             "PYTHONPATH": str(REPO), "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
+        [sys.executable, "-m", "dygo", "worker"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "DYGO_CONFIG_DIR": str(config(tmp_path, "jobs: [badcap]\n")),
+            "PYTHONPATH": str(REPO),
+            "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+        },
+    )
     assert result.returncode == 2, result.stderr
     assert "badcap: job 'bad.cap': concurrency must be an integer of at least 1, got 0" in result.stderr

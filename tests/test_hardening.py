@@ -20,8 +20,23 @@ from dygo.store import enqueue
 from dygo.store.enqueue import JobRequest, enqueue_many
 from dygo.store.errors import EnqueueError
 
-SQL_SIGNIFICANT = ["'", "''", "'; DROP TABLE dygo_jobs; --", '"', ";", "--", "/* */", "\\", "\\'", "%", "_",
-                   "$1", "$$", "E'\\x00'", ")) OR 1=1 --"]
+SQL_SIGNIFICANT = [
+    "'",
+    "''",
+    "'; DROP TABLE dygo_jobs; --",
+    '"',
+    ";",
+    "--",
+    "/* */",
+    "\\",
+    "\\'",
+    "%",
+    "_",
+    "$1",
+    "$$",
+    "E'\\x00'",
+    ")) OR 1=1 --",
+]
 UNICODE = ["ünïcödé", "🦆🔥", "שלום עולם", "مرحبا", "e\u0301\u0301", "\u200b\u200f", "𝔘𝔫𝔦"]
 UNSTORABLE = ["\u0000", "a\u0000b", "\ud800"]  # PostgreSQL text holds no NUL; UTF-8 has no lone surrogate
 
@@ -70,17 +85,31 @@ def test_oversize_bodies_are_refused_before_parsing(module_api, db):
             yield b"z" * 4096
         yield b'"}}'
 
-    refused(module_api.admin.post("/api/v1/jobs", content=chunks(), headers={"content-type": "application/json"}),
-            413)
+    refused(module_api.admin.post("/api/v1/jobs", content=chunks(), headers={"content-type": "application/json"}), 413)
     assert written(db) == before
 
 
-@pytest.mark.parametrize("body", [
-    "", "{", "nul", "[]", "[1, 2]", '"a string"', "42", "null", '{"kind": "test.noop",}', "{'kind': 'test.noop'}",
-    '{"kind": "test.noop", "args": {"n": NaN}}', '{"kind": "test.noop", "args": {"n": Infinity}}',
-    '{"kind": "test.noop"} trailing', "\xff\xfe", '{"kind": "test.noop", "args": {"a": 1e999999}}',
-    '{"kind": "test.noop", "args": ' + "[" * 5000 + "]" * 5000 + "}",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "",
+        "{",
+        "nul",
+        "[]",
+        "[1, 2]",
+        '"a string"',
+        "42",
+        "null",
+        '{"kind": "test.noop",}',
+        "{'kind': 'test.noop'}",
+        '{"kind": "test.noop", "args": {"n": NaN}}',
+        '{"kind": "test.noop", "args": {"n": Infinity}}',
+        '{"kind": "test.noop"} trailing',
+        "\xff\xfe",
+        '{"kind": "test.noop", "args": {"a": 1e999999}}',
+        '{"kind": "test.noop", "args": ' + "[" * 5000 + "]" * 5000 + "}",
+    ],
+)
 def test_malformed_json_is_a_400_or_422(module_api, db, body):
     before = written(db)
     refused(post_raw(module_api, "/api/v1/jobs", body.encode("utf-8", "surrogateescape")), 400, 422)
@@ -88,23 +117,41 @@ def test_malformed_json_is_a_400_or_422(module_api, db, body):
     assert written(db) == before
 
 
-@pytest.mark.parametrize("body", [
-    {"kind": 7}, {"kind": None}, {"kind": ["test.noop"]}, {"kind": {"a": 1}}, {},
-    {"kind": "test.noop", "args": []}, {"kind": "test.noop", "args": "x"}, {"kind": "test.noop", "args": None},
-    {"kind": "test.record", "args": {"seconds": "many"}},
-    {"kind": "test.noop", "priority": "high"}, {"kind": "test.noop", "priority": 1.5},
-    {"kind": "test.noop", "priority": 10**30}, {"kind": "test.noop", "priority": -(10**30)},
-    {"kind": "test.noop", "max_attempts": 0}, {"kind": "test.noop", "max_attempts": 2**31},
-    {"kind": "test.noop", "max_attempts": True},
-    {"kind": "test.noop", "meta": {"a": 1}}, {"kind": "test.noop", "meta": ["a"]}, {"kind": "test.noop", "meta": "a"},
-    {"kind": "test.noop", "idempotency_key": 5}, {"kind": "test.noop", "idempotency_key": ""},
-    {"kind": "test.noop", "idempotency_key": "k" * 256}, {"kind": "test.noop", "queue": 3},
-    {"kind": "test.noop", "unknown_option": 1},
-    {"kind": "test.noop", "run_at": "tomorrow"}, {"kind": "test.noop", "run_at": "2030-01-01T00:00:00"},
-    {"kind": "test.noop", "run_at": "0001-01-01T00:00:00+14:00"}, {"kind": "test.noop", "run_at": 10**20},
-    {"kind": "test.noop", "run_at": "2030-01-01T00:00:00Z", "delay": "1s"},
-    {"jobs": []},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"kind": 7},
+        {"kind": None},
+        {"kind": ["test.noop"]},
+        {"kind": {"a": 1}},
+        {},
+        {"kind": "test.noop", "args": []},
+        {"kind": "test.noop", "args": "x"},
+        {"kind": "test.noop", "args": None},
+        {"kind": "test.record", "args": {"seconds": "many"}},
+        {"kind": "test.noop", "priority": "high"},
+        {"kind": "test.noop", "priority": 1.5},
+        {"kind": "test.noop", "priority": 10**30},
+        {"kind": "test.noop", "priority": -(10**30)},
+        {"kind": "test.noop", "max_attempts": 0},
+        {"kind": "test.noop", "max_attempts": 2**31},
+        {"kind": "test.noop", "max_attempts": True},
+        {"kind": "test.noop", "meta": {"a": 1}},
+        {"kind": "test.noop", "meta": ["a"]},
+        {"kind": "test.noop", "meta": "a"},
+        {"kind": "test.noop", "idempotency_key": 5},
+        {"kind": "test.noop", "idempotency_key": ""},
+        {"kind": "test.noop", "idempotency_key": "k" * 256},
+        {"kind": "test.noop", "queue": 3},
+        {"kind": "test.noop", "unknown_option": 1},
+        {"kind": "test.noop", "run_at": "tomorrow"},
+        {"kind": "test.noop", "run_at": "2030-01-01T00:00:00"},
+        {"kind": "test.noop", "run_at": "0001-01-01T00:00:00+14:00"},
+        {"kind": "test.noop", "run_at": 10**20},
+        {"kind": "test.noop", "run_at": "2030-01-01T00:00:00Z", "delay": "1s"},
+        {"jobs": []},
+    ],
+)
 def test_wrong_types_and_values_are_422(module_api, db, body):
     before = written(db)
     refused(module_api.admin.post("/api/v1/jobs", json=body), 422)
@@ -112,13 +159,37 @@ def test_wrong_types_and_values_are_422(module_api, db, body):
     assert written(db) == before
 
 
-@pytest.mark.parametrize("delay", [-1, "-1s", "-0.001", 10**20, "100000000000000000000s", "1 fortnight", "1w",
-                                   "1e9", "inf", "nan", "", " ", "1h30m", "5 minutes", True, [1], {"s": 1},
-                                   "367d", 1e308, "9" * 400])
+@pytest.mark.parametrize(
+    "delay",
+    [
+        -1,
+        "-1s",
+        "-0.001",
+        10**20,
+        "100000000000000000000s",
+        "1 fortnight",
+        "1w",
+        "1e9",
+        "inf",
+        "nan",
+        "",
+        " ",
+        "1h30m",
+        "5 minutes",
+        True,
+        [1],
+        {"s": 1},
+        "367d",
+        1e308,
+        "9" * 400,
+    ],
+)
 def test_negative_and_absurd_durations_are_422(module_api, db, delay):
     before = written(db)
-    for body in ({"kind": "test.noop", "delay": delay},
-                 {"kind": "test.noop", "idempotency_key": "ttl", "idempotency_ttl": delay}):
+    for body in (
+        {"kind": "test.noop", "delay": delay},
+        {"kind": "test.noop", "idempotency_key": "ttl", "idempotency_ttl": delay},
+    ):
         refused(module_api.admin.post("/api/v1/jobs", json=body), 422)
         refused(module_api.admin.post("/api/v1/jobs/batch", json={"jobs": [body]}), 422)
     refused(module_api.admin.post("/api/v1/queues/default/vacuum-dead", params={"older_than": str(delay)}), 422)
@@ -134,15 +205,22 @@ def test_quotes_and_unicode_in_kind_and_queue_are_refused_as_unknown(module_api,
     assert refused(module_api.admin.post("/api/v1/jobs", json={"kind": text}), 422)["code"] == "unknown_kind"
     unknown_queue = module_api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "queue": text})
     assert refused(unknown_queue, 422)["code"] == "unknown_queue"
-    assert refused(module_api.admin.post("/api/v1/jobs", json={"kind": text, "queue": text}), 422)["code"] \
+    assert (
+        refused(module_api.admin.post("/api/v1/jobs", json={"kind": text, "queue": text}), 422)["code"]
         == "unknown_queue"
+    )
     assert written(db) == before
 
 
 @pytest.mark.parametrize("text", SQL_SIGNIFICANT + UNICODE)
 def test_quotes_and_unicode_in_args_meta_and_key_are_stored_verbatim(module_api, db, text):
-    body = {"kind": "test.noop", "args": {text: text, "list": [text]}, "meta": {text: text},
-            "idempotency_key": f"key-{text}", "delay": "1h"}
+    body = {
+        "kind": "test.noop",
+        "args": {text: text, "list": [text]},
+        "meta": {text: text},
+        "idempotency_key": f"key-{text}",
+        "delay": "1h",
+    }
     created = module_api.admin.post("/api/v1/jobs", json=body)
     assert created.status_code == 201, created.text
     job = module_api.reader.get(f"/api/v1/jobs/{created.json()['id']}").json()
@@ -152,8 +230,9 @@ def test_quotes_and_unicode_in_args_meta_and_key_are_stored_verbatim(module_api,
 
 
 @pytest.mark.parametrize("text", UNSTORABLE)
-@pytest.mark.parametrize("place", ["kind", "queue", "args key", "args value", "meta key", "meta value",
-                                   "idempotency_key", "header key"])
+@pytest.mark.parametrize(
+    "place", ["kind", "queue", "args key", "args value", "meta key", "meta value", "idempotency_key", "header key"]
+)
 def test_nul_and_lone_surrogates_are_refused_in_every_text_field(module_api, db, text, place):
     body: dict[str, Any] = {"kind": "test.noop"}
     headers = {}
@@ -174,8 +253,9 @@ def test_nul_and_lone_surrogates_are_refused_in_every_text_field(module_api, db,
     raw = _json_with_escapes(body)
     if place == "header key":
         try:
-            response = module_api.admin.post("/api/v1/jobs", content=raw,
-                                             headers={"content-type": "application/json", **headers})
+            response = module_api.admin.post(
+                "/api/v1/jobs", content=raw, headers={"content-type": "application/json", **headers}
+            )
         except (UnicodeEncodeError, httpx.LocalProtocolError):
             return  # the HTTP client refuses to send it as a header: nothing reaches the server
         refused(response, 400, 422)
@@ -191,8 +271,9 @@ def _json_with_escapes(value: Any) -> str:
 
 @pytest.mark.parametrize("text", SQL_SIGNIFICANT + UNICODE + ["%%", "_%_", "\\%", "a\\_b"])
 def test_quotes_wildcards_and_unicode_in_filters_match_literally(module_api, db, text):
-    created = module_api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "args": {"needle": f"<{text}>"},
-                                                          "delay": "1h"}).json()
+    created = module_api.admin.post(
+        "/api/v1/jobs", json={"kind": "test.noop", "args": {"needle": f"<{text}>"}, "delay": "1h"}
+    ).json()
     before = written(db)
     for params in ({"queue": text}, {"kind": text}, {"queue": text, "kind": text, "q": text}):
         response = module_api.reader.get("/api/v1/jobs", params=params)
@@ -221,9 +302,14 @@ def test_nul_and_invalid_utf8_in_filters_and_names_is_never_a_server_error(modul
             refused(response, 400, 422)
         else:
             assert response.status_code == 200 and response.json()["jobs"] == [], response.text
-    for method, path in (("GET", f"/api/v1/queues/{quoted}"), ("GET", f"/api/v1/queues/{quoted}/stats"),
-                         ("POST", f"/api/v1/queues/{quoted}/pause"), ("POST", f"/api/v1/queues/{quoted}/purge"),
-                         ("GET", f"/api/v1/schedules/{quoted}"), ("POST", f"/api/v1/schedules/{quoted}/trigger")):
+    for method, path in (
+        ("GET", f"/api/v1/queues/{quoted}"),
+        ("GET", f"/api/v1/queues/{quoted}/stats"),
+        ("POST", f"/api/v1/queues/{quoted}/pause"),
+        ("POST", f"/api/v1/queues/{quoted}/purge"),
+        ("GET", f"/api/v1/schedules/{quoted}"),
+        ("POST", f"/api/v1/schedules/{quoted}/trigger"),
+    ):
         refused(module_api.admin.request(method, path), 400, 404, 422)
     assert written(db) == before
 
@@ -231,13 +317,28 @@ def test_nul_and_invalid_utf8_in_filters_and_names_is_never_a_server_error(modul
 # --- pagination and ids --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("params", [
-    {"limit": 10**12}, {"limit": -1}, {"limit": 0}, {"limit": "ten"}, {"limit": "1e3"}, {"limit": 2**63},
-    {"cursor": "garbage"}, {"cursor": "!!!"}, {"cursor": "bmV3ZXN0Oi0x"}, {"cursor": "x" * 101},
-    {"cursor": "b2xkZXN0OjE"},  # made for the other order
-    {"cursor": "bmV3ZXN0Ojk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5"},  # past the largest id
-    {"order": "sideways"}, {"state": "exploded"}, {"q": ""}, {"q": "x" * 256}, {"queue": "q" * 256},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"limit": 10**12},
+        {"limit": -1},
+        {"limit": 0},
+        {"limit": "ten"},
+        {"limit": "1e3"},
+        {"limit": 2**63},
+        {"cursor": "garbage"},
+        {"cursor": "!!!"},
+        {"cursor": "bmV3ZXN0Oi0x"},
+        {"cursor": "x" * 101},
+        {"cursor": "b2xkZXN0OjE"},  # made for the other order
+        {"cursor": "bmV3ZXN0Ojk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5"},  # past the largest id
+        {"order": "sideways"},
+        {"state": "exploded"},
+        {"q": ""},
+        {"q": "x" * 256},
+        {"queue": "q" * 256},
+    ],
+)
 def test_absurd_pagination_is_a_4xx(module_api, db, params):
     refused(module_api.reader.get("/api/v1/jobs", params=params), 400, 422)
 
@@ -261,20 +362,35 @@ def test_absurd_stats_windows_are_a_422(module_api, days):
 
 
 BAD_REQUESTS: list[dict[str, Any]] = [
-    {"kind": "test.noop", "delay": -1}, {"kind": "test.noop", "delay": "1 fortnight"},
-    {"kind": "test.noop", "delay": 10**20}, {"kind": "test.noop", "delay": float("inf")},
-    {"kind": "test.noop", "delay": float("nan")}, {"kind": "test.noop", "delay": timedelta(days=-1)},
+    {"kind": "test.noop", "delay": -1},
+    {"kind": "test.noop", "delay": "1 fortnight"},
+    {"kind": "test.noop", "delay": 10**20},
+    {"kind": "test.noop", "delay": float("inf")},
+    {"kind": "test.noop", "delay": float("nan")},
+    {"kind": "test.noop", "delay": timedelta(days=-1)},
     {"kind": "test.noop", "delay": timedelta(days=10**6)},
     {"kind": "test.noop", "idempotency_key": "k", "idempotency_ttl": "-5m"},
     {"kind": "test.noop", "run_at": datetime(2030, 1, 1)},  # no timezone
     {"kind": "test.noop", "run_at": "2030-01-01T00:00:00Z"},  # a string, not a datetime
     {"kind": "test.noop", "run_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))},
-    {"kind": "test.noop", "priority": 10**30}, {"kind": "test.noop", "max_attempts": -3},
-    {"kind": "test.noop", "meta": {"k": 1}}, {"kind": "test.noop", "idempotency_key": ""},
-    {"kind": "'; DROP TABLE dygo_jobs; --"}, {"kind": "test.noop", "queue": "default'; --"},
-    *({"kind": "test.noop", field: value} for text in UNSTORABLE for field, value in (
-        ("args", {"k": f"v{text}"}), ("args", {f"k{text}": 1}), ("meta", {"k": f"v{text}"}),
-        ("meta", {f"k{text}": "v"}), ("idempotency_key", f"key{text}"), ("queue", f"default{text}"))),
+    {"kind": "test.noop", "priority": 10**30},
+    {"kind": "test.noop", "max_attempts": -3},
+    {"kind": "test.noop", "meta": {"k": 1}},
+    {"kind": "test.noop", "idempotency_key": ""},
+    {"kind": "'; DROP TABLE dygo_jobs; --"},
+    {"kind": "test.noop", "queue": "default'; --"},
+    *(
+        {"kind": "test.noop", field: value}
+        for text in UNSTORABLE
+        for field, value in (
+            ("args", {"k": f"v{text}"}),
+            ("args", {f"k{text}": 1}),
+            ("meta", {"k": f"v{text}"}),
+            ("meta", {f"k{text}": "v"}),
+            ("idempotency_key", f"key{text}"),
+            ("queue", f"default{text}"),
+        )
+    ),
     *({"kind": f"test{text}", "queue": "default"} for text in UNSTORABLE),
 ]
 
@@ -296,8 +412,13 @@ def test_python_enqueue_stores_quotes_and_unicode_verbatim(db):
         job = enqueue(db, "test.noop", {text: text}, meta={text: text}, idempotency_key=f"py-{text}", delay="1h")
         stored = db.execute("SELECT args, meta, idempotency_key FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone()
         assert stored == ({text: text}, {text: text}, f"py-{text}")
-    many = enqueue_many(db, [JobRequest("test.noop", {t: t}, meta={t: t}, run_at=datetime.now(UTC) + timedelta(hours=1))
-                             for t in SQL_SIGNIFICANT + UNICODE])
+    many = enqueue_many(
+        db,
+        [
+            JobRequest("test.noop", {t: t}, meta={t: t}, run_at=datetime.now(UTC) + timedelta(hours=1))
+            for t in SQL_SIGNIFICANT + UNICODE
+        ],
+    )
     rows = db.execute("SELECT args FROM dygo_jobs WHERE id = ANY(%s) ORDER BY id", ([m.id for m in many],)).fetchall()
     assert [r[0] for r in rows] == [{t: t} for t in SQL_SIGNIFICANT + UNICODE]
 

@@ -47,8 +47,15 @@ def test_init_project_runs_its_example_job_in_a_worker(tmp_path: Path, empty_db_
     assert made.returncode == 0, made.stderr
     project = tmp_path / "shop"
     assert (project / "config" / "queues.yml").read_text() == SEED_QUEUES
-    for name in ("config/dygo.yml", "config/schedules.yml", "jobs/__init__.py", "jobs/hello.py",
-                 "jobs/test_hello.py", "Procfile", ".gitignore"):
+    for name in (
+        "config/dygo.yml",
+        "config/schedules.yml",
+        "jobs/__init__.py",
+        "jobs/hello.py",
+        "jobs/test_hello.py",
+        "Procfile",
+        ".gitignore",
+    ):
         assert (project / name).is_file(), name
     assert "release: dygo migrate" in (project / "Procfile").read_text()
     assert ".dygo/" in (project / ".gitignore").read_text()
@@ -59,10 +66,12 @@ def test_init_project_runs_its_example_job_in_a_worker(tmp_path: Path, empty_db_
     assert "applied" in migrated.stdout
 
     # Enqueue the way the project's own code would: its `jobs` package, dygo's public face.
-    enqueue = ("import os, psycopg, jobs\n"
-               "from dygo import enqueue\n"
-               "with psycopg.connect(os.environ['DATABASE_URL'], autocommit=True) as conn:\n"
-               "    print(enqueue(conn, 'hello.greet', {'name': 'Ada'}).id)\n")
+    enqueue = (
+        "import os, psycopg, jobs\n"
+        "from dygo import enqueue\n"
+        "with psycopg.connect(os.environ['DATABASE_URL'], autocommit=True) as conn:\n"
+        "    print(enqueue(conn, 'hello.greet', {'name': 'Ada'}).id)\n"
+    )
     enqueued = run([sys.executable, "-c", enqueue], cwd=project, url=empty_db_url)
     assert enqueued.returncode == 0, enqueued.stderr
     job_id = int(enqueued.stdout.strip())
@@ -93,8 +102,11 @@ def test_init_refuses_to_overwrite_existing_files(tmp_path: Path) -> None:
     assert "jobs/hello.py" in refused.stderr and "Procfile" in refused.stderr
     assert "config/queues.yml" not in refused.stderr
     # Nothing written: not the files that were free, and the existing ones untouched.
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["Procfile", "jobs",
-                                                                                      "jobs/hello.py"]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "Procfile",
+        "jobs",
+        "jobs/hello.py",
+    ]
     assert (tmp_path / "Procfile").read_text() == "web: my-own-server\n"
     assert (tmp_path / "jobs" / "hello.py").read_text() == "# mine\n"
 
@@ -115,8 +127,7 @@ def test_generated_dygo_yml_shows_every_setting_and_each_example_parses(tmp_path
 
     from dygo.scaffold import DYGO_YML, QUEUES_YML
 
-    uncommented = "\n".join(line[2:] if re.match(r"^# ?\s*[a-z_]+:", line) else line
-                            for line in DYGO_YML.splitlines())
+    uncommented = "\n".join(line[2:] if re.match(r"^# ?\s*[a-z_]+:", line) else line for line in DYGO_YML.splitlines())
     (tmp_path / "dygo.yml").write_text(uncommented)
     (tmp_path / "queues.yml").write_text(QUEUES_YML)
     assert set(yaml.safe_load(uncommented)) == set(SETTING_PARSERS)

@@ -26,12 +26,14 @@ def claim_now(url: str, queue: str = "default", limit: int = 100, owner: str = "
     async def go():
         async with await aconnect(url) as conn:
             return await claim(conn, queue, limit, owner, ttl)
+
     return run(go())
 
 
 def state(conn, job_id: int) -> tuple:
-    return conn.execute("SELECT state, attempt, lease_owner IS NOT NULL FROM dygo_jobs WHERE id = %s",
-                        (job_id,)).fetchone()
+    return conn.execute(
+        "SELECT state, attempt, lease_owner IS NOT NULL FROM dygo_jobs WHERE id = %s", (job_id,)
+    ).fetchone()
 
 
 def test_claim_order_is_priority_then_run_at_then_id(conn, db_url):
@@ -79,8 +81,11 @@ def test_settle_is_fenced_by_the_lease_token(conn, db_url):
             assert await settle(c, [Succeeded(fresh, json.dumps("fresh"))]) == {job_id}
 
     run(go())
-    assert conn.execute("SELECT state, result, lease_owner FROM dygo_jobs WHERE id = %s",
-                        (job_id,)).fetchone() == ("succeeded", "fresh", None)
+    assert conn.execute("SELECT state, result, lease_owner FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone() == (
+        "succeeded",
+        "fresh",
+        None,
+    )
 
 
 def record_commit_modes(conn) -> None:
@@ -133,21 +138,26 @@ def test_a_settle_is_all_or_nothing_even_when_its_second_statement_cannot_be_sen
 def test_a_settle_stores_each_runs_last_progress_fenced_by_its_lease_token(conn, db_url):
     done, silent, failed, fenced = (enqueue(conn, "test.noop", {}).id for _ in range(4))
     jobs = {j.id: j for j in claim_now(db_url)}
-    conn.execute("""UPDATE dygo_jobs SET progress = '{"fraction": 0.5, "message": "written"}' WHERE id = %s""",
-                 (silent,))
+    conn.execute(
+        """UPDATE dygo_jobs SET progress = '{"fraction": 0.5, "message": "written"}' WHERE id = %s""", (silent,)
+    )
     stolen = dataclasses.replace(jobs[fenced], lease_token=str(uuid.uuid4()))  # a run that lost its lease
 
     async def go():
         async with await aconnect(db_url) as c:
-            return await settle(c, [Succeeded(jobs[done], None, progress=(1.0, "done")),
-                                    Succeeded(jobs[silent], None),
-                                    Succeeded(stolen, None, progress=(0.9, "stale")),
-                                    Unsuccessful(jobs[failed], "dead", error="boom", progress=(0.25, None))])
+            return await settle(
+                c,
+                [
+                    Succeeded(jobs[done], None, progress=(1.0, "done")),
+                    Succeeded(jobs[silent], None),
+                    Succeeded(stolen, None, progress=(0.9, "stale")),
+                    Unsuccessful(jobs[failed], "dead", error="boom", progress=(0.25, None)),
+                ],
+            )
 
     assert run(go()) == {done, silent, failed}
     progress = dict(conn.execute("SELECT id, progress FROM dygo_jobs").fetchall())
-    assert {k: v for k, v in progress[done].items() if k != "at"} == {"fraction": 1.0, "message": "done",
-                                                                       "attempt": 1}
+    assert {k: v for k, v in progress[done].items() if k != "at"} == {"fraction": 1.0, "message": "done", "attempt": 1}
     assert progress[silent] == {"fraction": 0.5, "message": "written"}  # no report: left as it was
     assert progress[failed]["fraction"] == 0.25 and progress[failed]["message"] is None
     assert progress[fenced] is None
@@ -163,8 +173,10 @@ def test_failure_records_the_attempt_history_and_backoff(conn, db_url):
             await settle(c, [Unsuccessful(job, "pending", delay=delay, error="ValueError: boom", traceback="tb")])
 
     run(go())
-    row = conn.execute("SELECT state, run_at - now() > interval '14 seconds', last_error, errors "
-                       "FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()
+    row = conn.execute(
+        "SELECT state, run_at - now() > interval '14 seconds', last_error, errors FROM dygo_jobs WHERE id = %s",
+        (job_id,),
+    ).fetchone()
     assert row[:3] == ("pending", True, "ValueError: boom")
     [entry] = row[3]
     assert (entry["attempt"], entry["error"], entry["traceback"]) == (1, "ValueError: boom", "tb")
@@ -214,8 +226,13 @@ def test_snooze_and_hand_back_refund_the_attempt(conn, db_url):
 
     async def go():
         async with await aconnect(db_url) as c:
-            await settle(c, [Unsuccessful(first, "pending", delay=60, refund_attempt=True),
-                             Unsuccessful(second, "pending", refund_attempt=True)])
+            await settle(
+                c,
+                [
+                    Unsuccessful(first, "pending", delay=60, refund_attempt=True),
+                    Unsuccessful(second, "pending", refund_attempt=True),
+                ],
+            )
 
     run(go())
     rows = conn.execute("SELECT attempt, run_at > now(), errors FROM dygo_jobs ORDER BY id").fetchall()
@@ -241,13 +258,18 @@ def test_settle_and_lease_renewal_lock_rows_in_one_order_and_never_deadlock(conn
     conn.execute(SLOW_SUCCESS)
 
     def sleeping() -> bool:
-        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
-                            "AND datname = current_database()").fetchone()[0] > 0
+        return (
+            conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()"
+            ).fetchone()[0]
+            > 0
+        )
 
     async def go():
         async with await aconnect(db_url) as a, await aconnect(db_url) as b:
-            settling = asyncio.create_task(settle(a, [Succeeded(s, None),
-                                                      Unsuccessful(u, "pending", delay=60, error="boom")]))
+            settling = asyncio.create_task(
+                settle(a, [Succeeded(s, None), Unsuccessful(u, "pending", delay=60, error="boom")])
+            )
             for _ in range(500):  # until A holds S's lock (asleep in the trigger)
                 if sleeping():
                     break
@@ -283,10 +305,20 @@ def test_an_array_literal_reads_back_as_the_values_it_was_made_of(conn):
     results = [json.dumps({"q": 'say "hi"\\n', "b": "{x}"}), json.dumps([1, "a,b"]), None]
     token = uuid.uuid4()
     when = datetime(2026, 11, 30, 22, 0, 0, 123456, tzinfo=UTC)
-    row = conn.execute("SELECT %s::text[], %s::jsonb[], %s::uuid[], %s::timestamptz[], %s::float8[], %s::bool[], "
-                       "%s::bigint[], %s::text[]",
-                       [array(texts), array(results), array([token, None]), array([when, None]),
-                        array([0.25, 1e-05, 600.0]), array([True, False]), array([1, 2**40]), array([])]).fetchone()
+    row = conn.execute(
+        "SELECT %s::text[], %s::jsonb[], %s::uuid[], %s::timestamptz[], %s::float8[], %s::bool[], "
+        "%s::bigint[], %s::text[]",
+        [
+            array(texts),
+            array(results),
+            array([token, None]),
+            array([when, None]),
+            array([0.25, 1e-05, 600.0]),
+            array([True, False]),
+            array([1, 2**40]),
+            array([]),
+        ],
+    ).fetchone()
     assert row[0] == texts
     assert row[1] == [json.loads(results[0]), json.loads(results[1]), None]
     assert row[2:] == ([token, None], [when, None], [0.25, 1e-05, 600.0], [True, False], [1, 2**40], [])

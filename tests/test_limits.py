@@ -35,10 +35,13 @@ def start_workers(spawn, db_url: str, folder: Path, count: int, *args: str) -> l
 
 def runs(conn: psycopg.Connection, kind: str = "test.limited") -> list[tuple[int, datetime, datetime | None]]:
     """(job id, start, end) of each run of `kind`, from the handlers' own rows."""
-    return conn.execute("""
+    return conn.execute(
+        """
         SELECT r.job_id, min(r.at) FILTER (WHERE r.note = 'start'), min(r.at) FILTER (WHERE r.note = 'end')
         FROM test_runs r JOIN dygo_jobs j ON j.id = r.job_id WHERE j.kind = %s
-        GROUP BY r.job_id, r.attempt ORDER BY 2""", (kind,)).fetchall()
+        GROUP BY r.job_id, r.attempt ORDER BY 2""",
+        (kind,),
+    ).fetchall()
 
 
 def max_overlap(spans: list[tuple[datetime, datetime]]) -> int:
@@ -67,8 +70,9 @@ kinds:
 """
 
 
-def test_a_kind_concurrency_limit_holds_across_eight_workers_and_drains_at_the_limits_pace(conn, db_url, spawn,
-                                                                                          tmp_path):
+def test_a_kind_concurrency_limit_holds_across_eight_workers_and_drains_at_the_limits_pace(
+    conn, db_url, spawn, tmp_path
+):
     folder = config_dir(tmp_path, LIMITED_KIND)
     start_workers(spawn, db_url, folder, 8)
     enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 0.05}}] * 300)
@@ -97,10 +101,17 @@ LIMITED_QUEUE = """queues:
 def test_a_queue_concurrency_limit_counts_every_kind_of_the_queue(conn, db_url, spawn, tmp_path):
     folder = config_dir(tmp_path, LIMITED_QUEUE)
     start_workers(spawn, db_url, folder, 3)
-    enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 0.05}},
-                        {"kind": "test.limited_other", "args": {"seconds": 0.05}}] * 40)
-    wait_until(lambda: finished(conn, 40) and finished(conn, 40, "test.limited_other"), timeout=60,
-               interval=0.2, message="80 jobs to finish")
+    enqueue_many(
+        conn,
+        [{"kind": "test.limited", "args": {"seconds": 0.05}}, {"kind": "test.limited_other", "args": {"seconds": 0.05}}]
+        * 40,
+    )
+    wait_until(
+        lambda: finished(conn, 40) and finished(conn, 40, "test.limited_other"),
+        timeout=60,
+        interval=0.2,
+        message="80 jobs to finish",
+    )
     spans = [(start, end) for _, start, end in runs(conn) + runs(conn, "test.limited_other")]
     assert len(spans) == 80
     assert max_overlap(spans) == 4
@@ -163,8 +174,9 @@ def most_in_any_window(times: list[datetime], seconds: float) -> int:
     return most
 
 
-def test_a_rate_limit_of_50_per_second_admits_500_starts_in_10_seconds_and_never_51_in_one_second(conn, db_url, spawn,
-                                                                                          tmp_path):
+def test_a_rate_limit_of_50_per_second_admits_500_starts_in_10_seconds_and_never_51_in_one_second(
+    conn, db_url, spawn, tmp_path
+):
     folder = config_dir(tmp_path, RATED)
     start_workers(spawn, db_url, folder, 8)
     enqueue_many(conn, [{"kind": "test.limited"}] * 1000)
@@ -194,8 +206,7 @@ kinds:
 """
 
 
-def test_a_per_key_limit_lets_a_small_tenant_start_while_a_large_tenants_backlog_waits(conn, db_url, spawn,
-                                                                                      tmp_path):
+def test_a_per_key_limit_lets_a_small_tenant_start_while_a_large_tenants_backlog_waits(conn, db_url, spawn, tmp_path):
     folder = config_dir(tmp_path, PER_TENANT)
     start_workers(spawn, db_url, folder, 4)
     enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 0.2}, "meta": {"tenant": "a"}}] * 10_000)
@@ -204,8 +215,9 @@ def test_a_per_key_limit_lets_a_small_tenant_start_while_a_large_tenants_backlog
     small = enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 0.2}, "meta": {"tenant": "b"}}] * 10)
     ids = {job.id for job in small}
     done = "SELECT count(*) FROM dygo_jobs WHERE id = ANY(%s) AND state = 'succeeded'"
-    wait_until(lambda: conn.execute(done, (list(ids),)).fetchone()[0] == 10, timeout=30,
-               message="tenant b's 10 jobs to run")
+    wait_until(
+        lambda: conn.execute(done, (list(ids),)).fetchone()[0] == 10, timeout=30, message="tenant b's 10 jobs to run"
+    )
     spans = runs(conn)
     b = [(start, end) for job_id, start, end in spans if job_id in ids]
     a = [(start, end) for job_id, start, end in spans if job_id not in ids and end is not None]
@@ -219,8 +231,9 @@ def running_at(spans: list[tuple[datetime, datetime]], at: datetime) -> int:
     return sum(1 for start, end in spans if start <= at < end)
 
 
-def test_a_limit_changed_through_the_api_applies_to_running_workers_within_a_second(conn, db_url, spawn, serve,
-                                                                                   tmp_path):
+def test_a_limit_changed_through_the_api_applies_to_running_workers_within_a_second(
+    conn, db_url, spawn, serve, tmp_path
+):
     folder = config_dir(tmp_path, LIMIT_TWO)
     start_workers(spawn, db_url, folder, 3)
     api = serve(DYGO_CONFIG_DIR=str(folder))
@@ -255,8 +268,11 @@ def test_a_limit_changed_through_the_api_applies_to_running_workers_within_a_sec
     for _ in range(5):
         reads.append(api.reader.get("/api/v1/queues").json()["limits"])
         time.sleep(0.05)
-    assert all([(limit["scope"], limit["name"], limit["concurrency_limit"]) for limit in listed]
-               == [("kind", "test.limited", 1)] for listed in reads)
+    assert all(
+        [(limit["scope"], limit["name"], limit["concurrency_limit"]) for limit in listed]
+        == [("kind", "test.limited", 1)]
+        for listed in reads
+    )
     assert all(listed[0]["in_use"] <= 1 for listed in reads)
     assert any(listed[0]["waiting"] > 0 for listed in reads)
     assert api.reader.put("/api/v1/limits/kind/test.limited", json={"concurrency_limit": 3}).status_code == 403
@@ -288,12 +304,14 @@ def test_a_restart_keeps_a_runtime_change_unless_the_files_value_changed(conn, d
     assert limits.limits_in_use(conn) == []
 
 
-def test_limits_in_use_and_jobs_waiting_on_them_show_in_metrics_status_and_the_queues_api(conn, db_url, spawn,
-                                                                                          serve, tmp_path):
+def test_limits_in_use_and_jobs_waiting_on_them_show_in_metrics_status_and_the_queues_api(
+    conn, db_url, spawn, serve, tmp_path
+):
     from tests.test_metrics import scrape, value
 
-    folder = config_dir(tmp_path, LIMIT_TWO.replace("concurrency_limit: 2", "concurrency_limit: 2\n"
-                                                    "    rate_limit: 100/m"))
+    folder = config_dir(
+        tmp_path, LIMIT_TWO.replace("concurrency_limit: 2", "concurrency_limit: 2\n    rate_limit: 100/m")
+    )
     start_workers(spawn, db_url, folder, 1)
     api = serve(DYGO_CONFIG_DIR=str(folder))
     enqueue_many(conn, [{"kind": "test.limited", "args": {"seconds": 30}}] * 5)
@@ -318,10 +336,12 @@ def test_limits_in_use_and_jobs_waiting_on_them_show_in_metrics_status_and_the_q
 
 
 def test_a_bad_rate_limit_through_the_api_is_refused_naming_the_field_and_the_rule_the_schema_states(api):
-    for value, rule in (("10/d", 'a count per unit: "100/s", "600/m" or "10000/h"'),
-                        ("5 per day", 'a count per unit: "100/s", "600/m" or "10000/h"'),
-                        ("0/h", "at least 1 start per window"),
-                        ("2000000000/s", "more than 1,000,000,000 starts per window")):
+    for value, rule in (
+        ("10/d", 'a count per unit: "100/s", "600/m" or "10000/h"'),
+        ("5 per day", 'a count per unit: "100/s", "600/m" or "10000/h"'),
+        ("0/h", "at least 1 start per window"),
+        ("2000000000/s", "more than 1,000,000,000 starts per window"),
+    ):
         answer = api.admin.put("/api/v1/limits/kind/test.limited", json={"rate_limit": value})
         assert answer.status_code == 422, (value, answer.text)
         [detail] = answer.json()["error"]["details"]

@@ -27,24 +27,23 @@ def value(samples, name: str, **labels: str) -> float:
 
 
 def heartbeat(conn, worker_id: str, queues: dict[str, int], seconds_ago: float = 0) -> None:
-    conn.execute(queries.WORKER_HEARTBEAT, {"id": worker_id, "hostname": "box", "pid": 1,
-                                            "queues": json.dumps(queues)})
-    conn.execute("UPDATE dygo_workers SET last_seen_at = now() - make_interval(secs => %s) WHERE id = %s",
-                 (seconds_ago, worker_id))
+    conn.execute(queries.WORKER_HEARTBEAT, {"id": worker_id, "hostname": "box", "pid": 1, "queues": json.dumps(queues)})
+    conn.execute(
+        "UPDATE dygo_workers SET last_seen_at = now() - make_interval(secs => %s) WHERE id = %s",
+        (seconds_ago, worker_id),
+    )
 
 
 def test_job_gauges_lag_pause_and_workers_are_exact(api, conn):
     ids = fill_default_queue(conn)  # default: 2 pending, 1 scheduled, 1 active, paused, dead, cancelled
-    conn.execute("UPDATE dygo_jobs SET run_at = now() - interval '100 seconds' WHERE id = %s",
-                 (ids["pending"][0],))
+    conn.execute("UPDATE dygo_jobs SET run_at = now() - interval '100 seconds' WHERE id = %s", (ids["pending"][0],))
     admin.pause_queue(conn, "other")
     heartbeat(conn, "box:1:aaa", {"default": 8, "other": 2})
     heartbeat(conn, "box:2:bbb", {"other": 3})
     heartbeat(conn, "box:3:gone", {"default": 1}, seconds_ago=3600)  # not live
 
     samples = scrape(api.reader)
-    for state, number in {"pending": 2, "scheduled": 1, "active": 1, "paused": 1, "dead": 1,
-                          "cancelled": 1}.items():
+    for state, number in {"pending": 2, "scheduled": 1, "active": 1, "paused": 1, "dead": 1, "cancelled": 1}.items():
         assert value(samples, "dygo_jobs", queue="default", state=state) == number
         assert value(samples, "dygo_jobs", queue="other", state=state) == 0
     assert 100 <= value(samples, "dygo_queue_lag_seconds", queue="default") < 160
@@ -53,9 +52,11 @@ def test_job_gauges_lag_pause_and_workers_are_exact(api, conn):
     assert value(samples, "dygo_queue_paused", queue="default") == 0
     assert value(samples, "dygo_workers_live") == 2
     slots = {labels: v for (name, labels), v in samples.items() if name == "dygo_worker_slots"}
-    assert slots == {(("queue", "default"), ("worker", "box:1:aaa")): 8,
-                     (("queue", "other"), ("worker", "box:1:aaa")): 2,
-                     (("queue", "other"), ("worker", "box:2:bbb")): 3}
+    assert slots == {
+        (("queue", "default"), ("worker", "box:1:aaa")): 8,
+        (("queue", "other"), ("worker", "box:1:aaa")): 2,
+        (("queue", "other"), ("worker", "box:2:bbb")): 3,
+    }
 
     # Read per scrape, nothing cached: a change in the database shows on the next scrape.
     conn.execute("DELETE FROM dygo_jobs WHERE state = 'pending'")
@@ -107,16 +108,24 @@ def test_metrics_need_a_read_token_once_tokens_are_configured(api, serve):
 
 def test_status_prints_queues_by_state_lag_pause_and_workers(conn, spawn):
     ids = fill_default_queue(conn)
-    conn.execute("UPDATE dygo_jobs SET run_at = now() - interval '100 seconds' WHERE id = %s",
-                 (ids["pending"][0],))
+    conn.execute("UPDATE dygo_jobs SET run_at = now() - interval '100 seconds' WHERE id = %s", (ids["pending"][0],))
     admin.pause_queue(conn, "other")
     heartbeat(conn, "box:1:aaa", {"default": 8, "other": 2})
 
     cli = spawn("status")
     assert cli.wait() == 0, cli.stderr()
     lines = [line.rstrip("\n") for line in cli.lines]
-    assert lines[0].split() == ["QUEUE", "PENDING", "SCHEDULED", "ACTIVE", "PAUSED", "DEAD", "CANCELLED", "LAG",
-                                "STATUS"]
+    assert lines[0].split() == [
+        "QUEUE",
+        "PENDING",
+        "SCHEDULED",
+        "ACTIVE",
+        "PAUSED",
+        "DEAD",
+        "CANCELLED",
+        "LAG",
+        "STATUS",
+    ]
     default, other = lines[1].split(), lines[2].split()
     assert default[:7] == ["default", "2", "1", "1", "1", "1", "1"] and default[8] == "active"
     assert 100 <= float(default[7].rstrip("s")) < 160

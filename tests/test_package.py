@@ -60,14 +60,16 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtualenv with this repository installed into it the way a user would: `pip install <repo>`."""
     env_dir = tmp_path_factory.mktemp("venv")
     venv.create(env_dir, with_pip=True)
-    done = subprocess.run([str(env_dir / "bin" / "pip"), "install", "--quiet", str(REPO)], capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [str(env_dir / "bin" / "pip"), "install", "--quiet", str(REPO)], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return env_dir
 
 
 def test_installed_dygo_runs_a_project_that_has_its_own_app_jobs_store_and_worker(
-        installed: Path, tmp_path: Path, db_url: str) -> None:
+    installed: Path, tmp_path: Path, db_url: str
+) -> None:
     project = tmp_path / "project"
     for name, text in PROJECT.items():
         path = project / name
@@ -88,10 +90,17 @@ def test_installed_dygo_runs_a_project_that_has_its_own_app_jobs_store_and_worke
     run(dygo, "worker", "--once")
 
     port = free_port()
-    serve = subprocess.Popen([dygo, "serve", "--port", str(port)], cwd=project, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    serve = subprocess.Popen(
+        [dygo, "serve", "--port", str(port)],
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+
             def answers() -> bool:
                 try:
                     return client.get("/healthz").status_code == 200
@@ -102,8 +111,12 @@ def test_installed_dygo_runs_a_project_that_has_its_own_app_jobs_store_and_worke
             wait_until(answers, message="the installed dygo serve to answer")
             job = client.get(f"/api/v1/jobs/{job_id}").json()
             assert job["state"] == "succeeded", job
-            assert job["result"] == {"app": "the project app", "store": "the project store",
-                                     "worker": "the project worker", "who": "me"}
+            assert job["result"] == {
+                "app": "the project app",
+                "store": "the project store",
+                "worker": "the project worker",
+                "who": "me",
+            }
             dashboard = client.get(f"/dashboard/jobs/{job_id}")  # templates ship with the package
             assert dashboard.status_code == 200 and "project.hello" in dashboard.text
     finally:
@@ -113,12 +126,22 @@ def test_installed_dygo_runs_a_project_that_has_its_own_app_jobs_store_and_worke
 
 def test_repository_code_is_never_loaded_under_a_second_top_level_name() -> None:
     """One registry, one config: `store` and `dygo.store` would be two modules with two registries."""
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import sys
         import dygo.cli, dygo.app.main, dygo.worker.runtime, dygo.store.registry  # noqa: F401
         import tests.jobs  # noqa: F401
         twice = sorted(name for name in sys.modules if name.split(".")[0] in ("store", "app", "worker"))
         print(twice)
-        """)], cwd=REPO, capture_output=True, text=True, timeout=60)
+        """),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -65,7 +65,9 @@ def test_jobs_and_retries_run_through_pgbouncer_with_listen_on_the_direct_url(pg
     wait_until(lambda: all_final(pooled, [*ids, recovered, dead]), timeout=60, message="every job to finish")
     assert states(pooled, ids) == {"succeeded": len(ids)}
     assert pooled.execute("SELECT state, attempt FROM dygo_jobs WHERE id = %s", (recovered,)).fetchone() == (
-        "succeeded", 3)
+        "succeeded",
+        3,
+    )
     assert pooled.execute("SELECT state, attempt FROM dygo_jobs WHERE id = %s", (dead,)).fetchone() == ("dead", 3)
     assert_no_pooler_trouble(worker.stderr())
 
@@ -77,8 +79,9 @@ def test_worker_behind_a_pooler_without_a_direct_url_polls_and_says_so(pgbouncer
     ids = [j.id for j in enqueue_many(pooled, [{"kind": "test.record"}] * 30)]
     wait_until(lambda: all_final(pooled, ids), timeout=30, message="the jobs to be found by polling")
     assert states(pooled, ids) == {"succeeded": 30}
-    listeners = pooled.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
-                               "'dygo-worker-listen%'").fetchone()[0]
+    listeners = pooled.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dygo-worker-listen%'"
+    ).fetchone()[0]
     assert listeners == 0
     assert_no_pooler_trouble(worker.stderr())
 
@@ -87,8 +90,11 @@ def test_leases_are_renewed_through_pgbouncer(pgbouncer, db_url, pooled, spawn):
     spawn("worker", env=through(pgbouncer, db_url)).wait_for_line("started")
     job = enqueue(pooled, "test.record", {"seconds": 3.5})  # lease_ttl is 2s in tests/config
     wait_until(lambda: all_final(pooled, [job.id]), timeout=20, message="the long job to finish")
-    assert pooled.execute("SELECT state, attempt, reap_count FROM dygo_jobs WHERE id = %s",
-                          (job.id,)).fetchone() == ("succeeded", 1, 0)
+    assert pooled.execute("SELECT state, attempt, reap_count FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone() == (
+        "succeeded",
+        1,
+        0,
+    )
 
 
 def test_cron_fires_through_pgbouncer(pgbouncer, db_url, pooled, spawn, tmp_path: Path):
@@ -99,9 +105,16 @@ def test_cron_fires_through_pgbouncer(pgbouncer, db_url, pooled, spawn, tmp_path
     worker = spawn("worker", env=env)
     worker.wait_for_line("started")
     pooled.execute("UPDATE dygo_schedules SET next_run_at = now() + interval '1 second' WHERE name = 'yearly'")
-    wait_until(lambda: pooled.execute("SELECT count(*) FROM dygo_jobs WHERE meta->>'schedule' = 'yearly' "
-                                      "AND state = 'succeeded'").fetchone()[0] == 1, timeout=15,
-               message="the occurrence to fire and run")
+    wait_until(
+        lambda: (
+            pooled.execute(
+                "SELECT count(*) FROM dygo_jobs WHERE meta->>'schedule' = 'yearly' AND state = 'succeeded'"
+            ).fetchone()[0]
+            == 1
+        ),
+        timeout=15,
+        message="the occurrence to fire and run",
+    )
     assert_no_pooler_trouble(worker.stderr())
 
 
@@ -177,6 +190,7 @@ def test_hundreds_of_concurrent_requests_through_pgbouncer_get_no_5xx(pgbouncer,
         limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=0)
         go = asyncio.Event()
         async with httpx.AsyncClient(base_url=api.url, timeout=60, limits=limits) as client:
+
             async def one(n: int) -> None:
                 await go.wait()
                 if n % 3 == 0:
@@ -184,8 +198,9 @@ def test_hundreds_of_concurrent_requests_through_pgbouncer_get_no_5xx(pgbouncer,
                 elif n % 3 == 1:
                     reply = await client.post("/api/v1/jobs", json={"kind": "test.noop"}, headers=admin_token)
                 else:
-                    reply = await client.post("/api/v1/jobs/batch", json={"jobs": [{"kind": "test.noop"}] * 10},
-                                              headers=admin_token)
+                    reply = await client.post(
+                        "/api/v1/jobs/batch", json={"jobs": [{"kind": "test.noop"}] * 10}, headers=admin_token
+                    )
                 statuses[reply.status_code] += 1
 
             tasks = [asyncio.create_task(one(n)) for n in range(CLIENTS)]
@@ -206,14 +221,17 @@ def test_hundreds_of_concurrent_requests_through_pgbouncer_get_no_5xx(pgbouncer,
 
 def test_serve_behind_a_pooler_without_a_direct_url_still_locks_out_a_guesser(pgbouncer, db_url, spawn):
     # No session to LISTEN on: the failed-token throttle reads its count for every token (app/throttle.py).
-    first, second = serve_through(pgbouncer, db_url, spawn, direct=False), serve_through(pgbouncer, db_url, spawn,
-                                                                                        direct=False)
+    first, second = (
+        serve_through(pgbouncer, db_url, spawn, direct=False),
+        serve_through(pgbouncer, db_url, spawn, direct=False),
+    )
     guesser = {"X-Forwarded-For": "203.0.113.77"}
     for n in range(LOGIN_ATTEMPTS):
         reply = first.anon.get("/api/v1/queues", headers={**guesser, "Authorization": f"Bearer wrong-{n:020d}"})
         assert reply.status_code == (401 if n < LOGIN_ATTEMPTS - 1 else 429)
-    reply = second.anon.post("/api/v1/jobs", json={"kind": "test.noop"},
-                             headers={**guesser, "Authorization": f"Bearer {ADMIN_TOKEN}"})
+    reply = second.anon.post(
+        "/api/v1/jobs", json={"kind": "test.noop"}, headers={**guesser, "Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
     assert reply.status_code == 429, reply.text
     assert second.admin.post("/api/v1/jobs", json={"kind": "test.noop"}).status_code == 201
     for api in (first, second):

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 def settings_with(*names: str) -> Settings:
     from pathlib import Path
+
     return Settings(config_dir=Path("config"), queues={n: Queue(n, 1) for n in names})
 
 
@@ -24,6 +25,7 @@ def test_duplicate_kind_fails_loudly():
     async def first(ctx, args: dict) -> None: ...
 
     with pytest.raises(ConfigError, match="already registered by .*first"):
+
         @job("dup.kind", registry=jobs)
         async def second(ctx, args: dict) -> None: ...
 
@@ -43,6 +45,7 @@ def test_registration_after_the_worker_starts_fails():
     jobs = Registry()
     jobs.freeze()
     with pytest.raises(ConfigError, match="before the worker starts"):
+
         @job("late.kind", registry=jobs)
         async def late(ctx, args: dict) -> None: ...
 
@@ -102,6 +105,7 @@ def test_unresolvable_args_annotation_fails_at_definition():
         x: int
 
     with pytest.raises(ConfigError, match="cannot resolve the args annotation"):
+
         @job("local.model", registry=Registry())
         async def handler(ctx, args: Local) -> None: ...
 
@@ -118,9 +122,18 @@ def test_the_workers_context_is_the_one_the_constructor_makes():
 
     from dygo.store.registry import JobContext
 
-    values = {"id": 7, "kind": "report.build", "queue": "default", "attempt": 2, "max_attempts": 5,
-              "enqueued_at": datetime.now(UTC), "meta": {"tenant": "acme"}, "deadline": datetime.now(UTC),
-              "lease_token": str(uuid4()), "reporter": print}
+    values = {
+        "id": 7,
+        "kind": "report.build",
+        "queue": "default",
+        "attempt": 2,
+        "max_attempts": 5,
+        "enqueued_at": datetime.now(UTC),
+        "meta": {"tenant": "acme"},
+        "deadline": datetime.now(UTC),
+        "lease_token": str(uuid4()),
+        "reporter": print,
+    }
     assert set(values) == {f.name for f in fields(JobContext)}  # for_run must be given every field
     made, fast = JobContext(**values), JobContext.for_run(**values)
     assert fast == made and fast.reporter is print and fast.is_retry

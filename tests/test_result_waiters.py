@@ -44,8 +44,9 @@ def test_a_settle_nobody_waits_for_sends_no_notification(conn, db_url, spawn):
 def test_a_waiting_request_is_woken_and_deletes_its_row_when_answered(conn, api, spawn):
     job = enqueue(conn, "test.record", {"seconds": 0.5})
     answer: dict = {}
-    thread = threading.Thread(target=lambda: answer.update(
-        api.admin.get(f"/api/v1/jobs/{job.id}", params={"wait": "10s"}).json()))
+    thread = threading.Thread(
+        target=lambda: answer.update(api.admin.get(f"/api/v1/jobs/{job.id}", params={"wait": "10s"}).json())
+    )
     thread.start()
     wait_until(lambda: [row[1] for row in _waiter_rows(conn)] == [job.id], message="the request to register")
     spawn("worker").wait_for_line("started")
@@ -140,13 +141,17 @@ def test_an_expired_waiter_row_is_removed_by_the_maintainer(conn, db_url, spawn,
     config = copy_test_config(tmp_path, "retention_interval: 1s\n")
     worker = spawn("worker", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(config)))
     worker.wait_for_line("started")
-    wait_until(lambda: [row[0] for row in _waiter_rows(conn)] == [kept], timeout=15,
-               message="the expired waiter row to be deleted")
+    wait_until(
+        lambda: [row[0] for row in _waiter_rows(conn)] == [kept],
+        timeout=15,
+        message="the expired waiter row to be deleted",
+    )
     wait_until(lambda: "1 result waiters" in worker.stderr(), timeout=5, message="the retention log line")
     # The live row still gets its notification.
     with psycopg.connect(db_url, autocommit=True) as listener:
         listener.execute(f"LISTEN {CHANNEL}")
-        conn.execute("UPDATE dygo_jobs SET state = 'cancelled', finished_at = now() WHERE id = ANY(%s)",
-                     ([live.id, expired.id],))
+        conn.execute(
+            "UPDATE dygo_jobs SET state = 'cancelled', finished_at = now() WHERE id = ANY(%s)", ([live.id, expired.id],)
+        )
         notified = set().union(*(finished_ids(n.payload) for n in listener.notifies(timeout=0.5)))
     assert notified == {live.id}

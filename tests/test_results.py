@@ -182,8 +182,15 @@ def test_progress_is_visible_mid_job_and_written_at_most_once_a_second(conn, api
     assert all(b - a >= 0.95 for a, b in zip(stamps, stamps[1:], strict=False)), stamps
 
 
-@pytest.mark.parametrize(("kind", "fail"), [("test.progress_final", False), ("test.progress_final", True),
-                                          ("test.progress_final_sync", False), ("test.progress_final_sync", True)])
+@pytest.mark.parametrize(
+    ("kind", "fail"),
+    [
+        ("test.progress_final", False),
+        ("test.progress_final", True),
+        ("test.progress_final_sync", False),
+        ("test.progress_final_sync", True),
+    ],
+)
 def test_a_finished_job_shows_the_last_progress_its_handler_reported(conn, api, worker, kind, fail):
     # The last report comes 0.3 s after a written one: the once-a-second writer would not write it
     # before the job settles, so only the settle can store it.
@@ -214,8 +221,10 @@ def test_a_result_above_max_result_bytes_is_replaced_by_a_note_and_the_job_still
     assert kept["state"] == "succeeded" and kept["result"] == "x" * 60_000
     noted = api.admin.get(f"/api/v1/jobs/{big.id}", params={"wait": "10s"}).json()
     assert noted["state"] == "succeeded"
-    assert noted["result"] == {"result_not_stored": "70002 bytes of JSON, more than max_result_bytes (65536)",
-                               "bytes": 70002}
+    assert noted["result"] == {
+        "result_not_stored": "70002 bytes of JSON, more than max_result_bytes (65536)",
+        "bytes": 70002,
+    }
     assert f"job {big.id} test.sized_result: result of 70002 bytes not stored" in worker.stderr()
 
 
@@ -239,25 +248,34 @@ def test_one_statement_finishing_a_thousand_waited_for_jobs_notifies_their_ids_i
 
 
 def _listen_backends(conn) -> int:
-    return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND query = 'LISTEN dygo_finished'").fetchone()[0]
+    return conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN dygo_finished'"
+    ).fetchone()[0]
 
 
 def test_waiters_survive_a_dropped_listen_connection_logged_as_lost_then_back(conn, api):
     job = enqueue(conn, "test.record", {})
     thread, answer = _wait_in_background(api, job.id, wait="20s")
-    conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                 "WHERE datname = current_database() AND query = 'LISTEN dygo_finished'")
-    wait_until(lambda: "database connection lost (result LISTEN connection" in api.process.stderr(),
-               message="serve to notice")
+    conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND query = 'LISTEN dygo_finished'"
+    )
+    wait_until(
+        lambda: "database connection lost (result LISTEN connection" in api.process.stderr(), message="serve to notice"
+    )
     # Finished while serve is not listening: its waiter re-reads when serve reconnects.
     conn.execute("UPDATE dygo_jobs SET state = 'cancelled', finished_at = now() WHERE id = %s", (job.id,))
     thread.join(10)
     assert answer["body"]["state"] == "cancelled"
 
     wait_until(lambda: _listen_backends(conn) == 1, message="serve to LISTEN again")
-    assert conn.execute("SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND query = 'LISTEN dygo_finished'").fetchone()[0] == "dygo-serve-listen"
+    assert (
+        conn.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query = 'LISTEN dygo_finished'"
+        ).fetchone()[0]
+        == "dygo-serve-listen"
+    )
     wait_until(lambda: "database connection back after" in api.process.stderr(), message="serve to log it back")
     other = enqueue(conn, "test.record", {})
     thread, answer = _wait_in_background(api, other.id, wait="20s")
@@ -270,6 +288,8 @@ def test_waiters_survive_a_dropped_listen_connection_logged_as_lost_then_back(co
 def test_progress_is_written_by_a_once_worker_too(conn, spawn):
     job = enqueue(conn, "test.progress_sync", {"seconds": 1.5})
     once = spawn("worker", "--once")
-    wait_until(lambda: conn.execute("SELECT progress FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone()[0],
-               message="a progress write")
+    wait_until(
+        lambda: conn.execute("SELECT progress FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone()[0],
+        message="a progress write",
+    )
     assert once.wait() == 0

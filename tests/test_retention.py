@@ -27,7 +27,8 @@ def add_job(conn: psycopg.Connection, state: str, age_days: float) -> int:
     return conn.execute(
         "INSERT INTO dygo_jobs (kind, queue, state, enqueued_at, finished_at) "
         "VALUES ('test.record', 'default', %s, now() - %s::interval, now() - %s::interval) RETURNING id",
-        (state, ago, ago)).fetchone()[0]
+        (state, ago, ago),
+    ).fetchone()[0]
 
 
 def job_ids(conn: psycopg.Connection) -> set[int]:
@@ -38,6 +39,7 @@ def run_trim(url: str, retention: Retention, walk: SucceededWalk | None = None) 
     async def go() -> Trimmed | None:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             return await maintenance.trim(lambda: nullcontext(conn), retention, walk or SucceededWalk())
+
     return asyncio.run(go())
 
 
@@ -54,17 +56,21 @@ def test_old_finished_jobs_are_trimmed_and_recent_and_live_ones_kept(conn, db_ur
 
 def test_zero_retention_keeps_history_forever(conn, db_url):
     ids = {add_job(conn, state, 300) for state in ("succeeded", "dead", "cancelled")}
-    conn.execute("INSERT INTO dygo_daily_stats (day, queue, kind, enqueued) VALUES (current_date - 300, 'default', "
-                 "'test.record', 1)")
+    conn.execute(
+        "INSERT INTO dygo_daily_stats (day, queue, kind, enqueued) VALUES (current_date - 300, 'default', "
+        "'test.record', 1)"
+    )
     assert run_trim(db_url, KEEP_FOREVER).total() == 0
     assert job_ids(conn) == ids
     assert conn.execute("SELECT count(*) FROM dygo_daily_stats WHERE day < current_date").fetchone()[0] == 1
 
 
 def test_succeeded_backlog_is_trimmed_in_batches_across_the_walk(conn, db_url):
-    conn.execute("INSERT INTO dygo_jobs (kind, queue, state, enqueued_at, finished_at) "
-                 "SELECT 'test.record', 'default', 'succeeded', now() - interval '3 days', now() - interval '3 days' "
-                 "FROM generate_series(1, 2500)")
+    conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, state, enqueued_at, finished_at) "
+        "SELECT 'test.record', 'default', 'succeeded', now() - interval '3 days', now() - interval '3 days' "
+        "FROM generate_series(1, 2500)"
+    )
     # A gap in the ids and a long-lived job at the front must not stop the walk.
     add_job(conn, "dead", 3)
     conn.execute("SELECT setval('dygo_jobs_id_seq', nextval('dygo_jobs_id_seq') + 50000)")
@@ -78,15 +84,19 @@ def test_succeeded_backlog_is_trimmed_in_batches_across_the_walk(conn, db_url):
 
 
 def test_expired_keys_go_and_live_ones_stay(conn, db_url):
-    conn.execute("INSERT INTO dygo_idempotency_keys (key, job_id, expires_at) VALUES "
-                 "('expired', 1, now() - interval '1 second'), ('live', 2, now() + interval '1 hour')")
+    conn.execute(
+        "INSERT INTO dygo_idempotency_keys (key, job_id, expires_at) VALUES "
+        "('expired', 1, now() - interval '1 second'), ('live', 2, now() + interval '1 hour')"
+    )
     assert run_trim(db_url, KEEP_FOREVER).idempotency_keys == 1
     assert [row[0] for row in conn.execute("SELECT key FROM dygo_idempotency_keys")] == ["live"]
 
 
 def test_stats_deltas_are_folded_and_old_days_trimmed(conn, db_url):
-    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, enqueued) VALUES "
-                 "(current_date - 100, 'default', 'test.record', 2), (current_date, 'default', 'test.record', 3)")
+    conn.execute(
+        "INSERT INTO dygo_stats_deltas (day, queue, kind, enqueued) VALUES "
+        "(current_date - 100, 'default', 'test.record', 2), (current_date, 'default', 'test.record', 3)"
+    )
     assert run_trim(db_url, KEEP_A_DAY).daily_stats == 1
     assert conn.execute("SELECT count(*) FROM dygo_stats_deltas").fetchone()[0] == 0
     assert conn.execute("SELECT day = current_date, enqueued FROM dygo_daily_stats").fetchall() == [(True, 3)]
@@ -96,9 +106,11 @@ def test_only_one_worker_holds_the_retention_lock(conn, db_url):
     old = add_job(conn, "succeeded", 3)
 
     async def go() -> tuple[bool, bool, Trimmed | None]:
-        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as first, \
-                await psycopg.AsyncConnection.connect(db_url, autocommit=True) as second, \
-                await psycopg.AsyncConnection.connect(db_url, autocommit=True) as work:
+        async with (
+            await psycopg.AsyncConnection.connect(db_url, autocommit=True) as first,
+            await psycopg.AsyncConnection.connect(db_url, autocommit=True) as second,
+            await psycopg.AsyncConnection.connect(db_url, autocommit=True) as work,
+        ):
             async with maintenance.retention_lock(first) as first_held:
                 async with maintenance.retention_lock(second) as second_held:
                     pass
@@ -119,8 +131,9 @@ def test_worker_trims_history_and_logs_one_line(conn, db_url, spawn, tmp_path):
     worker.wait_for_line("started")
     wait_until(lambda: old not in job_ids(conn), timeout=15, message="the old succeeded job to be trimmed")
     assert dead in job_ids(conn)  # dead_retention: 0 keeps them
-    wait_until(lambda: "retention: trimmed 1 succeeded, 0 dead" in worker.stderr(), timeout=5,
-               message="the retention log line")
+    wait_until(
+        lambda: "retention: trimmed 1 succeeded, 0 dead" in worker.stderr(), timeout=5, message="the retention log line"
+    )
 
 
 def copy_test_config(tmp_path: Path, extra: str) -> Path:
@@ -131,18 +144,25 @@ def copy_test_config(tmp_path: Path, extra: str) -> Path:
 
 def test_retention_settings_are_parsed_with_their_defaults(tmp_path):
     defaults = load_settings(copy_test_config(tmp_path, ""))
-    assert (defaults.completed_retention, defaults.dead_retention, defaults.stats_retention,
-            defaults.retention_interval) == (DAY, 30 * DAY, 90 * DAY, 60.0)
+    assert (
+        defaults.completed_retention,
+        defaults.dead_retention,
+        defaults.stats_retention,
+        defaults.retention_interval,
+    ) == (DAY, 30 * DAY, 90 * DAY, 60.0)
     settings = load_settings(copy_test_config(tmp_path, "completed_retention: 0\ncancelled_retention: 7d\n"))
     assert (settings.completed_retention, settings.cancelled_retention) == (0.0, 7 * DAY)
 
 
-@pytest.mark.parametrize(("line", "rule"), [
-    ("completed_retention: -1h", "must not be negative"),
-    ("dead_retention: forever", "or 0 to keep forever"),
-    ("stats_retention: 2y", "is not a duration"),
-    ("retention_interval: 0", "greater than 0"),
-])
+@pytest.mark.parametrize(
+    ("line", "rule"),
+    [
+        ("completed_retention: -1h", "must not be negative"),
+        ("dead_retention: forever", "or 0 to keep forever"),
+        ("stats_retention: 2y", "is not a duration"),
+        ("retention_interval: 0", "greater than 0"),
+    ],
+)
 def test_bad_retention_settings_name_file_entry_and_rule(tmp_path, line, rule):
     config = copy_test_config(tmp_path, line + "\n")
     with pytest.raises(ConfigError) as caught:

@@ -56,15 +56,18 @@ def declared(config: Path) -> list[Schedule]:
 
 def on_db(db_url: str, operation, *args, **kwargs):
     """Run an async store function on its own connection."""
+
     async def run():
         async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
             return await operation(conn, *args, **kwargs)
+
     return asyncio.run(run())
 
 
 def jobs_of(conn, name: str) -> list[tuple[int, str]]:
-    return conn.execute("SELECT id, meta->>'occurrence' FROM dygo_jobs WHERE meta->>'schedule' = %s ORDER BY id",
-                        (name,)).fetchall()
+    return conn.execute(
+        "SELECT id, meta->>'occurrence' FROM dygo_jobs WHERE meta->>'schedule' = %s ORDER BY id", (name,)
+    ).fetchall()
 
 
 def next_run_at(conn, name: str) -> datetime | None:
@@ -99,8 +102,13 @@ def test_daily_time_repeated_by_fall_back_fires_once():
 
 def test_frequent_spec_follows_real_time_through_both_dst_changes():
     back = series("*/30 * * * *", NEW_YORK, datetime(2025, 11, 2, 0, 50, tzinfo=NEW_YORK), 5)
-    assert local(back) == ["11-02 01:00 EDT", "11-02 01:30 EDT", "11-02 01:00 EST", "11-02 01:30 EST",
-                           "11-02 02:00 EST"]
+    assert local(back) == [
+        "11-02 01:00 EDT",
+        "11-02 01:30 EDT",
+        "11-02 01:00 EST",
+        "11-02 01:30 EST",
+        "11-02 02:00 EST",
+    ]
     forward = series("0 * * * *", NEW_YORK, datetime(2025, 3, 9, 0, 10, tzinfo=NEW_YORK), 3)
     assert local(forward) == ["03-09 01:00 EST", "03-09 03:00 EDT", "03-09 04:00 EDT"]  # one hour, no duplicate
 
@@ -113,19 +121,22 @@ def test_descriptors_and_fire_times_in_utc():
     assert next_fire("0 9 * * *", "Asia/Kolkata", after) == datetime(2025, 7, 1, 3, 30, tzinfo=UTC)
 
 
-@pytest.mark.parametrize(("spec", "words"), [
-    ("* * * * *", "every minute"),
-    ("*/5 * * * *", "every 5 minutes"),
-    ("15 * * * *", "every hour at :15"),
-    ("@daily", "every day at 00:00"),
-    ("30 2 * * *", "every day at 02:30"),
-    ("0 9 * * mon-fri", "on weekdays at 09:00"),
-    ("0 9-17 * * 1-5", "every hour from 09:00 to 17:00 on weekdays"),
-    ("@weekly", "every Sunday at 00:00"),
-    ("0 12 1,15 * *", "on days 1 and 15 of every month at 12:00"),
-    ("@yearly", "every year on January 1 at 00:00"),
-    ("0 0 L * *", "minute 0, hour 0, day-of-month L, month *, day-of-week *"),
-])
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ("* * * * *", "every minute"),
+        ("*/5 * * * *", "every 5 minutes"),
+        ("15 * * * *", "every hour at :15"),
+        ("@daily", "every day at 00:00"),
+        ("30 2 * * *", "every day at 02:30"),
+        ("0 9 * * mon-fri", "on weekdays at 09:00"),
+        ("0 9-17 * * 1-5", "every hour from 09:00 to 17:00 on weekdays"),
+        ("@weekly", "every Sunday at 00:00"),
+        ("0 12 1,15 * *", "on days 1 and 15 of every month at 12:00"),
+        ("@yearly", "every year on January 1 at 00:00"),
+        ("0 0 L * *", "minute 0, hour 0, day-of-month L, month *, day-of-week *"),
+    ],
+)
 def test_spec_in_words(spec, words):
     assert describe(spec) == words
 
@@ -144,19 +155,22 @@ def test_code_and_decorator_declarations_load_resolved():
     async def build(ctx, args: dict) -> None: ...
 
     book: dict[str, Schedule] = {}
-    schedule("report.hourly", "0 * * * *", "report.build", {"fmt": "pdf"}, priority=5, missed="skip",
-             declared=book)
+    schedule("report.hourly", "0 * * * *", "report.build", {"fmt": "pdf"}, priority=5, missed="skip", declared=book)
     loaded = load_schedules(settings_with("default", "reports"), jobs, book)
-    assert loaded["report.build"] == Schedule("report.build", "@daily", "report.build", {}, "reports",
-                                              timezone="Europe/Paris")
-    assert loaded["report.hourly"] == Schedule("report.hourly", "0 * * * *", "report.build", {"fmt": "pdf"},
-                                               "reports", priority=5, missed="skip")
+    assert loaded["report.build"] == Schedule(
+        "report.build", "@daily", "report.build", {}, "reports", timezone="Europe/Paris"
+    )
+    assert loaded["report.hourly"] == Schedule(
+        "report.hourly", "0 * * * *", "report.build", {"fmt": "pdf"}, "reports", priority=5, missed="skip"
+    )
     with pytest.raises(ConfigError, match="already declared by tests.test_schedules"):
         schedule("report.hourly", "@daily", "report.build", declared=book)
 
 
 def test_yaml_declarations_load_with_every_option(config):
-    write_schedules(config, """
+    write_schedules(
+        config,
+        """
 schedules:
   - name: nightly-report
     cron: "30 2 * * *"
@@ -167,30 +181,37 @@ schedules:
     priority: 3
     max_attempts: 2
     missed: skip
-""")
+""",
+    )
     [loaded] = declared(config)
-    assert loaded == Schedule("nightly-report", "30 2 * * *", "test.record", {"seconds": 0.5}, "other", 3, 2,
-                              "America/New_York", "skip")
+    assert loaded == Schedule(
+        "nightly-report", "30 2 * * *", "test.record", {"seconds": 0.5}, "other", 3, 2, "America/New_York", "skip"
+    )
 
 
-@pytest.mark.parametrize(("entry", "rule"), [
-    ("{name: bad, cron: '61 * * * *', kind: test.noop}", "cron: '61 * * * *' is not a valid cron expression"),
-    ("{name: bad, cron: '* * * *', kind: test.noop}", "cron: '* * * *' must have 5 fields"),
-    ("{name: bad, cron: '*/10 * * * * *', kind: test.noop}", "must have 5 fields"),
-    ("{name: bad, cron: '@reboot', kind: test.noop}", "cron: unknown descriptor '@reboot'"),
-    ("{name: bad, cron: '0 0 31 2 *', kind: test.noop}", "cron: '0 0 31 2 *' never fires"),
-    ("{name: bad, cron: '', kind: test.noop}", "cron: must be a cron expression"),
-    ("{name: bad, cron: '@daily', kind: test.noop, timezone: Mars/Olympus}",
-     "timezone: 'Mars/Olympus' is not an IANA time zone"),
-    ("{name: bad, cron: '@daily', kind: no.such}", "kind: 'no.such' is not registered"),
-    ("{name: bad, cron: '@daily', kind: test.noop, queue: nope}", "queue: 'nope' is not configured"),
-    ("{name: bad, cron: '@daily', kind: test.noop, missed: all}", "missed: must be 'once' or 'skip'"),
-    ("{name: bad, cron: '@daily', kind: test.noop, priority: 5000}", "priority: must be an integer"),
-    ("{name: bad, cron: '@daily', kind: test.record, args: {seconds: soon}}", "args: args for kind 'test.record'"),
-    ("{name: bad, cron: '@daily', kind: test.noop, every: 5m}", "unknown key 'every'"),
-    ("{name: bad, kind: test.noop}", "cron: is required"),
-    ("{name: 'no spaces', cron: '@daily', kind: test.noop}", "name: 'no spaces' must be a name"),
-])
+@pytest.mark.parametrize(
+    ("entry", "rule"),
+    [
+        ("{name: bad, cron: '61 * * * *', kind: test.noop}", "cron: '61 * * * *' is not a valid cron expression"),
+        ("{name: bad, cron: '* * * *', kind: test.noop}", "cron: '* * * *' must have 5 fields"),
+        ("{name: bad, cron: '*/10 * * * * *', kind: test.noop}", "must have 5 fields"),
+        ("{name: bad, cron: '@reboot', kind: test.noop}", "cron: unknown descriptor '@reboot'"),
+        ("{name: bad, cron: '0 0 31 2 *', kind: test.noop}", "cron: '0 0 31 2 *' never fires"),
+        ("{name: bad, cron: '', kind: test.noop}", "cron: must be a cron expression"),
+        (
+            "{name: bad, cron: '@daily', kind: test.noop, timezone: Mars/Olympus}",
+            "timezone: 'Mars/Olympus' is not an IANA time zone",
+        ),
+        ("{name: bad, cron: '@daily', kind: no.such}", "kind: 'no.such' is not registered"),
+        ("{name: bad, cron: '@daily', kind: test.noop, queue: nope}", "queue: 'nope' is not configured"),
+        ("{name: bad, cron: '@daily', kind: test.noop, missed: all}", "missed: must be 'once' or 'skip'"),
+        ("{name: bad, cron: '@daily', kind: test.noop, priority: 5000}", "priority: must be an integer"),
+        ("{name: bad, cron: '@daily', kind: test.record, args: {seconds: soon}}", "args: args for kind 'test.record'"),
+        ("{name: bad, cron: '@daily', kind: test.noop, every: 5m}", "unknown key 'every'"),
+        ("{name: bad, kind: test.noop}", "cron: is required"),
+        ("{name: 'no spaces', cron: '@daily', kind: test.noop}", "name: 'no spaces' must be a name"),
+    ],
+)
 def test_invalid_schedule_is_rejected_naming_file_schedule_and_field(config, entry, rule):
     path = write_schedules(config, f"schedules:\n  - {{name: fine, cron: '@daily', kind: test.noop}}\n  - {entry}\n")
     with pytest.raises(ConfigError) as caught:
@@ -221,10 +242,15 @@ def test_decorator_with_a_bad_cron_fails_at_load_naming_the_job():
 
 def test_worker_with_an_invalid_schedule_exits_2_before_touching_the_database(config):
     write_schedules(config, "schedules:\n  - {name: nightly, cron: '30 25 * * *', kind: test.noop}\n")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "DYGO_CONFIG_DIR": str(config),
-           "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
-    result = subprocess.run([sys.executable, "-m", "dygo", "worker"], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=30)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "DYGO_CONFIG_DIR": str(config),
+        "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "dygo", "worker"], cwd=REPO, env=env, capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 2
     assert f"{config}/schedules.yml: schedules[0] (nightly): cron: '30 25 * * *'" in result.stderr
 
@@ -234,8 +260,11 @@ def test_worker_with_an_invalid_schedule_exits_2_before_touching_the_database(co
 
 def test_sync_adds_keeps_updates_and_disables_without_deleting(conn, db_url, config):
     now = datetime(2025, 1, 1, 12, 0, 30, tzinfo=UTC)
-    write_schedules(config, "schedules:\n  - {name: a, cron: '*/5 * * * *', kind: test.noop}\n"
-                            "  - {name: b, cron: '@daily', kind: test.noop}\n")
+    write_schedules(
+        config,
+        "schedules:\n  - {name: a, cron: '*/5 * * * *', kind: test.noop}\n"
+        "  - {name: b, cron: '@daily', kind: test.noop}\n",
+    )
     result = on_db(db_url, sync, declared(config), now=now)
     assert (result.added, result.updated, result.disabled) == (["a", "b"], [], [])
     assert next_run_at(conn, "a") == datetime(2025, 1, 1, 12, 5, tzinfo=UTC)
@@ -281,8 +310,11 @@ def test_each_occurrence_fires_exactly_once_as_the_clock_moves(conn, db_url, con
 
 def test_downtime_fires_one_catch_up_job_or_none_when_skipping(conn, db_url, config):
     start = datetime(2025, 1, 1, tzinfo=UTC)
-    write_schedules(config, "schedules:\n  - {name: catch-up, cron: '*/5 * * * *', kind: test.noop}\n"
-                            "  - {name: skipper, cron: '*/5 * * * *', kind: test.noop, missed: skip}\n")
+    write_schedules(
+        config,
+        "schedules:\n  - {name: catch-up, cron: '*/5 * * * *', kind: test.noop}\n"
+        "  - {name: skipper, cron: '*/5 * * * *', kind: test.noop, missed: skip}\n",
+    )
     on_db(db_url, sync, declared(config), now=start)
     back = start + timedelta(minutes=50, seconds=20)  # down through ten occurrences, 00:05 .. 00:50
     fired = {f.name: f for f in on_db(db_url, fire_due, now=back)}
@@ -318,8 +350,9 @@ def test_an_occurrence_that_cannot_be_enqueued_is_reported_and_passed_over(conn,
 
 
 def test_dst_occurrences_fired_through_the_database(conn, db_url, config):
-    write_schedules(config, "schedules:\n"
-                            "  - {name: ny, cron: '30 2 * * *', timezone: America/New_York, kind: test.noop}\n")
+    write_schedules(
+        config, "schedules:\n  - {name: ny, cron: '30 2 * * *', timezone: America/New_York, kind: test.noop}\n"
+    )
     start = datetime(2025, 3, 7, 12, tzinfo=NEW_YORK)
     on_db(db_url, sync, declared(config), now=start)
 
@@ -352,8 +385,12 @@ def test_four_workers_fire_50_occurrences_as_exactly_50_jobs(conn, db_url, confi
     occurrences = [datetime(1970 + k, 1, 1, tzinfo=UTC) for k in range(50)]
     for occurrence in occurrences:
         conn.execute("UPDATE dygo_schedules SET next_run_at = %s WHERE name = 'yearly'", (occurrence,))
-        wait_until(lambda o=occurrence: [j for j in jobs_of(conn, "yearly") if j[1] == o.isoformat()],
-                   timeout=10, interval=0.005, message=f"occurrence {occurrence}")
+        wait_until(
+            lambda o=occurrence: [j for j in jobs_of(conn, "yearly") if j[1] == o.isoformat()],
+            timeout=10,
+            interval=0.005,
+            message=f"occurrence {occurrence}",
+        )
     wait_until(lambda: conn.execute("SELECT count(*) FROM test_runs").fetchone()[0] >= 50, message="50 runs")
     time.sleep(0.3)  # room for a duplicate to show up, were there one
     assert [o for _, o in jobs_of(conn, "yearly")] == [o.isoformat() for o in occurrences]
@@ -371,12 +408,18 @@ def test_worker_killed_mid_fire_loses_and_duplicates_nothing(conn, db_url, confi
     # Hold the occurrence's key in an open transaction: the firing worker blocks mid-fire on it,
     # holding the schedule row lock, with its job not yet inserted.
     with psycopg.connect(db_url) as holder:
-        holder.execute("INSERT INTO dygo_idempotency_keys (key, job_id, expires_at) VALUES (%s, 0, now())",
-                       (occurrence_key("yearly", occurrence),))
+        holder.execute(
+            "INSERT INTO dygo_idempotency_keys (key, job_id, expires_at) VALUES (%s, 0, now())",
+            (occurrence_key("yearly", occurrence),),
+        )
         conn.execute("UPDATE dygo_schedules SET next_run_at = %s WHERE name = 'yearly'", (occurrence,))
-        wait_until(lambda: conn.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
-            "AND query LIKE '%dygo_idempotency_keys%'").fetchone(), message="the worker to block mid-fire")
+        wait_until(
+            lambda: conn.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                "AND query LIKE '%dygo_idempotency_keys%'"
+            ).fetchone(),
+            message="the worker to block mid-fire",
+        )
         first.signal(signal.SIGKILL)
         first.wait()
         [second] = start_workers(spawn, db_url, config, 1)
@@ -393,8 +436,11 @@ def test_worker_killed_mid_fire_loses_and_duplicates_nothing(conn, db_url, confi
 
 
 def test_once_after_downtime_fires_one_catch_up_job_and_skips_when_told(conn, db_url, config, spawn):
-    write_schedules(config, "schedules:\n  - {name: catch-up, cron: '* * * * *', kind: test.mark}\n"
-                            "  - {name: skipper, cron: '* * * * *', kind: test.mark, missed: skip}\n")
+    write_schedules(
+        config,
+        "schedules:\n  - {name: catch-up, cron: '* * * * *', kind: test.mark}\n"
+        "  - {name: skipper, cron: '* * * * *', kind: test.mark, missed: skip}\n",
+    )
     on_db(db_url, sync, declared(config))
     # The workers were down for the last ten occurrences.
     conn.execute("UPDATE dygo_schedules SET next_run_at = date_trunc('minute', now()) - interval '9 minutes'")
@@ -406,16 +452,18 @@ def test_once_after_downtime_fires_one_catch_up_job_and_skips_when_told(conn, db
     assert occurrence == missed_from.astimezone(UTC).isoformat()
     assert jobs_of(conn, "skipper") == []
     assert conn.execute("SELECT count(*) FROM test_runs WHERE job_id = %s", (job_id,)).fetchone()[0] == 1
-    assert conn.execute("SELECT bool_and(next_run_at > now() AND next_run_at <= now() + interval '1 minute') "
-                        "FROM dygo_schedules").fetchone()[0]
+    assert conn.execute(
+        "SELECT bool_and(next_run_at > now() AND next_run_at <= now() + interval '1 minute') FROM dygo_schedules"
+    ).fetchone()[0]
     assert "skipper occurrence" in once.stderr() and "skipped (missed: skip)" in once.stderr()
 
 
 def test_worker_timer_fires_at_the_occurrence(conn, db_url, config, spawn):
     write_schedules(config, YEARLY)
     start_workers(spawn, db_url, config, 1)
-    due = conn.execute("UPDATE dygo_schedules SET next_run_at = now() + interval '1 second' "
-                       "RETURNING next_run_at").fetchone()[0]
+    due = conn.execute(
+        "UPDATE dygo_schedules SET next_run_at = now() + interval '1 second' RETURNING next_run_at"
+    ).fetchone()[0]
     [(job_id, _)] = wait_until(lambda: jobs_of(conn, "yearly"), timeout=10, message="the occurrence to fire")
     enqueued_at = conn.execute("SELECT enqueued_at FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()[0]
     assert timedelta(0) <= enqueued_at - due < timedelta(milliseconds=500)
@@ -425,17 +473,23 @@ def test_worker_timer_fires_at_the_occurrence(conn, db_url, config, spawn):
 
 
 def test_list_pause_resume_trigger_over_http_and_the_cli(conn, db_url, config, spawn, serve):
-    write_schedules(config, "schedules:\n"
-                            "  - {name: nightly, cron: '30 2 * * *', timezone: Europe/Paris, kind: test.record}\n"
-                            "  - {name: gone, cron: '@daily', kind: test.noop}\n")
+    write_schedules(
+        config,
+        "schedules:\n"
+        "  - {name: nightly, cron: '30 2 * * *', timezone: Europe/Paris, kind: test.record}\n"
+        "  - {name: gone, cron: '@daily', kind: test.noop}\n",
+    )
     on_db(db_url, sync, declared(config))
     server = serve()
     api, base = server.admin, "/api/v1/schedules"
 
     listed = {s["name"]: s for s in server.reader.get(base).json()["schedules"]}
     nightly = listed["nightly"]
-    assert (nightly["description"], nightly["timezone"], nightly["status"]) == ("every day at 02:30", "Europe/Paris",
-                                                                              "active")
+    assert (nightly["description"], nightly["timezone"], nightly["status"]) == (
+        "every day at 02:30",
+        "Europe/Paris",
+        "active",
+    )
     assert nightly["last_job"] is None and nightly["queue"] == "default" and nightly["args"] == {"seconds": 0.0}
     next_before = datetime.fromisoformat(nightly["next_run_at"])
     assert next_before.astimezone(ZoneInfo("Europe/Paris")).strftime("%H:%M") == "02:30"
@@ -461,11 +515,13 @@ def test_list_pause_resume_trigger_over_http_and_the_cli(conn, db_url, config, s
     assert after["last_job"] == {"id": job_id, "state": "pending"} and after["last_run_at"] is not None
     assert datetime.fromisoformat(after["next_run_at"]) == next_before  # occurrences unaffected
 
-    assert api.get(f"{base}/nope").json() == {"error": {"code": "schedule_not_found",
-                                                        "message": "no schedule named 'nope'", "details": None}}
+    assert api.get(f"{base}/nope").json() == {
+        "error": {"code": "schedule_not_found", "message": "no schedule named 'nope'", "details": None}
+    }
     assert api.post(f"{base}/nope/pause").status_code == 404
-    write_schedules(config, "schedules:\n"
-                            "  - {name: nightly, cron: '30 2 * * *', timezone: Europe/Paris, kind: test.record}\n")
+    write_schedules(
+        config, "schedules:\n  - {name: nightly, cron: '30 2 * * *', timezone: Europe/Paris, kind: test.record}\n"
+    )
     on_db(db_url, sync, declared(config))
     refused = api.post(f"{base}/gone/trigger")
     assert (refused.status_code, refused.json()["error"]["code"]) == (409, "schedule_removed")

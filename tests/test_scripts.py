@@ -18,8 +18,9 @@ def run(api, *args: str, token: str | None = ADMIN_TOKEN) -> subprocess.Complete
     env["DYGO_URL"] = api.url
     if token:
         env["DYGO_TOKEN"] = token
-    return subprocess.run(["/bin/sh", str(SCRIPTS / args[0]), *args[1:]], env=env, capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(
+        ["/bin/sh", str(SCRIPTS / args[0]), *args[1:]], env=env, capture_output=True, text=True, timeout=30
+    )
 
 
 def reply(result: subprocess.CompletedProcess) -> dict:
@@ -34,8 +35,9 @@ def test_scripts_are_executable():
 
 def test_enqueue_then_run_now(api, conn):
     job = reply(run(api, "enqueue", "test.record", '{"seconds": 2}', '{"delay": "1h", "priority": 4}'))
-    stored = conn.execute("SELECT kind, args, priority, run_at > now() FROM dygo_jobs WHERE id = %s",
-                          (job["id"],)).fetchone()
+    stored = conn.execute(
+        "SELECT kind, args, priority, run_at > now() FROM dygo_jobs WHERE id = %s", (job["id"],)
+    ).fetchone()
     assert stored == ("test.record", {"seconds": 2}, 4, True)
     assert reply(run(api, "run-now", str(job["id"])))["state"] == "pending"
     refused = run(api, "run-now", str(job["id"]))  # no longer scheduled

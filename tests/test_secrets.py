@@ -53,7 +53,7 @@ class RefusingServer:
         client.sendall(b"R" + struct.pack("!ii", 8, 3))  # AuthenticationCleartextPassword
         kind, length = struct.unpack("!ci", _read(client, 5))
         self.passwords.append(_read(client, length - 4).rstrip(b"\0"))
-        fields = b"SFATAL\0VFATAL\0C28P01\0Mpassword authentication failed for user \"dygo\"\0\0"
+        fields = b'SFATAL\0VFATAL\0C28P01\0Mpassword authentication failed for user "dygo"\0\0'
         client.sendall(b"E" + struct.pack("!i", len(fields) + 4) + fields)
 
     def close(self) -> None:
@@ -86,8 +86,11 @@ def run_briefly(spawn, url: str, *args: str, timeout: float = 20.0) -> tuple[int
     retrying: it is killed then)."""
     process = spawn(*args, env=dygo_env(url, DYGO_ADMIN_TOKEN=ADMIN_TOKEN, DYGO_READ_TOKEN=READ_TOKEN))
     deadline = time.monotonic() + timeout
-    while (time.monotonic() < deadline and process.process.poll() is None
-           and "cannot reach the database" not in process.stderr()):
+    while (
+        time.monotonic() < deadline
+        and process.process.poll() is None
+        and "cannot reach the database" not in process.stderr()
+    ):
         time.sleep(0.1)
     if "worker" not in args:  # it said so and is exiting: let it finish, to see its exit code
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -112,15 +115,26 @@ def assert_no_secret(output: str) -> None:
     assert "Traceback" not in output, output
 
 
-@pytest.mark.parametrize("url", [
-    f"postgresql://dygo:{PASSWORD}@127.0.0.1:{{port}}/dygo",
-    f"postgresql://dygo:{PASSWORD}%zz@127.0.0.1:{{port}}/dygo",  # libpq: invalid percent-encoded token: "<password>"
-    f"postgresql://dygo:{PASSWORD}@[::1/dygo",  # libpq quotes the whole URI
-    f"host=127.0.0.1 port={{port}} user=dygo password={PASSWORD} dbname",
-    f"host=127.0.0.1 port={{port}} user=dygo password='{PASSWORD}",
-    f"postgresql://dygo@127.0.0.1:{{port}}/dygo?password={PASSWORD}&sslmode=nonsense",
-], ids=["closed port", "bad percent escape", "bad IPv6 host", "bad key=value", "unterminated quote",
-        "password in query"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://dygo:{PASSWORD}@127.0.0.1:{{port}}/dygo",
+        # libpq: invalid percent-encoded token: "<password>"
+        f"postgresql://dygo:{PASSWORD}%zz@127.0.0.1:{{port}}/dygo",
+        f"postgresql://dygo:{PASSWORD}@[::1/dygo",  # libpq quotes the whole URI
+        f"host=127.0.0.1 port={{port}} user=dygo password={PASSWORD} dbname",
+        f"host=127.0.0.1 port={{port}} user=dygo password='{PASSWORD}",
+        f"postgresql://dygo@127.0.0.1:{{port}}/dygo?password={PASSWORD}&sslmode=nonsense",
+    ],
+    ids=[
+        "closed port",
+        "bad percent escape",
+        "bad IPv6 host",
+        "bad key=value",
+        "unterminated quote",
+        "password in query",
+    ],
+)
 def test_database_password_never_appears_when_the_database_is_unreachable_or_the_url_malformed(spawn, url):
     url = url.format(port=closed_port())
     commands = [("migrate",), ("worker",)]
@@ -147,8 +161,9 @@ def test_tokens_never_appear_in_error_bodies_or_the_serve_log(serve):
     api = serve()
     near_misses = [ADMIN_TOKEN + "x", ADMIN_TOKEN[:-1], READ_TOKEN.upper(), f"{ADMIN_TOKEN} {READ_TOKEN}"]
     for n, token in enumerate(near_misses):
-        for m, (method, path) in enumerate((("GET", "/api/v1/jobs"), ("POST", "/api/v1/queues/default/pause"),
-                                            ("GET", "/metrics"))):
+        for m, (method, path) in enumerate(
+            (("GET", "/api/v1/jobs"), ("POST", "/api/v1/queues/default/pause"), ("GET", "/metrics"))
+        ):
             # A different (proxied) client address each: the failed-token throttle locks one out after 5.
             headers = {"Authorization": f"Bearer {token}", "X-Forwarded-For": f"198.51.100.{n * 3 + m + 1}"}
             response = api.anon.request(method, path, headers=headers)
@@ -165,7 +180,7 @@ def test_tokens_never_appear_in_error_bodies_or_the_serve_log(serve):
 
 def test_scrub_hides_every_spelling_of_the_password():
     for url, message in [
-        ("postgresql://u:p%40ss@h/d", "token: \"p%40ss\" and p@ss"),
+        ("postgresql://u:p%40ss@h/d", 'token: "p%40ss" and p@ss'),
         ("host=h password='a b\\'c' user=u", "bad a b\\'c here"),
         ("host=h password=plain user=u", "saw plain"),
         ("postgresql://u@h/d?sslmode=x&password=q%20r", "q%20r q r"),

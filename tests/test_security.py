@@ -35,9 +35,13 @@ def queue_paused(api, name: str) -> bool:
 def test_cross_site_form_post_is_refused(serve):
     api = serve(tokens=False)  # development on localhost: no token to stop a forged request
     form = {"Content-Type": "application/x-www-form-urlencoded"}
-    for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"},
-                    {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},
-                    {"Origin": "null"}, {"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1:1"}):
+    for headers in (
+        {"Origin": "http://evil.example"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},
+        {"Origin": "null"},
+        {"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1:1"},
+    ):
         reply = api.anon.post("/api/v1/queues/default/pause", headers={**form, **headers}, content=b"x=1")
         assert reply.status_code == 403, (headers, reply.text)
         assert reply.json()["error"]["code"] == "cross_site_request"
@@ -84,8 +88,14 @@ def test_every_response_carries_the_security_headers(serve):
     signed_in = httpx.Client(base_url=api.url, follow_redirects=False)
     cookie = log_in(signed_in, ADMIN_TOKEN)
     assert cookie
-    for client, path in ((signed_in, "/dashboard/"), (signed_in, "/dashboard/jobs"), (api.admin, "/api/v1/queues"),
-                         (api.anon, "/api/v1/queues"), (api.reader, "/metrics"), (api.anon, "/docs")):
+    for client, path in (
+        (signed_in, "/dashboard/"),
+        (signed_in, "/dashboard/jobs"),
+        (api.admin, "/api/v1/queues"),
+        (api.anon, "/api/v1/queues"),
+        (api.reader, "/metrics"),
+        (api.anon, "/docs"),
+    ):
         reply = client.get(path)
         assert reply.headers["x-frame-options"] == "DENY", path
         assert "frame-ancestors 'none'" in reply.headers["content-security-policy"], path
@@ -96,8 +106,11 @@ def test_every_response_carries_the_security_headers(serve):
         assert reply.status_code == 200
         assert reply.headers["cache-control"] == "no-store", path
         policy = reply.headers["content-security-policy"]
-        assert "default-src 'none'" in policy and "script-src 'self'" in policy and "unsafe-inline" not in policy.split(
-            "style-src-attr")[0], policy
+        assert (
+            "default-src 'none'" in policy
+            and "script-src 'self'" in policy
+            and "unsafe-inline" not in policy.split("style-src-attr")[0]
+        ), policy
     assert api.admin.get("/api/v1/queues").headers["cache-control"] == "no-store"
     assert api.reader.get("/metrics").headers["cache-control"] == "no-store"
 
@@ -160,8 +173,9 @@ def test_wrong_bearer_tokens_lock_a_client_out_across_serve_processes(serve):
         assert reply.json()["error"]["code"] == "too_many_failures"
         assert 240 < int(reply.headers["retry-after"]) <= 300
     other = {"X-Forwarded-For": "203.0.113.8"}
-    assert first.anon.get("/api/v1/queues", headers={**other, "Authorization": f"Bearer {ADMIN_TOKEN}"}).status_code \
-        == 200
+    assert (
+        first.anon.get("/api/v1/queues", headers={**other, "Authorization": f"Bearer {ADMIN_TOKEN}"}).status_code == 200
+    )
     # The dashboard's sign-in counts the same failures: the guesser cannot switch to the login form.
     client = httpx.Client(base_url=second.url, follow_redirects=False, headers=guesser)
     page = client.get("/dashboard/login")
@@ -169,8 +183,16 @@ def test_wrong_bearer_tokens_lock_a_client_out_across_serve_processes(serve):
     assert client.post("/dashboard/login", data={"csrf": csrf, "token": ADMIN_TOKEN}).status_code == 429
 
 
-@pytest.mark.parametrize("token", ["aaaaaaaaaaaaaaaaaaaa", "passwordpassword", "0123456789abcdefghij",
-                                   "abcabcabcabcabcabcabcabc", "Password123456789"])
+@pytest.mark.parametrize(
+    "token",
+    [
+        "aaaaaaaaaaaaaaaaaaaa",
+        "passwordpassword",
+        "0123456789abcdefghij",
+        "abcabcabcabcabcabcabcabc",
+        "Password123456789",
+    ],
+)
 def test_production_refuses_a_token_too_simple_to_be_random(spawn, db_url, token):
     process = spawn("serve", "--env", "production", env=dygo_env(db_url, DYGO_ADMIN_TOKEN=token))
     assert process.wait() == 2
@@ -183,8 +205,9 @@ def test_production_refuses_a_token_too_simple_to_be_random(spawn, db_url, token
 def test_production_accepts_generated_tokens(serve):
     import secrets
 
-    api = serve("--env", "production", DYGO_ADMIN_TOKEN=secrets.token_urlsafe(32),
-                DYGO_READ_TOKEN=secrets.token_hex(16))
+    api = serve(
+        "--env", "production", DYGO_ADMIN_TOKEN=secrets.token_urlsafe(32), DYGO_READ_TOKEN=secrets.token_hex(16)
+    )
     assert api.anon.get("/healthz").status_code == 200
 
 
@@ -193,8 +216,9 @@ def test_production_accepts_generated_tokens(serve):
 
 def test_text_logs_escape_control_characters_from_a_job(api, spawn):
     forged = "2026-01-01 00:00:00,000 INFO dygo.worker: job 1 test.noop attempt 1/1 succeeded in 1ms"
-    job = api.admin.post("/api/v1/jobs", json={"kind": "test.abort_with", "args": {
-        "message": f"boom\n{forged}\r\x1b[2K\u2028{forged}"}}).json()["id"]
+    job = api.admin.post(
+        "/api/v1/jobs", json={"kind": "test.abort_with", "args": {"message": f"boom\n{forged}\r\x1b[2K\u2028{forged}"}}
+    ).json()["id"]
     worker = spawn("worker", "--log-format", "text")
     wait_until(lambda: api.admin.get(f"/api/v1/jobs/{job}").json()["state"] == "dead", message="the job to die")
     worker.signal(2)
@@ -228,10 +252,11 @@ def test_a_malformed_chunked_body_logs_one_line_without_a_traceback(serve):
     api = serve()
     requests = [  # unauthenticated: refused with 401 before the body is read, then the bad chunk arrives
         b"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"5\r\n{\"kin\r\nzz-not-hex\r\nrest\r\n0\r\n\r\n",
+        b'5\r\n{"kin\r\nzz-not-hex\r\nrest\r\n0\r\n\r\n',
         # authenticated: the app is reading the body when the bad chunk comes
-        b"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode()
-        + b"\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"kin\r\n",
+        b"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+        + ADMIN_TOKEN.encode()
+        + b'\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"kin\r\n',
     ]
     for request in requests:
         with socket.create_connection(("127.0.0.1", _port(api)), timeout=5) as raw:
@@ -256,8 +281,11 @@ def test_a_malformed_chunked_body_logs_one_line_without_a_traceback(serve):
 
 def test_trailing_slash_redirects_are_relative(serve):
     api = serve(DYGO_ALLOWED_HOSTS="jobs.example.com")
-    for path, target in (("/metrics/", "/metrics"), ("/api/v1/queues/", "/api/v1/queues"),
-                         ("/api/v1/jobs/?limit=2", "/api/v1/jobs?limit=2")):
+    for path, target in (
+        ("/metrics/", "/metrics"),
+        ("/api/v1/queues/", "/api/v1/queues"),
+        ("/api/v1/jobs/?limit=2", "/api/v1/jobs?limit=2"),
+    ):
         reply = api.reader.get(path, headers={"Host": "jobs.example.com"}, follow_redirects=False)
         assert reply.status_code == 307, (path, reply.text)
         assert reply.headers["location"] == target

@@ -34,8 +34,10 @@ def api(spawn):
 
 
 def test_enqueue_over_http_then_read_the_job_back(api, conn):
-    response = api.post("/api/v1/jobs", json={"kind": "test.record", "args": {"seconds": 1.5},
-                                              "priority": 3, "delay": "1m", "meta": {"via": "http"}})
+    response = api.post(
+        "/api/v1/jobs",
+        json={"kind": "test.record", "args": {"seconds": 1.5}, "priority": 3, "delay": "1m", "meta": {"via": "http"}},
+    )
     assert response.status_code == 201, response.text
     body = response.json()
     assert body["deduplicated"] is False
@@ -52,14 +54,17 @@ def test_idempotency_key_over_http_answers_200_with_the_same_job(api):
     assert again.json()["id"] == first.json()["id"] and again.json()["deduplicated"] is True
 
 
-@pytest.mark.parametrize(("body", "code", "fragment"), [
-    ({"kind": "no.such"}, "unknown_kind", "not registered"),
-    ({"kind": "test.noop", "queue": "nope"}, "unknown_queue", "'nope' is not configured"),
-    ({"kind": "test.record", "args": {"seconds": "soon"}}, "invalid_args", "invalid"),
-    ({"kind": "test.noop", "priorty": 1}, "invalid_request", "invalid"),
-    ({"kind": "test.noop", "delay": "tomorrow"}, "invalid_duration", "not a duration"),
-    ({"args": {}}, "invalid_request", "invalid"),
-])
+@pytest.mark.parametrize(
+    ("body", "code", "fragment"),
+    [
+        ({"kind": "no.such"}, "unknown_kind", "not registered"),
+        ({"kind": "test.noop", "queue": "nope"}, "unknown_queue", "'nope' is not configured"),
+        ({"kind": "test.record", "args": {"seconds": "soon"}}, "invalid_args", "invalid"),
+        ({"kind": "test.noop", "priorty": 1}, "invalid_request", "invalid"),
+        ({"kind": "test.noop", "delay": "tomorrow"}, "invalid_duration", "not a duration"),
+        ({"args": {}}, "invalid_request", "invalid"),
+    ],
+)
 def test_bad_enqueue_is_a_422_naming_the_problem(api, conn, body, code, fragment):
     response = api.post("/api/v1/jobs", json=body)
     assert response.status_code == 422

@@ -46,8 +46,9 @@ async def _mixed_clients(url: str, job_id: int) -> tuple[collections.Counter[int
                 if kind == 0:
                     reply = await client.get("/api/v1/queues", headers=read)
                 elif kind == 1:
-                    reply = await client.post("/api/v1/jobs", json={"kind": "test.noop", "args": {"n": n}},
-                                              headers=admin)
+                    reply = await client.post(
+                        "/api/v1/jobs", json={"kind": "test.noop", "args": {"n": n}}, headers=admin
+                    )
                 elif kind == 2:
                     reply = await client.post("/api/v1/jobs/batch", json=batch, headers=admin)
                 elif kind == 3:
@@ -91,8 +92,10 @@ def test_five_hundred_concurrent_clients_get_no_503(api, conn):
     assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 1 + singles + batches * BATCH
     assert "database connection lost" not in api.process.stderr()
     # Bounded: at most serve_pool_size (default 10) connections for requests, +1 LISTEN for ?wait=.
-    held = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND application_name LIKE 'dygo-serve%'").fetchone()[0]
+    held = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name LIKE 'dygo-serve%'"
+    ).fetchone()[0]
     assert held <= 11
 
 
@@ -100,8 +103,11 @@ def _refuse_connections(server_url: str, dbname: str, refuse: bool) -> None:
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(f"ALTER DATABASE {dbname} ALLOW_CONNECTIONS {'false' if refuse else 'true'}")
         if refuse:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE datname = %s AND application_name LIKE 'dygo-serve%%'", (dbname,))
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND application_name LIKE 'dygo-serve%%'",
+                (dbname,),
+            )
 
 
 def test_a_database_that_refuses_connections_gets_503_with_retry_after_then_200_again(api, db_url, server_url):
@@ -110,9 +116,11 @@ def test_a_database_that_refuses_connections_gets_503_with_retry_after_then_200_
     assert api.reader.get("/api/v1/jobs").status_code == 200
     _refuse_connections(server_url, dbname, refuse=True)
     try:
-        for client, method, path, body in ((api.reader, "GET", "/api/v1/queues", None),
-                                           (api.admin, "POST", "/api/v1/jobs", {"kind": "test.noop"}),
-                                           (api.reader, "GET", "/api/v1/jobs", None)):
+        for client, method, path, body in (
+            (api.reader, "GET", "/api/v1/queues", None),
+            (api.admin, "POST", "/api/v1/jobs", {"kind": "test.noop"}),
+            (api.reader, "GET", "/api/v1/jobs", None),
+        ):
             reply = client.request(method, path, json=body, timeout=30)
             assert reply.status_code == 503, (path, reply.text)
             error = reply.json()["error"]
@@ -120,8 +128,11 @@ def test_a_database_that_refuses_connections_gets_503_with_retry_after_then_200_
             assert int(reply.headers["Retry-After"]) > 0
     finally:
         _refuse_connections(server_url, dbname, refuse=False)
-    wait_until(lambda: api.reader.get("/api/v1/queues").status_code == 200, timeout=30,
-               message="serve to answer again once the database accepts connections")
+    wait_until(
+        lambda: api.reader.get("/api/v1/queues").status_code == 200,
+        timeout=30,
+        message="serve to answer again once the database accepts connections",
+    )
     assert api.admin.post("/api/v1/jobs", json={"kind": "test.noop"}).status_code == 201
     assert api.reader.get("/api/v1/jobs").status_code == 200
     outage_lines = [line for line in api.process.stderr().splitlines() if "database connection" in line]
@@ -134,15 +145,18 @@ def test_serve_holds_no_more_connections_than_its_pool_size(serve, conn):
     assert "up to 3 database connections each" in api.process.wait_for_line("database connections each")
 
     async def burst() -> list[int]:
-        async with httpx.AsyncClient(base_url=api.url, timeout=60,
-                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
-            replies = await asyncio.gather(*(client.post("/api/v1/jobs", json={"kind": "test.noop"})
-                                             for _ in range(200)))
+        async with httpx.AsyncClient(
+            base_url=api.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        ) as client:
+            replies = await asyncio.gather(
+                *(client.post("/api/v1/jobs", json={"kind": "test.noop"}) for _ in range(200))
+            )
         return [reply.status_code for reply in replies]
 
     assert set(asyncio.run(burst())) == {201}
-    held = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND application_name = 'dygo-serve'").fetchone()[0]
+    held = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'dygo-serve'"
+    ).fetchone()[0]
     assert 1 <= held <= 3
 
 
@@ -163,10 +177,14 @@ def _children(pid: int) -> list[int]:
 def test_web_concurrency_starts_that_many_web_processes_sharing_the_port(serve, conn):
     api = serve(WEB_CONCURRENCY="2", DYGO_SERVE_POOL_SIZE="2")
     assert "2 web processes, up to 2 database connections each" in api.process.wait_for_line("web process")
+
     # uvicorn's supervisor starts the web processes (and multiprocessing's resource tracker).
     def web_processes() -> list[int]:
-        return [pid for pid in _children(api.process.process.pid)
-                if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        return [
+            pid
+            for pid in _children(api.process.process.pid)
+            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
+        ]
 
     wait_until(lambda: len(web_processes()) >= 2, message="two web processes")
     web = web_processes()
@@ -176,9 +194,13 @@ def test_web_concurrency_starts_that_many_web_processes_sharing_the_port(serve, 
     clients: set[Any] = set()
 
     def both_connected() -> bool:
-        clients.update(row[0] for row in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = "
-            "'dygo-serve-listen'"))
+        clients.update(
+            row[0]
+            for row in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = "
+                "'dygo-serve-listen'"
+            )
+        )
         return len(clients) >= 2
 
     wait_until(both_connected, message="each web process to hold its own LISTEN connection")
@@ -188,8 +210,10 @@ def test_web_concurrency_starts_that_many_web_processes_sharing_the_port(serve, 
 
 
 def test_a_bad_pool_size_or_web_concurrency_is_refused_before_starting(spawn, db_url):
-    for env, fragment in (({"DYGO_SERVE_POOL_SIZE": "1"}, "DYGO_SERVE_POOL_SIZE"),
-                          ({"WEB_CONCURRENCY": "many"}, "WEB_CONCURRENCY")):
+    for env, fragment in (
+        ({"DYGO_SERVE_POOL_SIZE": "1"}, "DYGO_SERVE_POOL_SIZE"),
+        ({"WEB_CONCURRENCY": "many"}, "WEB_CONCURRENCY"),
+    ):
         process = spawn("serve", "--port", "0", env=dygo_env(db_url, **env))
         assert process.wait() == 2
         assert fragment in process.stderr()
@@ -207,8 +231,15 @@ def test_a_process_saturated_past_its_wait_limit_answers_503_saturated_and_logs_
             # that connection longer than POOL_TIMEOUT with the database healthy.
             conn.execute("LOCK TABLE dygo_jobs IN ACCESS EXCLUSIVE MODE")
             first = pool.submit(api.admin.post, "/api/v1/jobs", json={"kind": "test.noop"}, timeout=60)
-            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_locks WHERE relation = 'dygo_jobs'::regclass "
-                                            "AND NOT granted").fetchone()[0] == 1, message="the first to wait")
+            wait_until(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM pg_locks WHERE relation = 'dygo_jobs'::regclass AND NOT granted"
+                    ).fetchone()[0]
+                    == 1
+                ),
+                message="the first to wait",
+            )
             second = pool.submit(api.admin.post, "/api/v1/jobs", json={"kind": "test.noop"}, timeout=60)
             saturated = second.result(timeout=POOL_TIMEOUT + 30)
         assert first.result(timeout=30).status_code == 201

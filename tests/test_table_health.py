@@ -33,11 +33,13 @@ def test_embedded_server_visits_each_database_every_ten_seconds(server_url, conn
 
 
 def test_worker_trims_heartbeat_rows_of_workers_that_are_gone(conn, spawn):
-    conn.execute("""
+    conn.execute(
+        """
         INSERT INTO dygo_workers (id, hostname, pid, queues, started_at, last_seen_at) VALUES
             ('gone:1:aaaa', 'gone', 1, %(queues)s, now() - interval '2 hours', now() - interval '10 minutes'),
             ('quiet:2:bbbb', 'quiet', 2, %(queues)s, now() - interval '2 hours', now() - interval '20 seconds')""",
-                 {"queues": json.dumps({"default": 1})})
+        {"queues": json.dumps({"default": 1})},
+    )
     process = spawn("worker")
     process.wait_for_line("started")
 

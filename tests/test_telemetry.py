@@ -18,8 +18,7 @@ LES = (*(f"{b:g}" for b in BOUNDS), "+Inf")
 def histogram(samples, name: str, **labels: str) -> dict[str, float]:
     """le -> cumulative count of one histogram series, plus its _count."""
     wanted = set(labels.items())
-    found = {dict(lbls)["le"]: v for (n, lbls), v in samples.items()
-             if n == f"{name}_bucket" and wanted <= set(lbls)}
+    found = {dict(lbls)["le"]: v for (n, lbls), v in samples.items() if n == f"{name}_bucket" and wanted <= set(lbls)}
     found["count"] = samples[(f"{name}_count", tuple(sorted(labels.items())))]
     return found
 
@@ -36,9 +35,11 @@ def cumulative(**falls_in: int) -> dict[str, float]:
 
 def due_ago(conn, ids: list[int], seconds: int) -> None:
     """Make jobs due (and enqueued) `seconds` ago, so their start latency is known within the bucket width."""
-    conn.execute("UPDATE dygo_jobs SET run_at = now() - make_interval(secs => %(s)s), "
-                 "enqueued_at = now() - make_interval(secs => %(s)s) WHERE id = ANY(%(ids)s)",
-                 {"s": seconds, "ids": ids})
+    conn.execute(
+        "UPDATE dygo_jobs SET run_at = now() - make_interval(secs => %(s)s), "
+        "enqueued_at = now() - make_interval(secs => %(s)s) WHERE id = ANY(%(ids)s)",
+        {"s": seconds, "ids": ids},
+    )
 
 
 def test_latency_and_duration_histograms_by_queue_and_kind_are_exact_after_a_real_worker(api, conn, spawn):
@@ -65,7 +66,8 @@ def test_latency_and_duration_histograms_by_queue_and_kind_are_exact_after_a_rea
     assert conn.execute("SELECT count(*) FROM dygo_timings").fetchone()[0] == 4  # 2 queues x 2 measures
     folded = scrape(api.reader)
     assert {k: v for k, v in folded.items() if "seconds" in k[0]} == {
-        k: v for k, v in samples.items() if "seconds" in k[0]}
+        k: v for k, v in samples.items() if "seconds" in k[0]
+    }
     due_ago(conn, [enqueue(conn, "test.sleep", {"seconds": 0.3}).id], 45)
     assert spawn("worker", "--once").wait() == 0
     again = scrape(api.reader)
@@ -76,8 +78,11 @@ def test_latency_and_duration_histograms_by_queue_and_kind_are_exact_after_a_rea
 def scrape_worker(port: int) -> dict:
     response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
     assert response.status_code == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 def final(conn, ids: list[int]) -> bool:
@@ -95,8 +100,10 @@ def test_worker_metrics_port_counts_this_process_executions_claims_settles_and_b
     worker.wait_for_line(f"dygo worker metrics: http://127.0.0.1:{port}/metrics")
     wait_until(lambda: final(conn, ids), message="the five jobs to finish")
     enqueue(conn, "test.sleep", {"seconds": 30})  # holds one slot while we look
-    samples = wait_until(lambda: (s := scrape_worker(port)).get(
-        ("dygo_worker_busy_slots", (("queue", "default"),))) == 1 and s, message="a busy slot")
+    samples = wait_until(
+        lambda: (s := scrape_worker(port)).get(("dygo_worker_busy_slots", (("queue", "default"),))) == 1 and s,
+        message="a busy slot",
+    )
 
     executions = {labels: v for (name, labels), v in samples.items() if name == "dygo_worker_executions_total"}
     assert executions == {
@@ -108,18 +115,25 @@ def test_worker_metrics_port_counts_this_process_executions_claims_settles_and_b
         (("kind", "test.snooze"), ("outcome", "succeeded"), ("queue", "default")): 1,
     }
     assert samples[("dygo_worker_claimed_jobs_total", (("queue", "default"),))] == 10  # 9 runs and the sleeper
-    settled = {dict(labels)["outcome"]: v for (name, labels), v in samples.items()
-               if name == "dygo_worker_settled_jobs_total"}
+    settled = {
+        dict(labels)["outcome"]: v for (name, labels), v in samples.items() if name == "dygo_worker_settled_jobs_total"
+    }
     assert settled == {"succeeded": 3, "failed": 2, "snoozed": 2, "dead": 2}
     assert samples[("dygo_worker_lease_lost_total", ())] == 0
     assert samples[("dygo_worker_busy_slots", (("queue", "other"),))] == 0
     assert samples[("dygo_worker_concurrency", (("queue", "default"),))] == 8
     assert samples[("dygo_worker_concurrency", (("queue", "other"),))] == 2
-    durations = {dict(labels)["kind"]: v for (name, labels), v in samples.items()
-                 if name == "dygo_worker_execution_duration_seconds_count"}
+    durations = {
+        dict(labels)["kind"]: v
+        for (name, labels), v in samples.items()
+        if name == "dygo_worker_execution_duration_seconds_count"
+    }
     assert durations == {"test.noop": 2, "test.fail": 3, "test.abort": 1, "test.snooze": 3}
-    latencies = {dict(labels)["kind"]: v for (name, labels), v in samples.items()
-                 if name == "dygo_worker_start_latency_seconds_count"}
+    latencies = {
+        dict(labels)["kind"]: v
+        for (name, labels), v in samples.items()
+        if name == "dygo_worker_start_latency_seconds_count"
+    }
     assert latencies == {"test.noop": 2, "test.fail": 3, "test.abort": 1, "test.snooze": 3, "test.sleep": 1}
 
 
@@ -141,8 +155,11 @@ def test_serve_reports_each_live_workers_busy_slots(api, conn, spawn):
     enqueue(conn, "test.sleep", {"seconds": 30}, queue="other")
 
     def busy() -> dict:
-        return {dict(labels)["queue"]: v for (name, labels), v in scrape(api.reader).items()
-                if name == "dygo_worker_slots_busy" and dict(labels)["worker"] == worker_id}
+        return {
+            dict(labels)["queue"]: v
+            for (name, labels), v in scrape(api.reader).items()
+            if name == "dygo_worker_slots_busy" and dict(labels)["worker"] == worker_id
+        }
 
     assert wait_until(lambda: (b := busy()) == {"default": 2, "other": 1} and b, message="3 busy slots")
     assert value(scrape(api.reader), "dygo_worker_slots", worker=worker_id, queue="default") == 8

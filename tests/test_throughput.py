@@ -16,10 +16,12 @@ KEEP_FOREVER = Retention(succeeded=0, dead=0, cancelled=0, daily_stats=0)
 
 
 def delta(conn, minutes_ago: int, succeeded: int = 0, failed: int = 0, dead: int = 0, kind: str = "a") -> None:
-    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded, failed, dead, at) "
-                 "VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', %s, %s, %s, %s, "
-                 "date_trunc('minute', now()) - make_interval(mins => %s) + interval '1 second')",
-                 (kind, succeeded, failed, dead, minutes_ago))
+    conn.execute(
+        "INSERT INTO dygo_stats_deltas (day, queue, kind, succeeded, failed, dead, at) "
+        "VALUES ((now() AT TIME ZONE 'UTC')::date, 'default', %s, %s, %s, %s, "
+        "date_trunc('minute', now()) - make_interval(mins => %s) + interval '1 second')",
+        (kind, succeeded, failed, dead, minutes_ago),
+    )
 
 
 def by_minute(conn) -> list[tuple[int, int, int]]:
@@ -52,8 +54,10 @@ def test_retention_trims_minute_rollups_after_two_hours_whatever_the_retention(c
 
 
 def test_every_way_to_die_stores_the_fingerprint_the_groups_read(conn):
-    ids = [conn.execute("INSERT INTO dygo_jobs (kind, queue) VALUES ('a', 'default') RETURNING id").fetchone()[0]
-           for _ in range(3)]
+    ids = [
+        conn.execute("INSERT INTO dygo_jobs (kind, queue) VALUES ('a', 'default') RETURNING id").fetchone()[0]
+        for _ in range(3)
+    ]
     admin.act_on_job(conn, "archive", ids[0])
     assert admin.bulk_act(conn, "archive", ids=ids[1:]).changed == 2
     fingerprints = conn.execute("SELECT DISTINCT dead_fingerprint FROM dygo_jobs").fetchall()
@@ -65,25 +69,35 @@ def test_every_way_to_die_stores_the_fingerprint_the_groups_read(conn):
 
 def test_fingerprints_normalise_numbers_hex_and_uuids_in_the_first_line(conn):
     error = "KeyError: order 1234 at 0xDEADbeef for 0b1e2f7a-1c2d-4e5f-8a9b-0C1D2E3F4A5B\nTraceback 99"
-    assert conn.execute("SELECT dygo_error_fingerprint(%s)", (error,)).fetchone()[0] == \
-        "KeyError: order <n> at <hex> for <id>"
+    assert (
+        conn.execute("SELECT dygo_error_fingerprint(%s)", (error,)).fetchone()[0]
+        == "KeyError: order <n> at <hex> for <id>"
+    )
     assert conn.execute("SELECT dygo_error_fingerprint(NULL)").fetchone()[0] == ""
 
 
 def test_vacuum_dead_counts_what_it_then_deletes(conn):
     for age in ("3 days", "3 days", "1 hour"):
-        conn.execute("INSERT INTO dygo_jobs (kind, queue, state, finished_at) "
-                     "VALUES ('a', 'default', 'dead', now() - %s::interval)", (age,))
-    conn.execute("INSERT INTO dygo_jobs (kind, queue, state, finished_at) "
-                 "VALUES ('a', 'other', 'dead', now() - interval '3 days')")
+        conn.execute(
+            "INSERT INTO dygo_jobs (kind, queue, state, finished_at) "
+            "VALUES ('a', 'default', 'dead', now() - %s::interval)",
+            (age,),
+        )
+    conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, state, finished_at) "
+        "VALUES ('a', 'other', 'dead', now() - interval '3 days')"
+    )
     assert admin.count_vacuum_dead(conn, "default", 86400) == 2
     assert admin.vacuum_dead(conn, "default", 86400) == 2
     assert admin.count_vacuum_dead(conn, "default", 0) == 1
 
 
 def _age_failures(conn, address: str, seconds: float) -> None:
-    conn.execute("UPDATE dygo_auth_failures SET failures = (SELECT array_agg(t - make_interval(secs => %s) ORDER BY t) "
-                 "FROM unnest(failures) AS t) WHERE address = %s", (seconds, address))
+    conn.execute(
+        "UPDATE dygo_auth_failures SET failures = (SELECT array_agg(t - make_interval(secs => %s) ORDER BY t) "
+        "FROM unnest(failures) AS t) WHERE address = %s",
+        (seconds, address),
+    )
 
 
 def test_failed_token_throttle_locks_an_address_out_after_too_many_failures_until_the_window_passes(conn):
@@ -111,16 +125,28 @@ def test_failed_token_throttle_locks_an_address_out_after_too_many_failures_unti
 def test_settling_and_poison_recovery_store_the_fingerprint_of_the_error_that_killed_the_job(conn, db_url):
     dies, retries, poisoned = (enqueue(conn, "test.noop", {}).id for _ in range(3))
     jobs = {job.id: job for job in claim_now(db_url, limit=2, owner="worker-7")}
-    run(settle_now(db_url, [Unsuccessful(jobs[dies], "dead", error="ValueError: order 17 failed\nmore"),
-                            Unsuccessful(jobs[retries], "pending", delay=60, error="ValueError: order 18 failed")]))
+    run(
+        settle_now(
+            db_url,
+            [
+                Unsuccessful(jobs[dies], "dead", error="ValueError: order 17 failed\nmore"),
+                Unsuccessful(jobs[retries], "pending", delay=60, error="ValueError: order 18 failed"),
+            ],
+        )
+    )
     [last] = claim_now(db_url, limit=1, owner="worker-7")
     conn.execute("UPDATE dygo_jobs SET lease_deadline = now() - interval '1s' WHERE id = %s", (last.id,))
     run(recover_now(db_url, max_reaps=0))
     fingerprints = dict(conn.execute("SELECT id, dead_fingerprint FROM dygo_jobs").fetchall())
-    assert fingerprints == {dies: "ValueError: order <n> failed", retries: None,
-                            poisoned: "lease expired: worker worker-<n> stopped renewing it"}
+    assert fingerprints == {
+        dies: "ValueError: order <n> failed",
+        retries: None,
+        poisoned: "lease expired: worker worker-<n> stopped renewing it",
+    }
     assert {(g["fingerprint"], g["count"]) for g in admin.dead_letter_groups(conn)} == {
-        ("ValueError: order <n> failed", 1), ("lease expired: worker worker-<n> stopped renewing it", 1)}
+        ("ValueError: order <n> failed", 1),
+        ("lease expired: worker worker-<n> stopped renewing it", 1),
+    }
 
 
 async def settle_now(url: str, outcomes: list) -> set[int]:

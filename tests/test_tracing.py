@@ -63,8 +63,11 @@ def test_handler_span_in_the_worker_is_a_child_of_the_enqueue_span(conn, db_url,
     enqueued = spans.get_finished_spans()
     assert [span.name for span in enqueued] == ["dygo.enqueue"] * 3
     single, fail_span, batch_span = enqueued
-    assert dict(single.attributes) == {"dygo.job.kind": "test.noop", "dygo.job.queue": "default",
-                                       "dygo.job.id": succeeding}
+    assert dict(single.attributes) == {
+        "dygo.job.kind": "test.noop",
+        "dygo.job.queue": "default",
+        "dygo.job.id": succeeding,
+    }
     assert dict(batch_span.attributes) == {"dygo.jobs.count": 2}
     trace_id, span_id = ids(single)
     carried = meta(conn, succeeding)
@@ -73,17 +76,22 @@ def test_handler_span_in_the_worker_is_a_child_of_the_enqueue_span(conn, db_url,
 
     executed = {span["attributes"]["dygo.job.id"]: span for span in run_worker_once(spawn, db_url, tmp_path / "s")}
     assert set(executed) == {succeeding, failing, *batch}
-    for job_id, parent in [(succeeding, single), (failing, fail_span), (batch[0], batch_span),
-                           (batch[1], batch_span)]:
+    for job_id, parent in [(succeeding, single), (failing, fail_span), (batch[0], batch_span), (batch[1], batch_span)]:
         assert (executed[job_id]["trace_id"], executed[job_id]["parent_id"]) == ids(parent)
     ok = executed[succeeding]
     assert ok["name"] == "dygo.execute test.noop" and ok["status"] == "UNSET"
-    assert ok["attributes"] == {"dygo.job.id": succeeding, "dygo.job.kind": "test.noop", "dygo.job.queue": "default",
-                                "dygo.job.attempt": 1, "dygo.job.outcome": "succeeded"}
+    assert ok["attributes"] == {
+        "dygo.job.id": succeeding,
+        "dygo.job.kind": "test.noop",
+        "dygo.job.queue": "default",
+        "dygo.job.attempt": 1,
+        "dygo.job.outcome": "succeeded",
+    }
     failed = executed[failing]
     assert failed["attributes"]["dygo.job.outcome"] == "failed" and failed["status"] == "ERROR"
-    assert [(e["name"], e["attributes"]["exception.type"], e["attributes"]["exception.message"])
-            for e in failed["events"]] == [("exception", "ValueError", "failure number 1")]
+    assert [
+        (e["name"], e["attributes"]["exception.type"], e["attributes"]["exception.message"]) for e in failed["events"]
+    ] == [("exception", "ValueError", "failure number 1")]
     assert executed[batch[1]]["attributes"]["dygo.job.queue"] == "other"
 
 
@@ -91,8 +99,9 @@ def test_http_enqueue_continues_the_callers_trace_into_the_worker(serve, conn, d
     spans_file = tmp_path / "spans.jsonl"
     api = serve(DYGO_TEST_SPANS_FILE=str(spans_file))
     caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    response = api.admin.post("/api/v1/jobs", json={"kind": "test.noop"},
-                              headers={"traceparent": f"00-{caller_trace}-{caller_span}-01"})
+    response = api.admin.post(
+        "/api/v1/jobs", json={"kind": "test.noop"}, headers={"traceparent": f"00-{caller_trace}-{caller_span}-01"}
+    )
     assert response.status_code == 201, response.text
     job_id = response.json()["id"]
     [enqueued] = [span for span in read_spans(spans_file) if span["name"] == "dygo.enqueue"]
@@ -111,15 +120,18 @@ def test_without_opentelemetry_installed_enqueue_and_worker_run_untraced(conn, d
         "import os, psycopg; from dygo.store import enqueue, tracing; from dygo.store.config import load_settings; "
         "from dygo.store.loading import load_jobs; load_jobs(load_settings()); assert not tracing.active(); "
         "conn = psycopg.connect(os.environ['DATABASE_URL'], autocommit=True); "
-        "print(enqueue(conn, 'test.noop', {}, meta={'tenant': 'acme'}).id)")
+        "print(enqueue(conn, 'test.noop', {}, meta={'tenant': 'acme'}).id)"
+    )
     worker_script = blocked + "from dygo.cli import main; sys.exit(main(['worker', '--once']))"
     env = dygo_env(db_url)
-    done = subprocess.run([sys.executable, "-c", enqueue_script], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", enqueue_script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     job_id = int(done.stdout)
-    worker = subprocess.run([sys.executable, "-c", worker_script], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=60)
+    worker = subprocess.run(
+        [sys.executable, "-c", worker_script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert worker.returncode == 0, worker.stderr
     state, job_meta = conn.execute("SELECT state, meta FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()
     assert (state, job_meta) == ("succeeded", {"tenant": "acme"})
@@ -133,7 +145,9 @@ def test_async_enqueue_is_traced_like_the_sync_one(conn, db_url, spans):
     job_id = asyncio.run(enqueue_one())
     [span] = spans.get_finished_spans()
     assert (span.name, dict(span.attributes)) == (
-        "dygo.enqueue", {"dygo.job.kind": "test.noop", "dygo.job.queue": "other", "dygo.job.id": job_id})
+        "dygo.enqueue",
+        {"dygo.job.kind": "test.noop", "dygo.job.queue": "other", "dygo.job.id": job_id},
+    )
     trace_id, span_id = ids(span)
     assert meta(conn, job_id)["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
 
@@ -163,16 +177,21 @@ def fired_job(conn) -> tuple[int, dict[str, str]]:
 def test_a_cron_fired_job_runs_in_the_trace_of_its_schedule_fire_span(conn, db_url, spawn, tmp_path):
     config = due_schedule(conn, db_url, tmp_path)
     spans_file = tmp_path / "spans.jsonl"
-    worker = spawn("worker", "--once", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(config),
-                                                    DYGO_TEST_SPANS_FILE=str(spans_file)))
+    worker = spawn(
+        "worker", "--once", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(config), DYGO_TEST_SPANS_FILE=str(spans_file))
+    )
     assert worker.wait() == 0, worker.stderr()
     job_id, job_meta = fired_job(conn)
     by_name = {span["name"]: span for span in read_spans(spans_file)}
     fire, enqueued, executed = by_name["dygo.schedule.fire"], by_name["dygo.enqueue"], by_name["dygo.execute test.noop"]
     assert fire["parent_id"] is None  # a fire has no caller: it starts the trace
-    assert fire["attributes"] == {"dygo.schedule.name": "tick", "dygo.schedule.occurrence": job_meta["occurrence"],
-                                  "dygo.job.kind": "test.noop", "dygo.job.id": job_id,
-                                  "dygo.schedule.outcome": "fired"}
+    assert fire["attributes"] == {
+        "dygo.schedule.name": "tick",
+        "dygo.schedule.occurrence": job_meta["occurrence"],
+        "dygo.job.kind": "test.noop",
+        "dygo.job.id": job_id,
+        "dygo.schedule.outcome": "fired",
+    }
     # fire -> enqueue (its context in the job's meta) -> the handler, one trace
     assert (enqueued["trace_id"], enqueued["parent_id"]) == (fire["trace_id"], fire["span_id"])
     assert job_meta["traceparent"].startswith(f"00-{fire['trace_id']}-{enqueued['span_id']}-")

@@ -21,6 +21,7 @@ def wait_for_state(conn, job_id: int, *states: str, timeout: float = 20) -> dict
     def reached():
         row = job_row(conn, job_id)
         return row if row["state"] in states else None
+
     return wait_until(reached, timeout, message=f"job {job_id} to be {states}")
 
 
@@ -89,8 +90,9 @@ def test_abort_kills_the_job_at_once(conn, worker):
 def test_retry_after_schedules_the_next_attempt_after_its_delay(conn, worker):
     job = enqueue(conn, "test.retry_after", {})
     wait_until(lambda: job_row(conn, job.id)["attempt"] == 1 and job_row(conn, job.id)["state"] == "pending")
-    assert conn.execute("SELECT run_at - now() BETWEEN interval '25 s' AND interval '30 s' FROM dygo_jobs "
-                        "WHERE id = %s", (job.id,)).fetchone()[0]
+    assert conn.execute(
+        "SELECT run_at - now() BETWEEN interval '25 s' AND interval '30 s' FROM dygo_jobs WHERE id = %s", (job.id,)
+    ).fetchone()[0]
 
 
 def test_reportable_failure_is_logged_loudly_when_retries_run_out(conn, worker):
@@ -115,10 +117,13 @@ def test_timeout_is_a_failed_attempt_and_the_worker_carries_on(conn, worker, kin
     wait_for_state(conn, after.id, "succeeded")
 
 
-@pytest.mark.parametrize(("kind", "error"), [
-    ("test.unserialisable", "result is not JSON-serialisable"),
-    ("test.exit", "SystemExit: 3"),
-])
+@pytest.mark.parametrize(
+    ("kind", "error"),
+    [
+        ("test.unserialisable", "result is not JSON-serialisable"),
+        ("test.exit", "SystemExit: 3"),
+    ],
+)
 def test_bad_handler_behaviour_is_a_recorded_failure(conn, worker, kind, error):
     job = enqueue(conn, kind, {})
     assert wait_for_state(conn, job.id, "dead")["last_error"].startswith(error)
@@ -155,8 +160,10 @@ def test_a_job_put_in_line_before_where_claims_start_is_claimed_at_the_next_walk
     first = enqueue(conn, "test.noop", {})
     wait_for_state(conn, first.id, "succeeded", timeout=10)
     time.sleep(0.2)
-    job_id = conn.execute("INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('test.noop', 'default', "
-                          "now() - interval '1 hour') RETURNING id").fetchone()[0]
+    job_id = conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('test.noop', 'default', "
+        "now() - interval '1 hour') RETURNING id"
+    ).fetchone()[0]
     row = wait_for_state(conn, job_id, "succeeded", timeout=10)
     assert (row["started_at"] - row["enqueued_at"]).total_seconds() < 2.5
 
@@ -232,10 +239,15 @@ def test_four_workers_drain_20000_jobs_exactly_once(conn, spawn):
     workers = [spawn("worker", "--queue", "default", "--concurrency", "50") for _ in range(4)]
     for process in workers:
         process.wait_for_line("started")
-    wait_until(lambda: conn.execute("SELECT count(*) FROM dygo_jobs WHERE state = 'succeeded'").fetchone()[0]
-               == 20_000, timeout=120, interval=0.25, message="20,000 jobs to succeed")
+    wait_until(
+        lambda: conn.execute("SELECT count(*) FROM dygo_jobs WHERE state = 'succeeded'").fetchone()[0] == 20_000,
+        timeout=120,
+        interval=0.25,
+        message="20,000 jobs to succeed",
+    )
     runs, distinct, pids = conn.execute(
-        "SELECT count(*), count(DISTINCT job_id), count(DISTINCT pid) FROM test_runs").fetchone()
+        "SELECT count(*), count(DISTINCT job_id), count(DISTINCT pid) FROM test_runs"
+    ).fetchone()
     assert (runs, distinct) == (20_000, 20_000)
     assert pids == 4
 
@@ -255,6 +267,7 @@ def schemaless_url(server_url):
 
 def test_worker_and_serve_give_up_waiting_for_the_schema_after_the_bound(schemaless_url, spawn):
     from tests.conftest import dygo_env
+
     env = dygo_env(schemaless_url, DYGO_SCHEMA_WAIT="1s")
     for command in ("worker", "serve"):
         process = spawn(command, env=env)
@@ -273,8 +286,7 @@ def test_worker_and_serve_started_before_migrate_wait_for_the_schema(schemaless_
     port = free_port()
     serve = spawn("serve", "--port", str(port), env=env)
     for process in (worker, serve):
-        wait_until(lambda process=process: "has no dygo schema yet" in process.stderr(),
-                   message="the waiting line")
+        wait_until(lambda process=process: "has no dygo schema yet" in process.stderr(), message="the waiting line")
     time.sleep(1.0)
     assert worker.process.poll() is None and serve.process.poll() is None  # still waiting, not failed
     assert spawn("migrate", env=env).wait() == 0
@@ -303,12 +315,20 @@ def test_kind_max_attempts_applies_to_a_job_whose_producer_never_imported_the_ki
     import sys
 
     from tests.conftest import REPO, TEST_CONFIG
-    producer = ("import sys, psycopg\nfrom dygo import enqueue\n"
-                "with psycopg.connect(sys.argv[1], autocommit=True) as conn:\n"
-                "    print(enqueue(conn, 'test.fail', {}, queue='default').id)\n")
-    done = subprocess.run([sys.executable, "-c", producer, db_url], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "DYGO_CONFIG_DIR": str(TEST_CONFIG)},
-                          timeout=60)
+
+    producer = (
+        "import sys, psycopg\nfrom dygo import enqueue\n"
+        "with psycopg.connect(sys.argv[1], autocommit=True) as conn:\n"
+        "    print(enqueue(conn, 'test.fail', {}, queue='default').id)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", producer, db_url],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "DYGO_CONFIG_DIR": str(TEST_CONFIG)},
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     job_id = int(done.stdout)
     assert spawn("worker", "--once").wait() == 0

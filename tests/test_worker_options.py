@@ -18,6 +18,7 @@ def final_state(conn, job_id: int, timeout: float) -> str:
     def done():
         state = conn.execute("SELECT state FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()[0]
         return state if state in ("succeeded", "dead") else None
+
     return wait_until(done, timeout, message=f"job {job_id} to finish")
 
 
@@ -26,14 +27,21 @@ def test_poll_only_worker_runs_a_retry_it_scheduled_when_due_not_at_the_next_pol
     worker = spawn("worker", "--poll-only", "--poll-interval", "30s")
     worker.wait_for_line("started")
     assert final_state(conn, job.id, timeout=5) == "succeeded"
-    first, second = [row[0] for row in conn.execute(
-        "SELECT at FROM test_runs WHERE job_id = %s ORDER BY at", (job.id,))]
+    first, second = [
+        row[0] for row in conn.execute("SELECT at FROM test_runs WHERE job_id = %s ORDER BY at", (job.id,))
+    ]
     assert (second - first).total_seconds() < 2
 
 
 def test_poll_interval_of_zero_is_refused_with_a_clear_error(db_url):
-    done = subprocess.run([sys.executable, "-m", "dygo", "worker", "--poll-interval", "0"], cwd=REPO,
-                          env=dygo_env(db_url), capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "dygo", "worker", "--poll-interval", "0"],
+        cwd=REPO,
+        env=dygo_env(db_url),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 2
     assert "--poll-interval: must be a duration greater than 0 such as 500ms or 60s, got '0'" in done.stderr
 
@@ -44,7 +52,8 @@ def test_first_claim_after_start_follows_a_recovery_pass(conn, spawn):
         "INSERT INTO dygo_jobs (kind, queue, state, attempt, run_at, started_at, lease_owner, lease_token, "
         "lease_deadline) VALUES ('test.record', 'default', 'active', 1, now() - interval '1 hour', "
         "now() - interval '1 hour', 'gone:1:abcdef', gen_random_uuid(), now() - interval '59 minutes') "
-        "RETURNING id").fetchone()[0]
+        "RETURNING id"
+    ).fetchone()[0]
     fresh = enqueue(conn, "test.record", {})
     worker = spawn("worker", "--queue", "default", "--concurrency", "1")
     worker.wait_for_line("started")
@@ -68,8 +77,9 @@ def fired(conn) -> int:
 def test_no_cron_flag_and_cron_false_setting_leave_schedules_to_other_workers(conn, db_url, spawn, tmp_path):
     flagged = spawn("worker", "--no-cron", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(yearly_config(tmp_path / "a"))))
     assert "; cron off" in flagged.wait_for_line("started")
-    configured = spawn("worker", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(yearly_config(tmp_path / "b",
-                                                                                         "cron: false\n"))))
+    configured = spawn(
+        "worker", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(yearly_config(tmp_path / "b", "cron: false\n")))
+    )
     assert "; cron off" in configured.wait_for_line("started")
     # Neither synced the schedule: a cron-off worker does not touch schedules at all.
     assert conn.execute("SELECT count(*) FROM dygo_schedules").fetchone()[0] == 0

@@ -49,6 +49,7 @@ def claim(url: str, limits: dict[str, int]) -> list:
     async def go():
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             return await claim_queues(conn, limits, "w1", 30)
+
     return asyncio.run(go())
 
 
@@ -67,8 +68,9 @@ def test_one_claim_takes_each_queues_free_slots_in_the_seeds_order(conn, db_url)
 def test_a_claim_leaves_a_paused_queue_alone_and_serves_the_others(conn, db_url):
     enqueue(conn, "test.noop", {})
     other = enqueue(conn, "test.context", {})
-    conn.execute("INSERT INTO dygo_queues (name, paused) VALUES ('default', true) "
-                 "ON CONFLICT (name) DO UPDATE SET paused = true")
+    conn.execute(
+        "INSERT INTO dygo_queues (name, paused) VALUES ('default', true) ON CONFLICT (name) DO UPDATE SET paused = true"
+    )
     assert [j.id for j in claim(db_url, {"default": 10, "other": 10})] == [other.id]
 
 
@@ -76,8 +78,16 @@ def test_claim_walks_the_ready_index_never_the_whole_table(conn):
     from dygo.store import queries
 
     conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
-    params = {"queues": ["default", "other"], "limits": [100, 100], "owner": "w1", "ttl": 30,
-              "kind_attempts": "{}", "max_attempts": 20, "full_kinds": [], "since": [None, None]}
+    params = {
+        "queues": ["default", "other"],
+        "limits": [100, 100],
+        "owner": "w1",
+        "ttl": 30,
+        "kind_attempts": "{}",
+        "max_attempts": 20,
+        "full_kinds": [],
+        "since": [None, None],
+    }
     for analyzed in (False, True):  # a fresh table (no statistics yet), then an analyzed one
         plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS, params))
         assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, (analyzed, plan)
@@ -97,13 +107,16 @@ def test_a_claim_planned_once_on_the_empty_table_still_walks_the_indexes_once_th
     async def go() -> tuple[int, int, int]:
         async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
             await claims(c, 10)  # psycopg prepares a statement on its 5th execution: on the empty table
-            conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' "
-                         "FROM generate_series(1, 5000)")
+            conn.execute(
+                "INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)"
+            )
             before = seq_scans_of_the_job_table(conn)
             claimed = await claims(c, 10)
             await c.execute("SELECT pg_stat_force_next_flush()")
-            cursor = await c.execute("SELECT coalesce(sum(generic_plans), 0) FROM pg_prepared_statements "
-                                     "WHERE statement LIKE '%%FOR UPDATE SKIP LOCKED%%'")
+            cursor = await c.execute(
+                "SELECT coalesce(sum(generic_plans), 0) FROM pg_prepared_statements "
+                "WHERE statement LIKE '%%FOR UPDATE SKIP LOCKED%%'"
+            )
             generic = (await cursor.fetchone())[0]
             return claimed, generic, seq_scans_of_the_job_table(conn) - before
 
@@ -120,8 +133,10 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
     # A freshly migrated table of a few pages that was never analysed: finding a few rows by id is
     # cheapest by a sequential scan there, and the planner took one for the claim's and the settle's
     # UPDATE until the table grew (issue 12 item 5). Every worker statement here must use its index.
-    conn.execute("INSERT INTO dygo_jobs (kind, queue, state, finished_at) "
-                 "SELECT 'test.noop', 'default', 'succeeded', now() FROM generate_series(1, 200)")
+    conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, state, finished_at) "
+        "SELECT 'test.noop', 'default', 'succeeded', now() FROM generate_series(1, 200)"
+    )
     enqueue_many(conn, [{"kind": "test.noop"}] * 20)
     enqueue(conn, "test.noop", {}, delay="1h")
     before = seq_scans_of_the_job_table(conn)
@@ -131,16 +146,23 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
             jobs = (await claim_with_next_due(c, {"default": 10, "other": 5}, "w1", 30)).jobs
             await renew(c, jobs, 60)
             await report_progress(c, [(jobs[0], (0.5, "half way"))])
-            await settle(c, [Succeeded(jobs[0], None), Unsuccessful(jobs[1], "pending", delay=600, error="boom"),
-                             Unsuccessful(jobs[2], "dead", error="bust")])
+            await settle(
+                c,
+                [
+                    Succeeded(jobs[0], None),
+                    Unsuccessful(jobs[1], "pending", delay=600, error="boom"),
+                    Unsuccessful(jobs[2], "dead", error="bust"),
+                ],
+            )
             await claim_with_next_due(c, {"default": 5}, "w2", 0.001)  # leases that expire at once
             await asyncio.sleep(0.05)
             assert len((await recover_expired(c, 3)).jobs) == 5
             last = await claim_with_next_due(c, {"default": 30}, "w3", 30)
             assert len(last.jobs) == 10  # the 5 never claimed and the 5 recovered
             await asyncio.sleep(1.1)  # past a retention of 1 s: the history and the jobs settled above go
-            trimmed = await maintenance.trim(lambda: contextlib.nullcontext(c), maintenance.Retention(1, 1, 1, 1),
-                                             maintenance.SucceededWalk())
+            trimmed = await maintenance.trim(
+                lambda: contextlib.nullcontext(c), maintenance.Retention(1, 1, 1, 1), maintenance.SucceededWalk()
+            )
             assert trimmed is not None and (trimmed.succeeded, trimmed.dead) == (201, 1)
             await c.execute("SELECT pg_stat_force_next_flush()")  # this backend's counters, before we read
             await c.execute("SELECT 1")
@@ -155,8 +177,16 @@ def claim_walk_buffers(conn, since) -> int:
     """Pages the claim's walk of dygo_jobs_ready touched (EXPLAIN ANALYZE, rolled back)."""
     from dygo.store import queries
 
-    params = {"queues": ["default"], "limits": [10], "owner": "w1", "ttl": 30, "kind_attempts": "{}",
-              "max_attempts": 20, "since": [since], "full_kinds": []}
+    params = {
+        "queues": ["default"],
+        "limits": [10],
+        "owner": "w1",
+        "ttl": 30,
+        "kind_attempts": "{}",
+        "max_attempts": 20,
+        "since": [since],
+        "full_kinds": [],
+    }
     with conn.transaction(force_rollback=True):
         [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries.CLAIM_JOBS, params).fetchall()
 
@@ -173,8 +203,10 @@ def claim_walk_buffers(conn, since) -> int:
 def test_a_walk_from_since_passes_over_the_jobs_claimed_under_a_held_snapshot(conn, db_url):
     with psycopg.connect(db_url) as holder:
         holder.execute("SELECT pg_current_xact_id()")  # an xid: every row version newer than it is kept
-        conn.execute("INSERT INTO dygo_jobs (kind, queue, run_at) "
-                     "SELECT 'test.noop', 'default', now() - interval '1 minute' FROM generate_series(1, 3000)")
+        conn.execute(
+            "INSERT INTO dygo_jobs (kind, queue, run_at) "
+            "SELECT 'test.noop', 'default', now() - interval '1 minute' FROM generate_series(1, 3000)"
+        )
         conn.execute("UPDATE dygo_jobs SET state = 'succeeded'")  # 3,000 entries at the head, dead but kept
         since = conn.execute("SELECT now() - interval '1 second'").fetchone()[0]
         enqueue(conn, "test.noop", {})
@@ -221,10 +253,13 @@ def test_a_short_claim_says_when_each_queues_next_job_is_due_in_the_same_stateme
     assert 28 < claim.due_in["default"] <= 30 and 3590 < claim.due_in["mail"] <= 3600
 
 
-@pytest.mark.parametrize(("module", "function", "service"), [
-    ("dygo.store.leases", "renew", "lease-keeper"),
-    ("dygo.store.leases", "heartbeat", "maintainer"),
-])
+@pytest.mark.parametrize(
+    ("module", "function", "service"),
+    [
+        ("dygo.store.leases", "renew", "lease-keeper"),
+        ("dygo.store.leases", "heartbeat", "maintainer"),
+    ],
+)
 def test_a_service_that_dies_is_named_and_the_worker_stops_with_exit_1(conn, spawn, module, function, service):
     process = spawn("worker", "--poll-interval", "60s", "--shutdown-timeout", "1s")
     process.wait_for_line("started")
@@ -257,8 +292,10 @@ FIVE_QUEUES = """queues:
 
 
 def worker_connections(conn) -> int:
-    return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND application_name LIKE 'dygo-worker%'").fetchone()[0]
+    return conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name LIKE 'dygo-worker%'"
+    ).fetchone()[0]
 
 
 def test_worker_serving_five_queues_holds_at_most_three_connections(conn, db_url, spawn, tmp_path):
@@ -267,9 +304,11 @@ def test_worker_serving_five_queues_holds_at_most_three_connections(conn, db_url
     process = spawn("worker", "--poll-interval", "1s", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(tmp_path)))
     process.wait_for_line("started")
     idle = [worker_connections(conn) for _ in range(30) if not time.sleep(0.2)]  # 6 s: heartbeat, retention
-    conn.execute("INSERT INTO dygo_jobs (kind, queue, args) SELECT 'test.record', q, '{\"seconds\": 0.02}' "
-                 "FROM unnest(ARRAY['default', 'other', 'mail', 'reports', 'webhooks']) AS q, "
-                 "generate_series(1, 60)")
+    conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, args) SELECT 'test.record', q, '{\"seconds\": 0.02}' "
+        "FROM unnest(ARRAY['default', 'other', 'mail', 'reports', 'webhooks']) AS q, "
+        "generate_series(1, 60)"
+    )
     busy = []
 
     def drained() -> bool:
@@ -334,9 +373,9 @@ def test_recovery_looks_back_to_its_previous_pass_and_a_whole_pass_finds_older_l
     assert asyncio.run(go()) == [{recent}, {recent, old}]
 
 
-
 def test_a_recovery_pass_that_waited_for_its_connection_still_finds_a_lease_that_expired_meanwhile(
-        conn, db_url, monkeypatch):
+    conn, db_url, monkeypatch
+):
     # The chaos suite once saw a killed worker's job wait 74 s for the next whole pass: a pass that waits for
     # the shared connection (a stalled server) must look back to the previous pass's clock, not further up.
     from dygo.worker import maintainer
@@ -362,6 +401,7 @@ def test_a_recovery_pass_that_waited_for_its_connection_still_finds_a_lease_that
             await database.pool.close()
 
     assert asyncio.run(go()) == "pending"
+
 
 def test_jobs_of_a_claim_still_run_when_the_stop_comes_before_their_tasks_are_made(conn, db_url):
     """The producer's claimed jobs get their tasks on the loop's next turn, once its next claim is on its way

@@ -37,13 +37,18 @@ class Database:
     def __init__(self, url: str, worker_id: str) -> None:
         self.url = url
         # application_name lets an operator (and the chaos suite) find this worker's backends.
-        self.options: dict[str, Any] = {"autocommit": True, "application_name": f"dygo-worker {worker_id}",
-                                        **connect_kwargs()}
+        self.options: dict[str, Any] = {
+            "autocommit": True,
+            "application_name": f"dygo-worker {worker_id}",
+            **connect_kwargs(),
+        }
         # Where LISTEN goes: the direct URL when given; DATABASE_URL unless it goes through a
         # transaction pooler; else nowhere (the worker polls, and says so when it starts).
         self.listen_url = direct_url() or (None if through_transaction_pooler() else url)
-        self.listen_options: dict[str, Any] = {"autocommit": True,
-                                               "application_name": f"dygo-worker-listen {worker_id}"}
+        self.listen_options: dict[str, Any] = {
+            "autocommit": True,
+            "application_name": f"dygo-worker-listen {worker_id}",
+        }
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=1, kwargs=self.options, open=False)
         self.outage = OutageLog(log)
 

@@ -31,8 +31,9 @@ class UnstorableResult(Exception):
 
 
 class Executor:
-    def __init__(self, settings: Settings, jobs: Registry,
-                 progress: Callable[[str, float, str | None], None] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, jobs: Registry, progress: Callable[[str, float, str | None], None] | None = None
+    ) -> None:
         self.settings = settings
         self.jobs = jobs
         self.progress = progress  # where ctx.progress reports go (worker.progress.ProgressWriter.report)
@@ -45,7 +46,8 @@ class Executor:
         definition = self.jobs.get(job.kind)
         if definition is None:
             outcome: Outcome = Unsuccessful(
-                job, "dead", error=f"no handler for kind {job.kind!r} in this worker (not retried)")
+                job, "dead", error=f"no handler for kind {job.kind!r} in this worker (not retried)"
+            )
         else:
             outcome = await self._run_handler(definition, job)
         elapsed = time.monotonic() - started
@@ -55,9 +57,18 @@ class Executor:
     async def _run_handler(self, definition: JobDefinition, job: ClaimedJob) -> Outcome:
         timeout = definition.timeout if definition.timeout is not None else self.settings.default_timeout
         deadline = datetime.fromtimestamp(time.time() + timeout, UTC) if timeout else None
-        ctx = JobContext.for_run(id=job.id, kind=job.kind, queue=job.queue, attempt=job.attempt,
-                                 max_attempts=job.max_attempts, enqueued_at=job.enqueued_at, meta=job.meta,
-                                 deadline=deadline, lease_token=job.lease_token, reporter=self.progress)
+        ctx = JobContext.for_run(
+            id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            enqueued_at=job.enqueued_at,
+            meta=job.meta,
+            deadline=deadline,
+            lease_token=job.lease_token,
+            reporter=self.progress,
+        )
         try:
             args = definition.build_args(job.args)
             if definition.is_async:
@@ -87,13 +98,21 @@ class Executor:
         limit = self.settings.max_result_bytes
         if size <= limit:
             return encoded
-        log.warning("job %s %s: result of %d bytes not stored (max_result_bytes is %d)", job.id, job.kind, size, limit,
-                    extra={"fields": {"job_id": job.id, "kind": job.kind, "result_bytes": size}})
-        return json.dumps({"result_not_stored": f"{size} bytes of JSON, more than max_result_bytes ({limit})",
-                           "bytes": size})
+        log.warning(
+            "job %s %s: result of %d bytes not stored (max_result_bytes is %d)",
+            job.id,
+            job.kind,
+            size,
+            limit,
+            extra={"fields": {"job_id": job.id, "kind": job.kind, "result_bytes": size}},
+        )
+        return json.dumps(
+            {"result_not_stored": f"{size} bytes of JSON, more than max_result_bytes ({limit})", "bytes": size}
+        )
 
-    def _failure(self, definition: JobDefinition, job: ClaimedJob, exc: BaseException,
-                 message: str | None = None) -> Unsuccessful:
+    def _failure(
+        self, definition: JobDefinition, job: ClaimedJob, exc: BaseException, message: str | None = None
+    ) -> Unsuccessful:
         # PostgreSQL text cannot hold NUL: one in an error message would make the settle fail for
         # the whole batch, again and again.
         error = (message or f"{type(exc).__name__}: {exc}").replace("\x00", "\\x00")
@@ -104,8 +123,14 @@ class Executor:
         if job.attempt >= job.max_attempts:
             if isinstance(exc, Reportable):
                 # The traceback follows as indented lines in text (dygo.logs.TextFormatter), as a field in JSON.
-                log.error("REPORTABLE job %s %s is dead after %s attempts: %s", job.id, job.kind, job.attempt, error,
-                          extra={"block": trace, "fields": {"job_id": job.id, "kind": job.kind, "traceback": trace}})
+                log.error(
+                    "REPORTABLE job %s %s is dead after %s attempts: %s",
+                    job.id,
+                    job.kind,
+                    job.attempt,
+                    error,
+                    extra={"block": trace, "fields": {"job_id": job.id, "kind": job.kind, "traceback": trace}},
+                )
             return Unsuccessful(job, "dead", error=error, traceback=trace)
         delay = exc.delay if isinstance(exc, RetryAfter) else retry_delay(job.id, job.attempt, definition.retry_backoff)
         return Unsuccessful(job, "pending", delay=delay, error=error, traceback=trace)
@@ -119,20 +144,33 @@ class Executor:
         elif outcome.refund_attempt:
             word, detail, level = "snoozed", f", again in {format_duration(outcome.delay)}", logging.INFO
         else:
-            word, detail, level = "failed", f", retry in {format_duration(outcome.delay)}: {outcome.error}", \
-                logging.WARNING
+            word, detail, level = (
+                "failed",
+                f", retry in {format_duration(outcome.delay)}: {outcome.error}",
+                logging.WARNING,
+            )
         if not log.isEnabledFor(level):
             return
         error = outcome.error if isinstance(outcome, Unsuccessful) else None
-        self.execution_log.write(level, f"job {job.id} {job.kind} attempt {job.attempt}/{job.max_attempts} {word} "
-                                        f"in {format_duration(elapsed)}{detail}",
-                                 lambda: execution_fields(job, word, elapsed, error))
+        self.execution_log.write(
+            level,
+            f"job {job.id} {job.kind} attempt {job.attempt}/{job.max_attempts} {word} "
+            f"in {format_duration(elapsed)}{detail}",
+            lambda: execution_fields(job, word, elapsed, error),
+        )
 
 
 def execution_fields(job: ClaimedJob, word: str, elapsed: float, error: str | None) -> dict[str, Any]:
     """What a JSON execution line carries besides its message (dygo.logs.JsonFormatter)."""
-    fields = {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt,
-              "max_attempts": job.max_attempts, "outcome": word, "duration_ms": round(elapsed * 1000, 3)}
+    fields = {
+        "job_id": job.id,
+        "kind": job.kind,
+        "queue": job.queue,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "outcome": word,
+        "duration_ms": round(elapsed * 1000, 3),
+    }
     if error:
         fields["error"] = error
     return fields
@@ -175,6 +213,5 @@ def run_in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Fu
             loop.call_soon_threadsafe(settle, result)
 
     # The caller's context goes along, so spans a handler starts are children of its execution span.
-    threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True,
-                     name="dygo-handler").start()
+    threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True, name="dygo-handler").start()
     return future

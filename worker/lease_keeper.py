@@ -45,5 +45,4 @@ class LeaseKeeper:
             return
         for job in jobs:
             if job.id not in held and job.lease_token in self.leased:
-                log.warning("job %s: lease lost (recovered by another worker); its outcome will be discarded",
-                            job.id)
+                log.warning("job %s: lease lost (recovered by another worker); its outcome will be discarded", job.id)

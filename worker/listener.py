@@ -23,8 +23,14 @@ RETRY_MAX = 5.0  # capped low: its reconnect is what wakes every producer once t
 class Listener:
     name = "listener"
 
-    def __init__(self, database: Database, wake_queue: Callable[[str], None], wake_all: Callable[[], None],
-                 schedules_changed: asyncio.Event, poll_interval: float) -> None:
+    def __init__(
+        self,
+        database: Database,
+        wake_queue: Callable[[str], None],
+        wake_all: Callable[[], None],
+        schedules_changed: asyncio.Event,
+        poll_interval: float,
+    ) -> None:
         self.database = database
         self.wake_queue = wake_queue
         self.wake_all = wake_all
@@ -55,7 +61,8 @@ class Listener:
                             self.wake_queue(notify.payload)
             except (psycopg.Error, OSError) as exc:
                 self.listening.clear()
-                await self.database.lost(f"LISTEN connection (polling every {self.poll_interval:g}s until it is back)",
-                                         exc)
+                await self.database.lost(
+                    f"LISTEN connection (polling every {self.poll_interval:g}s until it is back)", exc
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)

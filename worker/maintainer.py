@@ -72,8 +72,11 @@ class Recovery:
             if whole:
                 self.last_whole = started
         for job_id, state in recovered.jobs:
-            log.warning("job %s: lease expired, %s", job_id,
-                        "dead as poison (recovered too often)" if state == "dead" else "back to pending")
+            log.warning(
+                "job %s: lease expired, %s",
+                job_id,
+                "dead as poison (recovered too often)" if state == "dead" else "back to pending",
+            )
 
 
 class StaleWorkers:

@@ -82,9 +82,18 @@ class QueueSlots:
 class Producer:
     name = "producer"
 
-    def __init__(self, database: Database, slots: dict[str, QueueSlots], runs: Runs, recovery: Recovery,
-                 worker_id: str, lease_ttl: float, batch_size: int, poll_interval: float,
-                 capacity: Capacity | None = None) -> None:
+    def __init__(
+        self,
+        database: Database,
+        slots: dict[str, QueueSlots],
+        runs: Runs,
+        recovery: Recovery,
+        worker_id: str,
+        lease_ttl: float,
+        batch_size: int,
+        poll_interval: float,
+        capacity: Capacity | None = None,
+    ) -> None:
         self.database = database
         self.slots = slots
         self.capacity = capacity or Capacity({}, None)
@@ -146,8 +155,12 @@ class Producer:
         limit there (refill): then the settle need not wake every worker to race for the slot under the
         limit's lock (limits.freed_queues); the workers a limit held back still retry on their timer."""
         slots = self.slots.get(name)
-        return (slots is not None and not self.stopping.is_set() and slots.free >= slots.batch_threshold()
-                and self.capacity.total_free() >= self.capacity.batch_threshold())
+        return (
+            slots is not None
+            and not self.stopping.is_set()
+            and slots.free >= slots.batch_threshold()
+            and self.capacity.total_free() >= self.capacity.batch_threshold()
+        )
 
     def refill(self, names: list[str]) -> None:
         """A settle of this worker freed slots of a limit in `names` (committed): claim for them now."""
@@ -282,8 +295,9 @@ class Producer:
         for slots in self.slots.values():
             stale = slots.ahead.stale()
             if stale:
-                self.runs.hand_back(stale, "claimed-ahead", f"no slot of queue {slots.name} freed for "
-                                                            f"{slots.ahead.hand_back_after:g}s")
+                self.runs.hand_back(
+                    stale, "claimed-ahead", f"no slot of queue {slots.name} freed for {slots.ahead.hand_back_after:g}s"
+                )
 
     def _set_timers(self, queues: list[str], due: dict[str, float]) -> None:
         """Arm each queue again when its next scheduled job is due (the claim said when), or after the poll
@@ -298,8 +312,9 @@ class Producer:
                 wait = min(wait, max(slots.head_walked + HEAD_WALK_INTERVAL - now, 0.0))
             slots.due_at = now + wait
 
-    async def claim(self, conn: psycopg.AsyncConnection, wanted: dict[str, int],
-                    since: dict[str, datetime | None] | None = None) -> Claim:
+    async def claim(
+        self, conn: psycopg.AsyncConnection, wanted: dict[str, int], since: dict[str, datetime | None] | None = None
+    ) -> Claim:
         """Claim up to wanted[queue] jobs per queue (one statement unless a cluster-wide limit concerns them:
         store/limits.py) and start them."""
         kind_free = self._kind_free() if self.capacity.capped else None

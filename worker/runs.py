@@ -23,9 +23,16 @@ from dygo.worker.telemetry import WorkerStats, outcome_name
 
 log = logging.getLogger("dygo.worker")
 
+
 class Runs:
-    def __init__(self, leased: dict[str, ClaimedJob], executor: Executor, settler: Settler,
-                 progress: ProgressWriter, stats: WorkerStats) -> None:
+    def __init__(
+        self,
+        leased: dict[str, ClaimedJob],
+        executor: Executor,
+        settler: Settler,
+        progress: ProgressWriter,
+        stats: WorkerStats,
+    ) -> None:
         self.leased = leased
         self.tasks: dict[str, asyncio.Task[None]] = {}  # handlers still running, by lease token
         # Jobs started, and their `finished`: their tasks are made on the loop's next turn (`start`).
@@ -63,11 +70,17 @@ class Runs:
 
     def hand_back(self, jobs: list[ClaimedJob], what: str, why: str = "") -> None:
         """Put claimed jobs that did not run (to the end) straight back in their queue, their attempt refunded."""
-        log.warning("handing back %d %s job(s)%s: %s", len(jobs), what, f" ({why})" if why else "",
-                    ", ".join(str(j.id) for j in jobs))
+        log.warning(
+            "handing back %d %s job(s)%s: %s",
+            len(jobs),
+            what,
+            f" ({why})" if why else "",
+            ", ".join(str(j.id) for j in jobs),
+        )
         for job in jobs:
-            self.settler.submit(Unsuccessful(job, "pending", refund_attempt=True,
-                                             progress=self.progress.take(job.lease_token)))
+            self.settler.submit(
+                Unsuccessful(job, "pending", refund_attempt=True, progress=self.progress.take(job.lease_token))
+            )
 
     async def _execute(self, job: ClaimedJob, finished: Callable[[ClaimedJob, float], None]) -> None:
         began = time.monotonic()

@@ -55,36 +55,61 @@ class Worker:
         self.database = Database(url, self.id)
         self.stats = WorkerStats()
         leased: dict[str, ClaimedJob] = {}  # worker/runs.py says who writes and reads it
-        self.slots = {name: QueueSlots(name, n, settings.claim_ahead, settings.claim_batch_size)
-                      for name, n in options.queues.items()}
+        self.slots = {
+            name: QueueSlots(name, n, settings.claim_ahead, settings.claim_batch_size)
+            for name, n in options.queues.items()
+        }
         self.capacity = Capacity(jobs.concurrency_caps(settings.default_concurrency), options.max_concurrency)
         self.progress = ProgressWriter(self.database.pool, leased, self.database.outage)
-        self.settler = Settler(self.database, leased, self.stats, requeued=lambda queue, delay: (
-            self.producer.requeued(queue, delay)), takes_freed=lambda queue: self.producer.takes_freed(queue),
-            refill=lambda queues: self.producer.refill(queues))
-        self.runs = Runs(leased, Executor(settings, jobs, self.progress.report), self.settler, self.progress,
-                         self.stats)
+        self.settler = Settler(
+            self.database,
+            leased,
+            self.stats,
+            requeued=lambda queue, delay: self.producer.requeued(queue, delay),
+            takes_freed=lambda queue: self.producer.takes_freed(queue),
+            refill=lambda queues: self.producer.refill(queues),
+        )
+        self.runs = Runs(
+            leased, Executor(settings, jobs, self.progress.report), self.settler, self.progress, self.stats
+        )
         self.heartbeat = Heartbeat(self.database, self.id, options.queues)
         self.settings = settings
         self.recovery = Recovery(self.database, settings.max_reaps)
-        self.producer = Producer(self.database, self.slots, self.runs, self.recovery, self.id, settings.lease_ttl,
-                                 settings.claim_batch_size, options.poll_interval, self.capacity)
+        self.producer = Producer(
+            self.database,
+            self.slots,
+            self.runs,
+            self.recovery,
+            self.id,
+            settings.lease_ttl,
+            settings.claim_batch_size,
+            options.poll_interval,
+            self.capacity,
+        )
         self.scheduler = Scheduler(self.database, jobs, options.poll_interval)
         self.timings = TimingsWriter(self.database, self.stats)
         self.listening = not options.poll_only and self.database.listen_url is not None
         # The stop order: the producer first (no new claims), then, once in-flight jobs are drained, the
         # rest; the settler and the timings writer flush a last time after them.
         self.services: list[Service] = [self.producer]
-        self.listener = Listener(self.database, self.producer.wake_queue, self.producer.wake_all,
-                                 self.scheduler.changed, options.poll_interval)
+        self.listener = Listener(
+            self.database,
+            self.producer.wake_queue,
+            self.producer.wake_all,
+            self.scheduler.changed,
+            options.poll_interval,
+        )
         if self.listening:
             self.services.append(self.listener)
         if options.cron:
             self.services.append(self.scheduler)
-        self.services += [Maintainer(self.heartbeat, self.recovery, StaleWorkers(self.database),
-                                     Retention(self.database, settings)),
-                          LeaseKeeper(self.database, leased, settings.lease_ttl), self.progress, self.settler,
-                          self.timings]
+        self.services += [
+            Maintainer(self.heartbeat, self.recovery, StaleWorkers(self.database), Retention(self.database, settings)),
+            LeaseKeeper(self.database, leased, settings.lease_ttl),
+            self.progress,
+            self.settler,
+            self.timings,
+        ]
         self.died: list[str] = []  # services that ended on an unexpected error
         self.ready = False  # services running and, unless polling only, listening (Worker.Ready in the seed)
 
@@ -98,8 +123,12 @@ class Worker:
                 await limits.sync(conn, self.settings.limits)
             if self.options.metrics_port is not None:
                 bound = serve_worker_metrics(
-                    self.options.metrics_host, self.options.metrics_port, self.stats,
-                    lambda: {n: (s.running, s.concurrency, len(s.ahead)) for n, s in self.slots.items()}, self.is_ready)
+                    self.options.metrics_host,
+                    self.options.metrics_port,
+                    self.stats,
+                    lambda: {n: (s.running, s.concurrency, len(s.ahead)) for n, s in self.slots.items()},
+                    self.is_ready,
+                )
                 say(f"dygo worker metrics: http://{self.options.metrics_host}:{bound}/metrics")
             if self.options.once:
                 return await self._run_once()
@@ -114,15 +143,22 @@ class Worker:
         await self.recovery.run_once()
         progress = self.progress.start()
         async with self.database.connection() as conn:
-            claimed = (await self.producer.claim(conn, self.capacity.share(
-                {s.name: s.concurrency for s in self.slots.values()}))).jobs
+            claimed = (
+                await self.producer.claim(
+                    conn, self.capacity.share({s.name: s.concurrency for s in self.slots.values()})
+                )
+            ).jobs
         await self.runs.wait()
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
         await self.settler.flush()
         await self.timings.flush()
-        say(f"dygo worker {self.id} ran {len(claimed)} job(s) once; exiting", event="ran_once", worker=self.id,
-            jobs=len(claimed))
+        say(
+            f"dygo worker {self.id} ran {len(claimed)} job(s) once; exiting",
+            event="ran_once",
+            worker=self.id,
+            jobs=len(claimed),
+        )
         return 0
 
     async def _run_forever(self) -> int:
@@ -138,9 +174,13 @@ class Worker:
         queues = ", ".join(f"{s.name}({s.concurrency})" for s in self.slots.values())
         cron = "" if self.options.cron else "; cron off"
         cap = "" if self.options.max_concurrency is None else f"at most {self.options.max_concurrency} jobs at once; "
-        say(f"dygo worker {self.id} started: queues {queues}; {cap}{self._mode()}, "
-            f"poll every {self.options.poll_interval:g}s{cron}", event="started", worker=self.id,
-            queues=self.options.queues)
+        say(
+            f"dygo worker {self.id} started: queues {queues}; {cap}{self._mode()}, "
+            f"poll every {self.options.poll_interval:g}s{cron}",
+            event="started",
+            worker=self.id,
+            queues=self.options.queues,
+        )
         tasks = [asyncio.create_task(service.run(), name=service.name) for service in self.services]
         for task in tasks:
             task.add_done_callback(self._watch)
@@ -148,9 +188,13 @@ class Worker:
         await self.producer.stopping.wait()
         self.ready = False
         announce.cancel()
-        say(f"dygo worker {self.id} stopping: {len(self.runs.tasks)} job(s) in flight, "
-            f"waiting up to {self.options.shutdown_timeout:g}s", event="stopping", worker=self.id,
-            in_flight=len(self.runs.tasks))
+        say(
+            f"dygo worker {self.id} stopping: {len(self.runs.tasks)} job(s) in flight, "
+            f"waiting up to {self.options.shutdown_timeout:g}s",
+            event="stopping",
+            worker=self.id,
+            in_flight=len(self.runs.tasks),
+        )
         await asyncio.gather(tasks[0], return_exceptions=True)  # the producer: no claim after this
         await self.runs.drain(self.options.shutdown_timeout)
         for task in tasks[1:]:
@@ -163,8 +207,13 @@ class Worker:
         if self.options.ready_file is not None:
             self.options.ready_file.unlink(missing_ok=True)
         if self.died:
-            say(f"dygo worker {self.id} stopped: service {', '.join(self.died)} died (see the log); exit "
-                f"{EXIT_SERVICE_DIED}", event="stopped", worker=self.id, died=self.died)
+            say(
+                f"dygo worker {self.id} stopped: service {', '.join(self.died)} died (see the log); exit "
+                f"{EXIT_SERVICE_DIED}",
+                event="stopped",
+                worker=self.id,
+                died=self.died,
+            )
             return EXIT_SERVICE_DIED
         say(f"dygo worker {self.id} stopped", event="stopped", worker=self.id)
         return 0
@@ -188,8 +237,10 @@ class Worker:
             return "listening"
         if self.options.poll_only:
             return "polling only"
-        return ("polling only (DATABASE_URL goes through a transaction pooler and DATABASE_DIRECT_URL is not "
-                "set, so there is no session to LISTEN on)")
+        return (
+            "polling only (DATABASE_URL goes through a transaction pooler and DATABASE_DIRECT_URL is not "
+            "set, so there is no session to LISTEN on)"
+        )
 
     def _watch(self, task: asyncio.Task[None]) -> None:
         """A service's task ended: after a stop, as it should; before, or on an error, the service died."""
@@ -199,9 +250,12 @@ class Worker:
         if error is None and self.producer.stopping.is_set():
             return
         self.died.append(task.get_name())
-        log.error("worker service %s died (%s); stopping the worker so its process manager starts a fresh one",
-                  task.get_name(), f"{type(error).__name__}: {error}" if error else "its loop returned",
-                  exc_info=error)
+        log.error(
+            "worker service %s died (%s); stopping the worker so its process manager starts a fresh one",
+            task.get_name(),
+            f"{type(error).__name__}: {error}" if error else "its loop returned",
+            exc_info=error,
+        )
         self.stop()
 
     def stop(self) -> None:

@@ -47,8 +47,13 @@ class Scheduler:
             elif f.skipped:
                 log.warning("schedule %s %s missed, skipped (missed: skip)", f.name, when)
             else:
-                log.info("schedule %s %s fired: job %s%s", f.name, when, f.job_id,
-                         " (already enqueued)" if f.deduplicated else "")
+                log.info(
+                    "schedule %s %s fired: job %s%s",
+                    f.name,
+                    when,
+                    f.job_id,
+                    " (already enqueued)" if f.deduplicated else "",
+                )
 
     async def run(self) -> None:
         failures = 0

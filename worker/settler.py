@@ -25,10 +25,15 @@ SETTLE_BATCH = 1000
 class Settler:
     name = "settler"
 
-    def __init__(self, database: Database, leased: dict[str, ClaimedJob], stats: WorkerStats,
-                 requeued: Callable[[str, float], None] = lambda queue, delay: None,
-                 takes_freed: Callable[[str], bool] = lambda queue: False,
-                 refill: Callable[[list[str]], None] = lambda queues: None) -> None:
+    def __init__(
+        self,
+        database: Database,
+        leased: dict[str, ClaimedJob],
+        stats: WorkerStats,
+        requeued: Callable[[str, float], None] = lambda queue, delay: None,
+        takes_freed: Callable[[str], bool] = lambda queue: False,
+        refill: Callable[[list[str]], None] = lambda queues: None,
+    ) -> None:
         self.database = database
         # A queue whose limit a settle frees slots of is refilled by this worker's producer when it can take
         # them (takes_freed: told after the commit, by refill), otherwise every worker is woken (a NOTIFY).
@@ -70,7 +75,7 @@ class Settler:
                     freed = await limits.freed_queues(conn, [o.job for o in batch])
                     kept = [queue for queue in freed if self.takes_freed(queue)]
                     settled = await leases.settle(conn, batch, [queue for queue in freed if queue not in kept])
-                del self.outbox[:len(batch)]
+                del self.outbox[: len(batch)]
                 if kept:
                     self.refill(kept)
                 await self.database.back()

@@ -75,9 +75,11 @@ class WorkerCollector(Collector):
         with stats.lock:
             executions, claimed = dict(stats.executions), dict(stats.claimed)
             settled, lost = dict(stats.settled), stats.lease_lost
-        counter = CounterMetricFamily("dygo_worker_executions", "Handler runs finished in this process, by outcome "
-                                      "(succeeded, failed = will be retried, snoozed, dead)",
-                                      labels=["queue", "kind", "outcome"])
+        counter = CounterMetricFamily(
+            "dygo_worker_executions",
+            "Handler runs finished in this process, by outcome (succeeded, failed = will be retried, snoozed, dead)",
+            labels=["queue", "kind", "outcome"],
+        )
         for (queue, kind, outcome), n in sorted(executions.items()):
             counter.add_metric([queue, kind, outcome], n)
         yield counter
@@ -85,18 +87,28 @@ class WorkerCollector(Collector):
         for queue, n in sorted(claimed.items()):
             counter.add_metric([queue], n)
         yield counter
-        counter = CounterMetricFamily("dygo_worker_settled_jobs", "Outcomes this process recorded in the database "
-                                      "(including hand-backs at shutdown)", labels=["outcome"])
+        counter = CounterMetricFamily(
+            "dygo_worker_settled_jobs",
+            "Outcomes this process recorded in the database (including hand-backs at shutdown)",
+            labels=["outcome"],
+        )
         for outcome, n in sorted(settled.items()):
             counter.add_metric([outcome], n)
         yield counter
-        yield CounterMetricFamily("dygo_worker_lease_lost", "Outcomes discarded at settle because the lease had "
-                                  "been recovered by another worker", value=lost)
+        yield CounterMetricFamily(
+            "dygo_worker_lease_lost",
+            "Outcomes discarded at settle because the lease had been recovered by another worker",
+            value=lost,
+        )
         busy = GaugeMetricFamily("dygo_worker_busy_slots", "Jobs running now in this process", labels=["queue"])
-        concurrency = GaugeMetricFamily("dygo_worker_concurrency", "Jobs this process may run at once",
-                                        labels=["queue"])
-        ahead = GaugeMetricFamily("dygo_worker_claimed_ahead", "Jobs claimed ahead of a free slot, waiting in this "
-                                  "process for one (worker/ahead.py)", labels=["queue"])
+        concurrency = GaugeMetricFamily(
+            "dygo_worker_concurrency", "Jobs this process may run at once", labels=["queue"]
+        )
+        ahead = GaugeMetricFamily(
+            "dygo_worker_claimed_ahead",
+            "Jobs claimed ahead of a free slot, waiting in this process for one (worker/ahead.py)",
+            labels=["queue"],
+        )
         for queue, (running, most, waiting) in sorted(self.slots().items()):
             busy.add_metric([queue], running)
             concurrency.add_metric([queue], most)
@@ -104,11 +116,16 @@ class WorkerCollector(Collector):
         yield from (busy, concurrency, ahead)
         histograms = {
             "latency": HistogramMetricFamily(
-                "dygo_worker_start_latency_seconds", "Seconds from when a job became due (run_at, or its enqueue "
-                "time if later) to its claim by this process", labels=["queue", "kind"]),
+                "dygo_worker_start_latency_seconds",
+                "Seconds from when a job became due (run_at, or its enqueue "
+                "time if later) to its claim by this process",
+                labels=["queue", "kind"],
+            ),
             "duration": HistogramMetricFamily(
-                "dygo_worker_execution_duration_seconds", "Seconds a handler ran in this process, whatever its "
-                "outcome", labels=["queue", "kind"]),
+                "dygo_worker_execution_duration_seconds",
+                "Seconds a handler ran in this process, whatever its outcome",
+                labels=["queue", "kind"],
+            ),
         }
         for (queue, kind, measure), histogram in sorted(stats.timings.snapshot().items()):
             histograms[measure].add_metric([queue, kind], histogram.cumulative(), sum_value=histogram.sum)
@@ -134,11 +151,19 @@ def serve_metrics(host: str, port: int, collector: Collector, ready: Callable[[]
     return server.server_port
 
 
-def serve_worker_metrics(host: str, port: int, stats: WorkerStats,
-                         slots: Callable[[], Mapping[str, tuple[int, int, int]]], ready: Callable[[], bool]) -> int:
+def serve_worker_metrics(
+    host: str,
+    port: int,
+    stats: WorkerStats,
+    slots: Callable[[], Mapping[str, tuple[int, int, int]]],
+    ready: Callable[[], bool],
+) -> int:
     """serve_metrics for a worker's figures; a port that cannot be bound is a configuration error."""
     try:
         return serve_metrics(host, port, WorkerCollector(stats, slots), ready)
     except OSError as exc:
-        raise ConfigError("--metrics-port", str(port), f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
-                          "choose a free port, or another --metrics-host") from None
+        raise ConfigError(
+            "--metrics-port",
+            str(port),
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose a free port, or another --metrics-host",
+        ) from None
