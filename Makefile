@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: run test setup lint docs bench bench-http bench-dashboard bench-fleet bench-snapshot bench-table-size chaos chaos-pgbouncer stop-db browsers pgbouncer
+.PHONY: run test setup lint typecheck docs bench bench-http bench-dashboard bench-fleet bench-snapshot bench-table-size chaos chaos-pgbouncer stop-db browsers pgbouncer
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
@@ -63,6 +63,10 @@ docs: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# mypy, strict, over the installed package's layout (scripts/typecheck.py says why it copies the tree).
+typecheck: setup
+	$(BIN)/python scripts/typecheck.py
 
 bench: setup
 	$(BIN)/python bench/run.py
