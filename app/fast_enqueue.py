@@ -26,8 +26,8 @@ import inspect
 import json
 from typing import Any
 
+from dygo.app.body_limit import replay
 from dygo.app.jobs import enqueue_many, enqueue_one
-from dygo.app.limits import replay
 from dygo.app.schemas import EnqueueRequest
 from dygo.store import tracing
 from dygo.store.enqueue import JobRequest

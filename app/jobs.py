@@ -21,7 +21,7 @@ from dygo.app.schemas import (
     JobPage,
     JobState,
 )
-from dygo.store import admin, inspect, tracing
+from dygo.store import admin, job_reads, tracing
 from dygo.store.durations import parse_duration
 from dygo.store.enqueue import Enqueued as EnqueueResult
 from dygo.store.enqueue import JobRequest, aenqueue, aenqueue_many
@@ -269,7 +269,7 @@ async def get_job(
         job = await request.app.state.waiters.wait(job_id, seconds, db.connection)
     else:
         async with db.connection() as conn:
-            job = await inspect.aget_job(conn, job_id)
+            job = await job_reads.aget_job(conn, job_id)
     if job is None:
         raise ApiError(404, "job_not_found", f"no job with id {job_id}")
     return job

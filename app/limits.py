@@ -1,65 +1,62 @@
-"""Refuse request bodies above max_payload_bytes with 413, before anything parses them."""
+"""/api/v1/limits: the cluster-wide concurrency and rate limits with their current use, and changing
+them at runtime (every worker claims under the change within a second: store/limits.py)."""
 
 from __future__ import annotations
 
-from dygo.app.errors import error_response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from typing import Annotated, Any, Literal
+
+from dygo.app.db import Conn, database
+from dygo.app.errors import ApiError, documented
+from dygo.app.schemas import FlowLimit, FlowLimitChange, FlowLimitList
+from dygo.store import limits
+from fastapi import APIRouter, Path, Request
+
+router = APIRouter(prefix="/api/v1", tags=["queues"], responses=documented(401, 403, 503))
+
+Scope = Annotated[Literal["queue", "kind"], Path(description="What the limit applies to: a queue or a job kind")]
+Name = Annotated[str, Path(max_length=255, description="The queue's or the kind's name")]
 
 
-class BodyLimit:
-    """Pure ASGI: checks Content-Length first, then counts the streamed bytes (chunked uploads).
+async def limits_view(request: Request) -> list[dict[str, Any]]:
+    async with database(request).connection() as conn:
+        return [use.as_dict() for use in await limits.alimits_in_use(conn)]
 
-    The body is read here in full (it is at most the limit) and replayed to the app, so a body
-    that turns out too large midway is refused before any endpoint has seen a byte of it.
-    """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+@router.get("/limits", response_model=FlowLimitList, summary="Every cluster-wide limit with its current use")
+async def list_limits(request: Request) -> dict[str, Any]:
+    return {"limits": await limits_view(request)}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._refuse(scope, receive, send)
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        await self.app(scope, replay(b"".join(chunks), receive), send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(
-            413,
-            "payload_too_large",
-            f"the request body is larger than {self.max_bytes} bytes (max_payload_bytes)",
-            {"max_bytes": self.max_bytes},
+@router.put(
+    "/limits/{scope}/{name}",
+    response_model=FlowLimit,
+    responses=documented(400, 404, 422),
+    summary="Set a queue's or a kind's cluster-wide limits now (null for both removes them)",
+)
+def set_limit(scope: Scope, name: Name, change: FlowLimitChange, request: Request, conn: Conn) -> dict[str, Any]:
+    settings = request.app.state.settings
+    if scope == "queue" and name not in settings.queues:
+        raise ApiError(
+            404, "queue_not_found", f"no queue named {name!r}; configured queues: {', '.join(settings.queues)}"
         )
-        await response(scope, receive, send)
-
-
-def replay(body: bytes, receive: Receive) -> Receive:
-    """A `receive` that gives the app `body`, already read whole, as one message, then whatever `receive`
-    gives (a disconnect)."""
-    replayed = False
-
-    async def replayed_receive() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed_receive
+    if scope == "kind" and request.app.state.jobs.get(name) is None:
+        raise ApiError(404, "kind_not_found", f"no job kind named {name!r} is registered")
+    try:
+        limits.set_limit(
+            conn, scope, name, change.concurrency_limit, change.rate_limit, change.key, list(settings.queues)
+        )
+    except ValueError as exc:
+        raise ApiError(422, "invalid_limit", str(exc)) from None
+    found = [use.as_dict() for use in limits.limits_in_use(conn) if (use.scope, use.name) == (scope, name)]
+    empty = {
+        "scope": scope,
+        "name": name,
+        "key": None,
+        "concurrency_limit": None,
+        "rate_limit": None,
+        "in_use": 0,
+        "in_use_by_key": None,
+        "started_in_window": 0,
+        "waiting": 0,
+    }
+    return found[0] if found else empty

@@ -16,15 +16,15 @@ from typing import Any
 
 import psycopg
 from dygo.app.auth import BearerAuth, Tokens, check_protection
+from dygo.app.body_limit import BodyLimit
 from dygo.app.dashboard import error_page, install_dashboard, is_dashboard
 from dygo.app.db import RETRY_AFTER_DOWN, Database, DatabaseUnavailable, unavailable_response
 from dygo.app.docs import install_docs
 from dygo.app.errors import ApiError, error_response
 from dygo.app.fast_enqueue import FastEnqueue
-from dygo.app.flow import router as flow_router
 from dygo.app.guard import HostRule, Perimeter
 from dygo.app.jobs import router as jobs_router
-from dygo.app.limits import BodyLimit
+from dygo.app.limits import router as limits_router
 from dygo.app.listening import Listener, Subscriber
 from dygo.app.metrics import install_metrics
 from dygo.app.openapi import install_openapi
@@ -105,7 +105,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
 
     app.include_router(jobs_router)
     app.include_router(queues_router)
-    app.include_router(flow_router)
+    app.include_router(limits_router)
     app.include_router(schedules_router)
     app.include_router(system_router)
     install_metrics(app)

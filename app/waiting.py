@@ -23,7 +23,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
-from dygo.store import inspect, results
+from dygo.store import job_reads, results
 
 # Where a waiting request gets a connection for each read: the hot pool's `connection`, taken only
 # while it reads, so a waiting request holds none.
@@ -51,7 +51,7 @@ class ResultWaiters:
                 self.waiting.setdefault(job_id, set()).add(woken)
                 try:
                     async with connection() as conn:
-                        job = await inspect.aget_job(conn, job_id)
+                        job = await job_reads.aget_job(conn, job_id)
                         # Polling (no notifications through a transaction pooler): nobody to notify.
                         if waiter is None and self.poll is None and _waits_on(job):
                             waiter, job = await results.aregister(conn, job_id, deadline - time.monotonic())

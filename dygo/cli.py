@@ -604,9 +604,9 @@ def _list_jobs(conn: psycopg.Connection, args: argparse.Namespace) -> int:
 def _show_job(conn: psycopg.Connection, job_id: int) -> int:
     import json
 
-    from dygo.store import inspect
+    from dygo.store import job_reads
 
-    job = inspect.get_job(conn, job_id)
+    job = job_reads.get_job(conn, job_id)
     if job is None:
         print(f"dygo: no job with id {job_id}", file=sys.stderr)
         return 1

@@ -30,7 +30,7 @@ import psycopg
 from dygo.store import queries
 from dygo.store.durations import parse_duration
 from dygo.store.errors import NotFound, WaitTimeout
-from dygo.store.inspect import get_job
+from dygo.store.job_reads import get_job
 from dygo.store.leases import BEGIN, COMMIT, roll_back
 from psycopg.rows import dict_row
 

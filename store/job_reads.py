@@ -1,4 +1,5 @@
-"""Read-side queries for the admin service."""
+"""One job's whole row by id: the job pages of the API and the dashboard, `?wait=`, `dygo job` and
+`store.results` read it here."""
 
 from __future__ import annotations
 

@@ -1,0 +1,88 @@
+"""Signing in with an API token and signing out; failed sign-ins count against the address in the same
+throttle as failed bearer tokens (app/throttle.py)."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime
+
+from dygo.app.dashboard.rendering import redirect, render
+from dygo.app.dashboard.visitor import PREFIX, Anyone, Fields, Visitor, checked_form
+from dygo.app.db import Conn
+from dygo.app.throttle import AuthThrottle
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+
+router = APIRouter()
+
+
+def _next_page(value: str | None) -> str:
+    return value if value and value.startswith(PREFIX + "/") and "//" not in value else PREFIX + "/"
+
+
+@router.get("/login")
+def login_page(request: Request, who: Anyone, next: str | None = None) -> Response:
+    if not who.tokens.enabled:
+        return RedirectResponse(PREFIX + "/", status_code=303)
+    return render(request, who, "login.html", next=_next_page(next))
+
+
+def _in_words(seconds: float) -> str:
+    """'45 seconds', '1 minute', '5 minutes' (rounded up: never sooner than said)."""
+    if seconds < 60:
+        count, unit = max(1, math.ceil(seconds)), "second"
+    else:
+        count, unit = math.ceil(seconds / 60), "minute"
+    return f"{count} {unit}{'s' * (count != 1)}"
+
+
+def _locked_out(request: Request, who: Visitor, until: float) -> Response:
+    wait = max(1, math.ceil(until - time.time()))
+    at = datetime.fromtimestamp(until, UTC).strftime("%H:%M:%S UTC")
+    throttle: AuthThrottle = request.app.state.auth_throttle
+    response = render(
+        request,
+        who,
+        "error.html",
+        status=429,
+        title="Too many failed sign-ins",
+        message=f"There were {throttle.attempts} failed sign-ins from your address within "
+        f"{_in_words(throttle.window)}, so signing in from it is paused. Try again in "
+        f"{_in_words(wait)} (at {at}); check that you paste the whole API token.",
+    )
+    response.headers["Retry-After"] = str(wait)
+    return response
+
+
+@router.post("/login")
+def login(request: Request, fields: Fields, who: Anyone, conn: Conn) -> Response:
+    throttle: AuthThrottle = request.app.state.auth_throttle
+    address = request.client.host if request.client else "unknown"
+    if who.tokens.enabled and (until := throttle.locked_until_on(conn, address)) is not None:
+        return _locked_out(request, who, until)  # even a right token: guessing must not pay off
+    checked_form(fields, who)
+    token = fields.get("token", "").strip()
+    role = who.tokens.role_of(token) if who.tokens.enabled else "admin"
+    if role is None:
+        if (until := throttle.failed_on(conn, address)) is not None:
+            return _locked_out(request, who, until)
+        return render(
+            request,
+            who,
+            "login.html",
+            status=401,
+            next=_next_page(fields.get("next")),
+            error="That token is not valid.",
+        )
+    if who.tokens.enabled:
+        throttle.succeeded_on(conn, address)
+        who.start(conn, role, token)
+    return redirect(who, _next_page(fields.get("next")), f"Signed in ({role}).")
+
+
+@router.post("/logout")
+def logout(fields: Fields, who: Anyone, conn: Conn) -> Response:
+    checked_form(fields, who)
+    who.end(conn)
+    return redirect(who, PREFIX + "/login", "Signed out.")

@@ -1,0 +1,141 @@
+"""The queues: their counts and cluster-wide limits, the limit form, pause and resume, retrying their dead
+jobs, and purging or vacuuming them after a confirmation page that counts what goes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dygo.app.dashboard.rendering import redirect, render
+from dygo.app.dashboard.visitor import PREFIX, Action, Fields, Page, Refused
+from dygo.app.db import Conn
+from dygo.store import admin, limits
+from dygo.store.durations import parse_duration
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+router = APIRouter()
+
+
+def configured_queues(request: Request) -> dict[str, int]:
+    """The configured queues, each with its concurrency."""
+    return request.app.state.settings.concurrency
+
+
+def _queue(request: Request, conn: Conn, name: str) -> dict[str, Any]:
+    queue = admin.find_queue(conn, configured_queues(request), name)
+    if queue is None:
+        raise Refused(404, "No such queue", f"There is no queue named {name!r}.")
+    return queue
+
+
+@router.get("/queues")
+def queues_page(request: Request, who: Page, conn: Conn) -> Response:
+    return render(
+        request,
+        who,
+        "queues.html",
+        queues=admin.list_queues(conn, configured_queues(request)),
+        limits=[use.as_dict() for use in limits.limits_in_use(conn)],
+    )
+
+
+@router.post("/limits")
+def change_limit(request: Request, fields: Fields, who: Action, conn: Conn) -> Response:
+    """Set a queue's or kind's cluster-wide limits from the queues page (empty fields: none)."""
+    back = PREFIX + "/queues"
+    scope, name = fields.get("scope", ""), fields.get("name", "").strip()
+    known = configured_queues(request) if scope == "queue" else request.app.state.jobs.kinds()
+    if scope not in ("queue", "kind") or name not in known:
+        return redirect(who, back, f"No {scope or 'queue or kind'} named {name!r} to limit.", "error")
+    raw = fields.get("concurrency_limit", "").strip()
+    try:
+        concurrency = int(raw) if raw else None
+    except ValueError:
+        return redirect(who, back, f"concurrency_limit {raw!r} must be an integer greater than 0.", "error")
+    rate = fields.get("rate_limit", "").strip() or None
+    key = fields.get("key", "").strip() or None
+    try:
+        limits.set_limit(conn, scope, name, concurrency, rate, key, list(configured_queues(request)))
+    except ValueError as exc:
+        return redirect(who, back, f"Limit on {scope} {name} not changed: {exc}.", "error")
+    if concurrency is None and rate is None:
+        return redirect(who, back, f"Limits on {scope} {name} removed.")
+    return redirect(who, back, f"Limits on {scope} {name} set: workers claim under them within a second.")
+
+
+@router.get("/queues/{name}/purge")
+def purge_confirmation(request: Request, name: str, who: Page, conn: Conn) -> Response:
+    queue = _queue(request, conn, name)
+    counts = queue["counts"]
+    doomed = counts["pending"] + counts["scheduled"] + counts["dead"]
+    return render(request, who, "purge.html", queue=queue, doomed=doomed)
+
+
+# "Vacuum dead" offers these ages (the API takes any duration): the option, and the jobs it takes.
+VACUUM_AGES = {
+    "0s": ("all dead jobs", "dead {jobs}"),
+    "1h": ("dead for over an hour", "{jobs} dead for over an hour"),
+    "1d": ("dead for over a day", "{jobs} dead for over a day"),
+    "7d": ("dead for over 7 days", "{jobs} dead for over 7 days"),
+    "30d": ("dead for over 30 days", "{jobs} dead for over 30 days"),
+}
+
+
+def _vacuum_age(value: str) -> tuple[str, float]:
+    age = value if value in VACUUM_AGES else "7d"
+    return age, parse_duration(age)
+
+
+def _vacuumed(age: str, count: int) -> str:
+    """'3 dead jobs', '1 job dead for over a day'."""
+    return f"{count} " + VACUUM_AGES[age][1].format(jobs="job" if count == 1 else "jobs")
+
+
+@router.get("/queues/{name}/vacuum-dead")
+def vacuum_confirmation(request: Request, name: str, who: Page, conn: Conn, older_than: str = "7d") -> Response:
+    queue = _queue(request, conn, name)
+    age, seconds = _vacuum_age(older_than)
+    doomed = admin.count_vacuum_dead(conn, name, seconds)
+    return render(
+        request,
+        who,
+        "vacuum.html",
+        queue=queue,
+        doomed=doomed,
+        age=age,
+        what=_vacuumed(age, doomed),
+        ages={value: option for value, (option, _) in VACUUM_AGES.items()},
+    )
+
+
+@router.post("/queues/{name}/vacuum-dead")
+def vacuum_dead(request: Request, name: str, fields: Fields, who: Action, conn: Conn) -> Response:
+    _queue(request, conn, name)
+    age, seconds = _vacuum_age(fields.get("older_than", ""))
+    deleted = admin.vacuum_dead(conn, name, seconds)
+    return redirect(who, PREFIX + "/queues", f"Vacuumed queue {name}: deleted {_vacuumed(age, deleted)}.")
+
+
+@router.post("/queues/{name}/{action}")
+def act_on_queue(request: Request, name: str, action: str, who: Action, conn: Conn) -> Response:
+    _queue(request, conn, name)
+    back = PREFIX + "/queues"
+    if action == "pause":
+        admin.pause_queue(conn, name)
+        return redirect(who, back, f"Queue {name} paused: workers stop claiming its jobs.")
+    if action == "resume":
+        admin.resume_queue(conn, name)
+        return redirect(who, back, f"Queue {name} resumed.")
+    if action == "retry-dead":
+        retried = admin.retry_dead(conn, name)
+        return redirect(who, back, f"Retried {retried} dead job{'s' * (retried != 1)} of queue {name}.")
+    if action == "purge":
+        report = admin.purge_queue(conn, name)
+        return redirect(
+            who,
+            back,
+            f"Purged queue {name}: deleted {report['pending']} pending, "
+            f"{report['scheduled']} scheduled and {report['dead']} dead jobs; "
+            f"{report['active_left']} active and {report['paused_left']} paused left alone.",
+        )
+    return redirect(who, back, f"Unknown action {action!r}.", "error")

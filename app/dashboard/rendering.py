@@ -1,0 +1,57 @@
+"""Pages, redirects and error pages: every dashboard response is one of these three, so each carries the
+session cookie it needs and shows (then clears) the flash message of the action before it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dygo.app.dashboard.filters import FILTERS
+from dygo.app.dashboard.visitor import PREFIX, Visitor
+from dygo.app.session import FLASH_COOKIE
+from fastapi import Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+# The repository's templates/ folder; installed, the package dygo.templates beside dygo.app.
+TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+
+templates = Jinja2Templates(directory=str(TEMPLATES))
+templates.env.filters.update(FILTERS)
+
+
+def render(request: Request, who: Visitor, template: str, status: int = 200, **context: Any) -> Response:
+    flash = who.signer.loads(request.cookies.get(FLASH_COOKIE))
+    response = templates.TemplateResponse(
+        request,
+        template,
+        {"who": who, "csrf": who.csrf, "flash": flash, "prefix": PREFIX, **context},
+        status_code=status,
+    )
+    if flash is not None:
+        response.delete_cookie(FLASH_COOKIE, path=PREFIX)
+    return who.keep(response)
+
+
+def redirect(who: Visitor, to: str, message: str, level: str = "ok") -> Response:
+    response = RedirectResponse(to, status_code=303)
+    response.set_cookie(
+        FLASH_COOKIE,
+        who.signer.dumps({"message": message, "level": level}),
+        max_age=60,
+        path=PREFIX,
+        httponly=True,
+        samesite="lax",
+        secure=who.secure,
+    )
+    return who.keep(response)
+
+
+def error_page(request: Request, status: int, title: str, message: str) -> Response:
+    who = Visitor(request)  # unverified: from exception handlers, maybe with the database down
+    return templates.TemplateResponse(
+        request,
+        "error.html",
+        {"who": who, "csrf": who.csrf, "flash": None, "prefix": PREFIX, "title": title, "message": message},
+        status_code=status,
+    )

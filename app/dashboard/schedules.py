@@ -1,0 +1,36 @@
+"""The schedules: their list, and pausing, resuming or triggering one now."""
+
+from __future__ import annotations
+
+from dygo.app.dashboard.rendering import redirect, render
+from dygo.app.dashboard.visitor import PREFIX, Action, Page
+from dygo.app.db import Conn
+from dygo.store import schedules
+from dygo.store.errors import Conflict, EnqueueError, NotFound
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+router = APIRouter()
+
+
+@router.get("/schedules")
+def schedules_page(request: Request, who: Page, conn: Conn) -> Response:
+    return render(request, who, "schedules.html", schedules=schedules.list_schedules(conn))
+
+
+@router.post("/schedules/{name}/{action}")
+def act_on_schedule(name: str, action: str, who: Action, conn: Conn) -> Response:
+    back = PREFIX + "/schedules"
+    try:
+        if action == "pause":
+            schedules.pause(conn, name)
+            return redirect(who, back, f"Schedule {name} paused.")
+        if action == "resume":
+            schedules.resume(conn, name)
+            return redirect(who, back, f"Schedule {name} resumed from its next occurrence.")
+        if action == "trigger":
+            job, _ = schedules.trigger(conn, name)
+            return redirect(who, back, f"Schedule {name} triggered: job {job.id} enqueued.")
+    except (NotFound, Conflict, EnqueueError) as exc:
+        return redirect(who, back, f"Schedule {name}: {exc}", "error")
+    return redirect(who, back, f"Unknown action {action!r}.", "error")
