@@ -1,17 +1,5 @@
--- A waiter no longer holds up settles (migration 0013's advisory lock goes).
---
--- In 0013 every settle that finished jobs took one advisory lock shared, and a waiter's registration took
--- it exclusive: each registration stopped every such settle, cluster-wide, until it committed (and settles
--- queued behind it while it waited for those in flight). The waiter only needs its own job's settle, and
--- that settle holds the job's row lock from its UPDATE to its commit, so the waiter now waits on that row:
--- * the trigger reads this table in a statement after the settle's UPDATE (a plpgsql statement takes a
---   fresh snapshot) and notifies the ids that have a row;
--- * a waiter commits its row first, then reads the job FOR SHARE (a lock that conflicts with an UPDATE's),
---   then reads it again.
--- A settle whose trigger read this table before the waiter's row committed had updated the job before
--- that: it holds the row until it commits, so the waiter's FOR SHARE waits for that commit and the read
--- after it sees the job final. A settle whose trigger read it after sees the row and notifies (delivered
--- at its commit, to a waiter already listening).
+-- Legacy migration 0014_result_waiters_row_lock: finishes a database made before 0016_baseline. Never edit.
+
 CREATE OR REPLACE FUNCTION dygo_notify_finished() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     -- Claims, lease renewals and retries leave no job final: no notification.
