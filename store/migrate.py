@@ -117,8 +117,9 @@ def _finish_legacy(conn: psycopg.Connection, done: dict[int, str], directory: Pa
     """Apply the legacy migrations `done` lacks, then record the baseline without running it: the legacy
     migrations build exactly the baseline's schema (tests/test_migrations.py checks it)."""
     legacy = available_migrations(LEGACY_DIR)
+    known = {(m.version, m.name) for m in legacy}
     for version, name in done.items():
-        if version < BASELINE and (version, name) not in {(m.version, m.name) for m in legacy}:
+        if version < BASELINE and (version, name) not in known:
             raise SchemaError(
                 f"the database records migration {version:04d}_{name}, which is none of dygo's migrations "
                 f"before {BASELINE:04d}_baseline: this code cannot tell what schema it has"
