@@ -150,9 +150,11 @@ def check_version(version: int | None) -> None:
 
 def schema_version(conn: psycopg.Connection) -> int | None:
     """The latest applied migration, or None when dygo never migrated this database."""
-    if not conn.execute(queries.HAS_MIGRATIONS_TABLE).fetchone()[0]:
+    (exists,) = conn.execute(queries.HAS_MIGRATIONS_TABLE).fetchall()[0]
+    if not exists:
         return None
-    return conn.execute(queries.SCHEMA_VERSION).fetchone()[0]
+    (version,) = conn.execute(queries.SCHEMA_VERSION).fetchall()[0]
+    return int(version)
 
 
 def check_schema(conn: psycopg.Connection) -> None:
