@@ -192,7 +192,7 @@ def run(server: str, args: argparse.Namespace) -> int:
 COMPARED_TRIGGERS = ("0006", "0013")
 # --reference: after each dygo fleet, the same number of bench/bare_worker.py processes drain the same jobs.
 BARE = "bare"
-MIGRATIONS = ROOT / "store" / "migrations"
+MIGRATIONS = ROOT / "store" / "migrations" / "legacy"
 
 
 def install_trigger_function(url: str, migration: str) -> None:

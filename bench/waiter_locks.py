@@ -41,7 +41,7 @@ from dygo.store.loading import load_jobs  # noqa: E402
 from dygo.store.migrate import migrate  # noqa: E402
 
 DATABASE = "bench_waiter_locks"
-MIGRATIONS = ROOT / "store" / "migrations"
+MIGRATIONS = ROOT / "store" / "migrations" / "legacy"
 
 
 def trigger_function(migration: str) -> str:

@@ -94,7 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return sub
 
-    command("migrate", "apply pending database migrations")
+    migrate = command("migrate", "apply pending database migrations")
+    migrate.add_argument(
+        "--to",
+        type=int,
+        metavar="VERSION",
+        help="bring the schema to this migration: apply the missing ones up to it, or undo the newer ones "
+        "with their down steps (default: apply all)",
+    )
 
     serve = logged(command("serve", "run the admin service (HTTP API)"))
     serve.add_argument(
@@ -224,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return init_project(args.directory)
         if args.command == "migrate":  # migrating runs no job: it needs no config/queues.yml
-            return migrate_command(load_settings(env=args.env, queues=False))
+            return migrate_command(load_settings(env=args.env, queues=False), args.to)
         settings = load_settings(env=args.env)
         if args.command == "serve":
             return serve_command(settings, args)
@@ -262,17 +269,19 @@ def _log_format(args: argparse.Namespace) -> str:
         raise ConfigError("DYGO_LOG_FORMAT", os.environ.get("DYGO_LOG_FORMAT", ""), str(exc)) from None
 
 
-def migrate_command(settings: Settings) -> int:
+def migrate_command(settings: Settings, to: int | None = None) -> int:
     from dygo.store.db import database_url, direct_url
-    from dygo.store.migrate import migrate
+    from dygo.store.migrate import migrate, revert
 
     # DDL and the migration lock want a session of their own: the direct URL when DATABASE_URL is a pooler.
     with psycopg.connect(direct_url() or database_url(settings)) as conn:
-        applied = migrate(conn)
-    if applied:
-        for migration in applied:
-            print(f"applied {migration.version:04d}_{migration.name}")
-    else:
+        reverted = revert(conn, to) if to is not None else []
+        applied = migrate(conn, to)
+    for migration in reverted:
+        print(f"reverted {migration}")
+    for migration in applied:
+        print(f"applied {migration}")
+    if not reverted and not applied:
         print("schema is up to date")
     return 0
 

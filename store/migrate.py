@@ -1,4 +1,15 @@
-"""Versioned plain-SQL migrations in store/migrations/NNNN_name.sql, applied once each, in order."""
+"""Versioned plain-SQL migrations in store/migrations/, applied once each, in order.
+
+* `NNNN_name.sql` is a migration: the version NNNN, then what it does. Every change to the schema that
+  ships is one new migration with the next version; a shipped migration is never edited.
+* `NNNN_name.down.sql` beside it, where the change can be undone, is its down step: `dygo migrate --to V`
+  runs the down steps of the applied migrations above V, newest first. A migration without one (the
+  baseline; one that drops data) stops a revert before anything is undone.
+* 0016_baseline is the whole schema as first released. The migrations before it (0001-0015, kept in
+  store/migrations/legacy/) built the same schema: a database they made is finished with the legacy
+  files it lacks, then gets the baseline recorded as applied, and keeps every row.
+* store/schema.sql is the schema the migrations build (store/schema.py, tests/test_migrations.py).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +24,11 @@ from dygo.store import queries
 from dygo.store.errors import SchemaError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+LEGACY_DIR = MIGRATIONS_DIR / "legacy"
+BASELINE = 16  # 0016_baseline: every legacy version is below it
+
+APPLIED_VERSIONS = "SELECT version, name FROM dygo_migrations ORDER BY version"
+FORGET_MIGRATION = "DELETE FROM dygo_migrations WHERE version = %s"
 
 
 @dataclass(frozen=True)
@@ -20,13 +36,20 @@ class Migration:
     version: int
     name: str
     path: Path
+    down: Path | None = None  # NNNN_name.down.sql, when the migration can be undone
+
+    def __str__(self) -> str:
+        return f"{self.version:04d}_{self.name}"
 
 
-def available_migrations() -> list[Migration]:
+def available_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     migrations = []
-    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+    for path in sorted(directory.glob("*.sql")):
+        if path.name.endswith(".down.sql"):
+            continue
         number, _, name = path.stem.partition("_")
-        migrations.append(Migration(int(number), name, path))
+        down = path.with_name(f"{path.stem}.down.sql")
+        migrations.append(Migration(int(number), name, path, down if down.exists() else None))
     return migrations
 
 
@@ -34,22 +57,84 @@ def latest_version() -> int:
     return available_migrations()[-1].version
 
 
-def migrate(conn: psycopg.Connection) -> list[Migration]:
-    """Apply what is missing, all in one transaction under an advisory lock; return what was applied."""
+def migrate(conn: psycopg.Connection, target: int | None = None, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """Apply what is missing up to `target` (default: all), in one transaction under an advisory lock;
+    return what was applied. A database made by the legacy migrations is carried onto the baseline first."""
     applied: list[Migration] = []
     conn.autocommit = True
     with conn.transaction():
-        conn.execute(queries.MIGRATIONS_LOCK)
-        conn.execute(queries.MIGRATIONS_TABLE)
-        done = {row[0] for row in conn.execute(queries.APPLIED_MIGRATIONS)}
-        for migration in available_migrations():
-            if migration.version in done:
+        done = _lock_and_read(conn)
+        if done and BASELINE not in done and min(done) < BASELINE:
+            applied += _finish_legacy(conn, done, directory)
+            done = _applied(conn)
+        for migration in available_migrations(directory):
+            if migration.version in done or (target is not None and migration.version > target):
                 continue
             with conn.transaction():
                 conn.execute(migration.path.read_text(encoding="utf-8"))
                 conn.execute(queries.RECORD_MIGRATION, (migration.version, migration.name))
             applied.append(migration)
     return applied
+
+
+def revert(conn: psycopg.Connection, target: int, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """Run the down steps of the applied migrations above version `target`, newest first, in one transaction
+    under the migrations' lock; return what was reverted. Raises SchemaError, undoing nothing, when `target`
+    is not a migration of this code or a migration above it has no down step."""
+    known = {m.version: m for m in available_migrations(directory)}
+    if target not in known:
+        raise SchemaError(f"no migration {target:04d}: this code has {', '.join(map(str, known.values()))}")
+    reverted: list[Migration] = []
+    conn.autocommit = True
+    with conn.transaction():
+        steps = []
+        for version in sorted((v for v in _lock_and_read(conn) if v > target), reverse=True):
+            migration = known.get(version)
+            if migration is None:
+                raise SchemaError(f"the database has migration {version:04d}, newer than this code: upgrade dygo")
+            if migration.down is None:
+                raise SchemaError(f"{migration} has no down step ({migration}.down.sql): it cannot be undone")
+            steps.append((migration, migration.down))
+        for migration, down in steps:
+            with conn.transaction():
+                conn.execute(down.read_text(encoding="utf-8"))
+                conn.execute(FORGET_MIGRATION, (migration.version,))
+            reverted.append(migration)
+    return reverted
+
+
+def _lock_and_read(conn: psycopg.Connection) -> dict[int, str]:
+    conn.execute(queries.MIGRATIONS_LOCK)
+    conn.execute(queries.MIGRATIONS_TABLE)
+    return _applied(conn)
+
+
+def _applied(conn: psycopg.Connection) -> dict[int, str]:
+    return {version: name for version, name in conn.execute(APPLIED_VERSIONS)}
+
+
+def _finish_legacy(conn: psycopg.Connection, done: dict[int, str], directory: Path) -> list[Migration]:
+    """Apply the legacy migrations `done` lacks, then record the baseline without running it: the legacy
+    migrations build exactly the baseline's schema (tests/test_migrations.py checks it)."""
+    legacy = available_migrations(LEGACY_DIR)
+    known = {(m.version, m.name) for m in legacy}
+    for version, name in done.items():
+        if version < BASELINE and (version, name) not in known:
+            raise SchemaError(
+                f"the database records migration {version:04d}_{name}, which is none of dygo's migrations "
+                f"before {BASELINE:04d}_baseline: this code cannot tell what schema it has"
+            )
+    applied = []
+    for migration in legacy:
+        if migration.version in done:
+            continue
+        with conn.transaction():
+            conn.execute(migration.path.read_text(encoding="utf-8"))
+            conn.execute(queries.RECORD_MIGRATION, (migration.version, migration.name))
+        applied.append(migration)
+    baseline = next(m for m in available_migrations(directory) if m.version == BASELINE)
+    conn.execute(queries.RECORD_MIGRATION, (baseline.version, baseline.name))
+    return [*applied, baseline]
 
 
 def check_version(version: int | None) -> None:
@@ -65,9 +150,11 @@ def check_version(version: int | None) -> None:
 
 def schema_version(conn: psycopg.Connection) -> int | None:
     """The latest applied migration, or None when dygo never migrated this database."""
-    if not conn.execute(queries.HAS_MIGRATIONS_TABLE).fetchone()[0]:
+    (exists,) = conn.execute(queries.HAS_MIGRATIONS_TABLE).fetchall()[0]
+    if not exists:
         return None
-    return conn.execute(queries.SCHEMA_VERSION).fetchone()[0]
+    (version,) = conn.execute(queries.SCHEMA_VERSION).fetchall()[0]
+    return int(version)
 
 
 def check_schema(conn: psycopg.Connection) -> None:

@@ -1,6 +1,6 @@
 """Waiting for a job's result: LISTEN for the ids of jobs that reach a final state, no polling.
 
-The dygo_notify_finished trigger (migrations 0006, 0013, 0015) sends those ids on the `dygo_finished` channel
+The dygo_notify_finished trigger (store/migrations/0016_baseline.sql) sends those ids on the `dygo_finished` channel
 when the settling transaction commits, but only the ids that a waiter registered for in
 dygo_result_waiters: a settle nobody waits for sends nothing (a notifying commit is serialised with
 every other one cluster-wide, which capped a fleet's settles). Deleting one job sends its id, and an
@@ -8,8 +8,8 @@ admin statement that deletes jobs in bulk sends an empty payload, which asks eve
 job once; both whether anyone waits or not.
 
 A waiter LISTENs, then registers in a transaction of its own that takes the waiters' lock exclusive,
-inserts its row and reads the job (`aregister`; migration 0013 says why no settle can slip between the
-read and the row, 0015 why the job's row is not locked instead), and deletes its row when done. A
+inserts its row and reads the job (`aregister`; docs/development/decisions.md says why no settle can slip
+between the read and the row, and why the job's row is not locked instead), and deletes its row when done. A
 crashed waiter's row expires WAITER_GRACE after its wait (at most WAITER_LIFETIME: a longer wait moves
 its expiry on) and the maintainer deletes it.
 
@@ -36,6 +36,9 @@ from psycopg.rows import dict_row
 
 CHANNEL = "dygo_finished"
 FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
+# Ids per notification: 390 ids of at most 20 bytes each stay under NOTIFY's 8000-byte payload limit. The
+# trigger dygo_notify_finished chunks by the same number (tests/test_migrations.py checks they agree).
+NOTIFY_IDS_MAX = 390
 # A registration lives at most this long past its last refresh (the longest `?wait=` of the API is 60 s);
 # a longer Python wait refreshes its row this often.
 WAITER_LIFETIME = 60.0
@@ -135,8 +138,9 @@ def unregister(conn: psycopg.Connection, waiter: int) -> None:
 
 def notify_deleted(conn: psycopg.Connection, job_ids: list[int]) -> None:
     """Wake the waiters of deleted jobs (the trigger only sees updates); they then find the job gone."""
-    for start in range(0, len(job_ids), 390):
-        conn.execute(queries.NOTIFY_FINISHED, (",".join(str(i) for i in job_ids[start : start + 390]),))
+    for start in range(0, len(job_ids), NOTIFY_IDS_MAX):
+        chunk = job_ids[start : start + NOTIFY_IDS_MAX]
+        conn.execute(queries.NOTIFY_FINISHED, (",".join(str(i) for i in chunk),))
 
 
 def notify_recheck(conn: psycopg.Connection) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 from dygo.store.errors import SchemaError
-from dygo.store.migrate import available_migrations, check_version, latest_version
+from dygo.store.migrate import BASELINE, LEGACY_DIR, available_migrations, check_version, latest_version
 from psycopg.conninfo import make_conninfo
 
 from tests.conftest import dygo_env
@@ -33,10 +33,13 @@ def test_two_concurrent_migrates_apply_each_migration_once(empty_db, spawn):
         assert applied == [(m.version,) for m in available_migrations()]
 
 
-def test_migrations_are_numbered_plain_sql_files():
+def test_migrations_are_numbered_plain_sql_files_from_the_baseline_on():
     versions = [m.version for m in available_migrations()]
-    assert versions == sorted(set(versions)) and versions[0] == 1
-    assert all(m.path.suffix == ".sql" for m in available_migrations())
+    assert versions == sorted(set(versions)) and versions[0] == BASELINE
+    assert all(m.path.suffix == ".sql" and not m.path.name.endswith(".down.sql") for m in available_migrations())
+    assert all(m.down is None or m.down.name == f"{m}.down.sql" for m in available_migrations())
+    legacy = [m.version for m in available_migrations(LEGACY_DIR)]
+    assert legacy == list(range(1, BASELINE))
 
 
 def test_outdated_or_newer_schema_is_refused_with_what_to_do():

@@ -86,6 +86,10 @@ def test_installed_dygo_runs_a_project_that_has_its_own_app_jobs_store_and_worke
 
     location = run(python, "-c", "import dygo.store, dygo.app, dygo.worker; print(dygo.store.__file__)")
     assert str(installed) in location and str(REPO) not in location
+    # The migrations ship: the installed ones build the installed snapshot, and the legacy ones are there.
+    assert run(python, "-m", "dygo.store.schema").strip() == "store/schema.sql matches the migrations"
+    legacy = "from dygo.store.migrate import LEGACY_DIR, available_migrations as a; print(len(a(LEGACY_DIR)))"
+    assert run(python, "-c", legacy).strip() == "15"
     job_id = run(python, "enqueue_one.py").strip()
     run(dygo, "worker", "--once")
 

@@ -1,16 +1,13 @@
--- Back to migration 0013's lock for result waiters: 0014's row lock hid jobs from claims.
---
--- In 0014 a waiter read its job FOR SHARE, to wait for a settle of it in flight. But a waiter registers
--- for a pending job too, and a claim (FOR UPDATE SKIP LOCKED) that met the job while that read held it
--- passed over it. The worker told of the job by its NOTIFY claimed once, found nothing, and slept until
--- its poll interval: a fresh-clone test run saw a job stay pending for 10 s with a waiter beside it, and
--- tests/test_result_waiters.py's claim test passed over 4 jobs in 200. Waiters must take no lock that a
--- claim can meet.
---
--- So the trigger takes 0013's advisory lock SHARE again before it reads the waiters, and a registration
--- takes it EXCLUSIVE, inserts its row and reads the job in one transaction (0013 says why that order
--- cannot miss a settle). The registration's transaction no longer waits for its WAL flush
--- (store/queries.py WAITER_TRANSACTION), so it holds up the settles behind it for less time than in 0013.
+-- Legacy migration 0013_result_waiters: finishes a database made before 0016_baseline. Never edit.
+
+CREATE TABLE dygo_result_waiters (
+    id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id     bigint      NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX dygo_result_waiters_job ON dygo_result_waiters (job_id);
+CREATE INDEX dygo_result_waiters_expires ON dygo_result_waiters (expires_at);
+
 CREATE OR REPLACE FUNCTION dygo_notify_finished() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     -- Claims, lease renewals and retries leave no job final: no lock, no notification.

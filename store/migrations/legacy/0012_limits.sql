@@ -1,10 +1,5 @@
--- Cluster-wide flow control (issue 13): concurrency and rate limits per queue and per kind, optionally
--- per key (a meta field), enforced by the claim (store/limits.py).
---
--- dygo_limits: the limits in force, one row per queue or kind. The claim reads them (cached a quarter
--- of a second), so a change through the API applies at every worker's next claim. The file_* columns
--- hold what config/queues.yml said at the last sync: a sync overwrites the limits only when the file's
--- value changed, so a restart does not undo a change made at runtime.
+-- Legacy migration 0012_limits: finishes a database made before 0016_baseline. Never edit.
+
 CREATE TABLE dygo_limits (
     scope             text        NOT NULL CHECK (scope IN ('queue', 'kind')),
     name              text        NOT NULL,
@@ -21,9 +16,6 @@ CREATE TABLE dygo_limits (
     CHECK ((rate_count IS NULL) = (rate_window IS NULL))
 );
 
--- dygo_limit_starts: an insert-only log of starts under a rate limit, one row per claim per limit and
--- key with its count (no shared row is updated per job). Rows older than the longest window are trimmed
--- by the maintainer.
 CREATE TABLE dygo_limit_starts (
     scope text        NOT NULL,
     name  text        NOT NULL,

@@ -1,6 +1,4 @@
--- Cron schedules: one row per declared schedule (code or config/schedules.yml), synced by each worker
--- when it starts and fired by the workers. A declaration that goes away is disabled, not deleted,
--- so its history (last fire, last job) stays.
+-- Legacy migration 0003_schedules: finishes a database made before 0016_baseline. Never edit.
 
 CREATE TABLE dygo_schedules (
     name         text PRIMARY KEY,
@@ -22,11 +20,8 @@ CREATE TABLE dygo_schedules (
     updated_at   timestamptz NOT NULL DEFAULT now()
 );
 
--- Workers look for due schedules and their next fire time among firing rows only.
 CREATE INDEX dygo_schedules_due ON dygo_schedules (next_run_at) WHERE enabled AND NOT paused;
 
--- Wake workers when a schedule may fall due sooner than their timers think: it was added, resumed,
--- re-enabled or moved earlier. Firing only moves next_run_at later, so it wakes nobody.
 CREATE FUNCTION dygo_notify_schedule() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('dygo_schedules', NEW.name);

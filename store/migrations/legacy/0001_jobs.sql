@@ -1,5 +1,4 @@
--- The job table, its indexes, idempotency keys with a time window, worker heartbeats,
--- and the trigger that wakes workers when jobs become pending.
+-- Legacy migration 0001_jobs: finishes a database made before 0016_baseline. Never edit.
 
 CREATE SEQUENCE dygo_jobs_id_seq;
 
@@ -31,22 +30,17 @@ CREATE TABLE dygo_jobs (
 );
 ALTER SEQUENCE dygo_jobs_id_seq OWNED BY dygo_jobs.id;
 
--- The claim query reads ready rows only, in claim order, from this partial index.
 CREATE INDEX dygo_jobs_ready ON dygo_jobs (queue, priority DESC, run_at, id) WHERE state = 'pending';
--- The reaper finds expired leases among active rows only.
 CREATE INDEX dygo_jobs_leases ON dygo_jobs (lease_deadline) WHERE state = 'active';
--- An idempotency key is unique among live jobs; completion or death frees it.
 CREATE UNIQUE INDEX dygo_jobs_live_key ON dygo_jobs (idempotency_key)
     WHERE idempotency_key IS NOT NULL AND state IN ('pending', 'active', 'paused');
 
--- Keys with a time window: they outlive the job they deduplicate.
 CREATE TABLE dygo_idempotency_keys (
     key        text PRIMARY KEY,
     job_id     bigint      NOT NULL,
     expires_at timestamptz NOT NULL
 );
 
--- One row per running worker process, refreshed by its heartbeat.
 CREATE TABLE dygo_workers (
     id           text PRIMARY KEY,  -- <hostname>:<pid>:<short-random>
     hostname     text        NOT NULL,
@@ -56,9 +50,6 @@ CREATE TABLE dygo_workers (
     last_seen_at timestamptz NOT NULL DEFAULT now()
 );
 
--- Wake workers: one NOTIFY per queue per statement that leaves jobs pending (new, retried,
--- snoozed, recovered or handed back), sent when the transaction commits. A job due later
--- notifies too, so idle workers re-arm their timer for its run_at.
 CREATE FUNCTION dygo_notify_pending() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('dygo_jobs', q.queue)
