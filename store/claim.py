@@ -25,7 +25,6 @@ jobs in claim order, then one row per queue that came back short (`due_in`) or t
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 from dygo.store import leases, limits
-from dygo.store.array_literal import array
+from dygo.store.codecs import array, load_json
 from dygo.store.db import through_transaction_pooler
 from dygo.store.leases import ClaimedJob
 from dygo.store.limits import LimitRow
@@ -324,20 +323,10 @@ CLAIM_SESSION = (
 _claim_sessions: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
 
 
-# psycopg hands json.loads the bytes of a json or jsonb value, and json.loads first works out their encoding,
-# a large share of a claimed job's load time. The server sends UTF-8 text (the connection's client_encoding,
-# as json.loads assumes of bytes too), without whitespace around the value.
-_decode_json = json.JSONDecoder().raw_decode
-
-
-def _load_json(data: bytes) -> Any:
-    return _decode_json(data.decode())[0]
-
-
 async def claim_session(conn: psycopg.AsyncConnection[Any]) -> None:
     """Make `conn` (a connection of its own, kept for claims) a claim session: the jobs' arguments load faster
     and, unless it goes through a transaction pooler, claims on it skip the per-transaction settings."""
-    psycopg.types.json.set_json_loads(_load_json, conn)
+    psycopg.types.json.set_json_loads(load_json, conn)
     if through_transaction_pooler():
         return
     await conn.execute(CLAIM_SESSION)

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 from dygo.store import queries
-from dygo.store.array_literal import array, plain_array
+from dygo.store.codecs import array, plain_array
 from dygo.store.migrate import check_version
 from psycopg.rows import AsyncRowFactory, tuple_row
 
