@@ -29,6 +29,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, NamedTuple
 
 import psycopg
@@ -357,7 +358,10 @@ class ClaimRow(NamedTuple):
     run_at: float  # epoch seconds
 
 
-_COLUMNS = tuple(name.encode() for name in ClaimRow._fields)
+_COLUMNS = [name.encode() for name in ClaimRow._fields]
+# A ClaimRow from a row's values, made in C (ClaimRow._make is a Python call per row): the column names and
+# their number are checked once per result, by claim_rows.
+_make_claim_row: RowMaker[ClaimRow] = partial(tuple.__new__, ClaimRow)  # type: ignore[assignment]
 
 
 def claim_rows(cursor: psycopg.AsyncCursor[Any]) -> RowMaker[ClaimRow]:
@@ -367,10 +371,10 @@ def claim_rows(cursor: psycopg.AsyncCursor[Any]) -> RowMaker[ClaimRow]:
     result = cursor.pgresult
     if result is None or result.nfields == 0:
         return no_result
-    names = tuple(result.fname(i) for i in range(result.nfields))
+    names = [result.fname(i) for i in range(result.nfields)]
     if names != _COLUMNS:
         raise TypeError(f"a claim statement returned the columns {names}, not ClaimRow's {_COLUMNS}")
-    return ClaimRow._make
+    return _make_claim_row
 
 
 # --- The claim -----------------------------------------------------------------------------------
