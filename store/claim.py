@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import psycopg
 from dygo.store import leases, limits
@@ -361,7 +361,7 @@ class ClaimRow(NamedTuple):
 _COLUMNS = [name.encode() for name in ClaimRow._fields]
 # A ClaimRow from a row's values, made in C (ClaimRow._make is a Python call per row): the column names and
 # their number are checked once per result, by claim_rows.
-_make_claim_row: RowMaker[ClaimRow] = partial(tuple.__new__, ClaimRow)  # type: ignore[assignment]
+_make_claim_row = cast("RowMaker[ClaimRow]", partial(tuple.__new__, ClaimRow))
 
 
 def claim_rows(cursor: psycopg.AsyncCursor[Any]) -> RowMaker[ClaimRow]:
