@@ -29,7 +29,7 @@ WHERE id = ANY(ARRAY(
     ORDER BY priority DESC, run_at, id LIMIT %(batch)s FOR UPDATE SKIP LOCKED))
 RETURNING id, kind, args"""
 SETTLE = "UPDATE dygo_jobs SET state = 'succeeded', finished_at = now() WHERE id = ANY(%(ids)s::bigint[])"
-# dygo's claim session's settings (store/leases.py CLAIM_SESSION), for the whole session here.
+# dygo's claim session's settings (store/claim.py CLAIM_SESSION), for the whole session here.
 SESSION = (
     "SELECT set_config('enable_seqscan', 'off', false), set_config('synchronous_commit', 'off', false), "
     "set_config('plan_cache_mode', 'force_generic_plan', false)"

@@ -1,4 +1,4 @@
-"""The claim statement's cost with and without per-worker kind caps (issue 13, item 1).
+"""The claim statement's cost with and without per-worker kind caps.
 
     .venv/bin/python bench/claim_caps.py                        # 400 claims of each variant
     .venv/bin/python bench/claim_caps.py --base 6ee10ed         # also the claim statement of that revision
@@ -14,7 +14,7 @@ takes) in a transaction that is rolled back, so every claim sees the same table.
 * `kind full`: CLAIM_JOBS, one kind at its cap, so the walk skips its rows.
 
 Prints the median and p95 of each variant's round trip (planning included: this script sends each claim
-unprepared, to compare the statements' plans; the worker prepares its claim once, store/leases.py), and the
+unprepared, to compare the statements' plans; the worker prepares its claim once, store/claim.py), and the
 median planning and execution time the server reports for it (EXPLAIN ANALYZE, timing off).
 Run from the repository root so `dygo db url` finds the project's embedded server (.dygo/pg).
 """
@@ -22,6 +22,7 @@ Run from the repository root so `dygo db url` finds the project's embedded serve
 from __future__ import annotations
 
 import argparse
+import ast
 import statistics
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from typing import Any
 
 import psycopg
 from common import ROOT, log
-from dygo.store import queries
+from dygo.store import claim
 from dygo.store.migrate import migrate
 from psycopg.conninfo import make_conninfo
 
@@ -39,12 +40,24 @@ KINDS = ("bench.a", "bench.b", "bench.c")
 
 
 def base_statement(revision: str) -> str:
+    """CLAIM_JOBS at `revision`: a string constant of store/claim.py, or, before that module, built by
+    store/queries.py (whose free-slots parameter was `limits`)."""
+    shown = subprocess.run(
+        ["git", "show", f"{revision}:store/claim.py"], cwd=ROOT, check=False, capture_output=True, text=True
+    )
+    if shown.returncode == 0:
+        for node in ast.parse(shown.stdout).body:
+            if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == [
+                "CLAIM_JOBS"
+            ]:
+                return ast.literal_eval(node.value)
+        raise SystemExit(f"no CLAIM_JOBS in {revision}:store/claim.py")
     source = subprocess.run(
         ["git", "show", f"{revision}:store/queries.py"], cwd=ROOT, check=True, capture_output=True, text=True
     ).stdout
     namespace: dict[str, Any] = {}
     exec(compile(source, f"{revision}:store/queries.py", "exec"), namespace)  # constants only
-    return namespace["CLAIM_JOBS"]
+    return namespace["CLAIM_JOBS"].replace("%(limits)s", "%(slots)s")
 
 
 def main() -> int:
@@ -77,7 +90,7 @@ def main() -> int:
 
         common = {
             "queues": ["default"],
-            "limits": [args.batch],
+            "slots": [args.batch],
             "owner": "bench",
             "ttl": 30.0,
             "kind_attempts": "{}",
@@ -86,13 +99,13 @@ def main() -> int:
         variants: dict[str, tuple[str, dict[str, Any]]] = {}
         if args.base:
             variants["base"] = (base_statement(args.base), common)
-        variants["no cap"] = (queries.CLAIM_JOBS, {**common, "full_kinds": [], "cap_kinds": [], "cap_free": []})
+        variants["no cap"] = (claim.CLAIM_JOBS, {**common, "full_kinds": [], "cap_kinds": [], "cap_free": []})
         variants["cap trims"] = (
-            queries.CLAIM_JOBS_CAPPED,
+            claim.CLAIM_JOBS_CAPPED,
             {**common, "full_kinds": [], "cap_kinds": [KINDS[0]], "cap_free": [3]},
         )
         variants["kind full"] = (
-            queries.CLAIM_JOBS,
+            claim.CLAIM_JOBS,
             {**common, "full_kinds": [KINDS[0]], "cap_kinds": [], "cap_free": []},
         )
         timings: dict[str, list[float]] = {name: [] for name in variants}

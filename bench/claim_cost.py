@@ -5,7 +5,7 @@ of each job it brings.
     .venv/bin/python bench/claim_cost.py --sizes 1 100 --claims 500
 
 On a fresh database (`bench_claim_cost` on the embedded server), no-op jobs are enqueued, then claimed
-`--claims` times per size on a claim session with the store's own function (store/limits.py claim: what
+`--claims` times per size on a claim session with the store's own function (store/claim.py claim_jobs: what
 the worker's producer sends), one claim after the other. It prints, per size, this process's CPU per claim
 and per job (user and system: a round trip's system calls count), and the wall time per claim. Nothing runs
 the jobs and nothing settles them: the claim alone, as a profile cannot separate it from the rest.
@@ -29,17 +29,17 @@ DATABASE = "bench_claim_cost"
 
 
 async def measure(url: str, sizes: list[int], claims: int) -> None:
-    from dygo.store import leases, limits
+    from dygo.store.claim import claim_jobs, claim_session
 
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-    await leases.claim_session(conn)
+    await claim_session(conn)
     for _ in range(20):  # the statement prepared, its plan cached
-        await limits.claim(conn, {"default": 1}, "bench", 30.0)
+        await claim_jobs(conn, {"default": 1}, "bench", 30.0)
     print(f"{'jobs per claim':>14}  {'CPU per claim (user + system)':>29}  {'CPU per job':>11}  {'wall per claim':>14}")
     for size in sizes:
         got, before, wall = 0, os.times(), time.perf_counter()
         for _ in range(claims):
-            got += len((await limits.claim(conn, {"default": size}, "bench", 30.0)).jobs)
+            got += len((await claim_jobs(conn, {"default": size}, "bench", 30.0)).jobs)
         after, wall = os.times(), time.perf_counter() - wall
         if got < size * claims:
             raise SystemExit(f"only {got} jobs claimed of {size * claims}: enqueue more")

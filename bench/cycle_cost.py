@@ -6,7 +6,7 @@
 
 On a fresh database (`bench_cycle_cost` on the embedded server), `--jobs` no-op jobs are enqueued, then
 claimed `--batch` (4: concurrency 4's claims) at a time on a claim session and settled as many at a time on a
-second connection, with the store's own functions (store/leases.py claim and settle: what the worker's
+second connection, with the store's own functions (store/claim.py claim_jobs, store/leases.py settle: what the worker's
 producer and settler send). It prints, per job: wall time, this client's CPU, and the CPU of each of the two
 PostgreSQL backends (read from /proc, so run it on the machine of the server). "triggers off" disables the
 two statement triggers on job updates (dygo_jobs_updated: wake-ups for retries; dygo_jobs_finished: result
@@ -30,7 +30,7 @@ from run import embedded_server_url, fresh_database  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from dygo.store import enqueue_many, leases  # noqa: E402
+from dygo.store import claim, enqueue_many, leases  # noqa: E402
 from dygo.store.config import load_settings  # noqa: E402
 from dygo.store.leases import Succeeded  # noqa: E402
 from dygo.store.loading import load_jobs  # noqa: E402
@@ -46,13 +46,13 @@ async def cycles(url: str, jobs: int, batch: int) -> tuple[int, float, float, fl
         await psycopg.AsyncConnection.connect(url, autocommit=True) as claimer,
         await psycopg.AsyncConnection.connect(url, autocommit=True) as settler,
     ):
-        await leases.claim_session(claimer)
+        await claim.claim_session(claimer)
         claim_pid, settle_pid = claimer.info.backend_pid, settler.info.backend_pid
         claim_cpu, settle_cpu = process_cpu_seconds(claim_pid), process_cpu_seconds(settle_pid)
         began, client = time.perf_counter(), time.process_time()
         done = 0
         while done < jobs:
-            claimed = await leases.claim(claimer, "default", batch, "bench", 30.0)
+            claimed = (await claim.claim_jobs(claimer, {"default": batch}, "bench", 30.0)).jobs
             if not claimed:
                 break
             await leases.settle(settler, [Succeeded(job, None) for job in claimed])

@@ -9,7 +9,7 @@ Then `--rounds` rounds, each measuring every size in turn (so the load of a shar
 sizes alike):
 
 * claim: `--claims` / rounds claims of `--batch` jobs each, one after the other on one connection
-  through store.leases.claim_queues (the worker's statement), each settled as succeeded before the
+  through store.claim.claim_jobs (the worker's claim), each settled as succeeded before the
   next (store.leases.settle); the claim's round trip is timed, the settle is not;
 * enqueue: store.enqueue one job at a time for `--enqueue-seconds` / rounds: jobs/s.
 
@@ -36,8 +36,9 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_jobs  # noqa: E402, F401  (registers the kind this script enqueues)
 from common import ROOT, log, percentile  # noqa: E402
+from dygo.store.claim import claim_jobs  # noqa: E402
 from dygo.store.enqueue import enqueue  # noqa: E402
-from dygo.store.leases import Succeeded, claim_queues, settle  # noqa: E402
+from dygo.store.leases import Succeeded, settle  # noqa: E402
 from dygo.store.migrate import migrate  # noqa: E402
 
 DATABASE = "bench_size_{rows}"
@@ -125,7 +126,7 @@ async def claims(url: str, count: int, batch: int) -> list[float]:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         for _ in range(count):
             started = time.perf_counter()
-            jobs = await claim_queues(conn, {"default": batch}, "bench", 60)
+            jobs = (await claim_jobs(conn, {"default": batch}, "bench", 60)).jobs
             times.append((time.perf_counter() - started) * 1000)
             assert len(jobs) == batch, "the backlog ran out"
             await settle(conn, [Succeeded(job, None) for job in jobs])

@@ -1,20 +1,10 @@
 """Cluster-wide flow control: `concurrency_limit` and `rate_limit` per queue and per kind, optionally
-per key (`key: meta.tenant`), enforced where jobs are claimed, in the claim's transaction.
+per key (`key: meta.tenant`): the limits in force (dygo_limits, read by every claim through `current`),
+their sync from config/queues.yml, their use for the API, and the queues a settle frees.
 
-A claim for queues that no limit concerns is CLAIM_JOBS as before: one statement, no lock. Under a
-limit the claim is one transaction in one round trip (pipelined):
-1. an advisory lock per limit concerned (sorted, so two claims never wait on each other in a cycle),
-   taken by its own statement before anything is counted: READ COMMITTED gives the next statement a
-   snapshot that includes every claim committed while this one waited for the lock;
-2. CLAIM_LIMITED, one statement: the use of each limit (active jobs: the active set is small, one walk
-   of dygo_jobs_leases; the starts logged in each rate window), the ready rows skipping every queue,
-   kind and key already at its limit (so one tenant's backlog does not hide another tenant's jobs),
-   locked FOR UPDATE SKIP LOCKED, of those the ones each limit still admits, claimed like CLAIM_JOBS
-   claims (queries._CLAIMED), and one start-log row per rate limit and key with its count (insert-only,
-   no shared row per job).
-
-Rate windows are sliding: at most N starts in any interval of the window's length, on the database
-clock at the claim (clock_timestamp(), read after the lock, so the log's times follow lock order).
+The claim enforces them, in its own transaction (store/claim.py): a claim for queues that no limit
+concerns takes no lock; under a limit it locks each limit concerned (LimitRow.lock_key) and counts its
+use before it admits a job, and logs each start of a rate-limited job (dygo_limit_starts, trimmed here).
 """
 
 from __future__ import annotations
@@ -23,134 +13,22 @@ import hashlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import psycopg
-from dygo.store import leases, queries
+from dygo.store import queries
 from dygo.store.config import Limit, parse_concurrency_limit, parse_limit_key, parse_rate
 from dygo.store.errors import ConfigError
-from dygo.store.leases import Claim, ClaimedJob, claim_with_next_due, claimed_job
-from dygo.store.registry import Registry, registry
+from dygo.store.leases import ClaimedJob
+from dygo.store.registry import Registry
 
 # How long a process trusts the limits it read: a change made through the API reaches every claim
 # within this (plus the claim that follows it).
 CACHE_TTL = 0.25
-# A queue held back by a full concurrency limit claims again after this at the latest; a settle of a
-# limited job NOTIFYs its queue (freed_queues, at the settle's commit), so normally sooner.
-CONCURRENCY_RECHECK = 0.5
 
 LIMITS = """
 SELECT scope, name, key, concurrency_limit, rate_count, rate_window FROM dygo_limits
 WHERE concurrency_limit IS NOT NULL OR rate_count IS NOT NULL"""
-
-# Advisory lock keys from 64-bit hashes of "dygo.limit:<scope>:<name>", in ascending order.
-LOCK_LIMITS = """
-SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%(keys)s::bigint[]) WITH ORDINALITY AS l(k, i)"""
-
-# The limited claim, after the lock: every step in one statement, so the whole claim is one round trip
-# (BEGIN, the lock, this, COMMIT, pipelined) whatever the limits. Each (scope, name, field, concurrency,
-# rate count, rate window) of the limits concerned is a row of `lim`; `use` has the active jobs and the
-# starts in the window per limit and key ('' for an unkeyed limit, and for jobs without the key's field),
-# with `wait`: NULL if it admits another start now, else the seconds until it may (CONCURRENCY_RECHECK
-# for a full concurrency limit, a settle's NOTIFY may come first).
-# The walk is CLAIM_JOBS's, skipping every (limit, key) at its limit (so one tenant's backlog does not
-# hide another tenant's jobs); an unkeyed queue limit caps the walk itself (no point locking rows it
-# cannot admit). Of the candidates, a job is kept while every limit that applies still admits it: its
-# rank among the candidates of that limit and key, in claim order, plus the use, is within the limit.
-# Ranks count candidates another limit refused: the claim may take fewer than it could (the queue is
-# then claimed again at once: a `held` row with wait 0), never more. The kept rows are claimed as
-# CLAIM_JOBS claims (queries._CLAIMED), and each rate limit and key gets one start-log row with its count
-# (insert-only: no shared row per job). The rows returned: the claimed jobs in claim order, then one row
-# per queue that came back short with its next scheduled job (due_in), and one per queue a limit held
-# back (wait).
-CLAIM_LIMITED = f"""
-WITH lim AS MATERIALIZED (
-    SELECT * FROM unnest(%(scopes)s::text[], %(names)s::text[], %(fields)s::text[], %(concurrency)s::integer[],
-                         %(rate_counts)s::integer[], %(rate_windows)s::float8[])
-        WITH ORDINALITY AS l(scope, name, field, conc, rcount, rwin, li)
-), active AS (
-    SELECT l.li, coalesce(j.meta ->> l.field, '') AS key, count(*)::integer AS n
-    FROM lim l JOIN dygo_jobs j ON j.state = 'active'
-                               AND l.name = CASE l.scope WHEN 'queue' THEN j.queue ELSE j.kind END
-    WHERE l.conc IS NOT NULL
-    GROUP BY 1, 2
-), started AS (
-    SELECT l.li, s.key, sum(s.n)::integer AS n,
-           extract(epoch FROM min(s.at) + make_interval(secs => l.rwin) - clock_timestamp())::float8 AS frees_in
-    FROM lim l JOIN dygo_limit_starts s ON s.scope = l.scope AND s.name = l.name
-                                       AND s.at > clock_timestamp() - make_interval(secs => l.rwin)
-    WHERE l.rcount IS NOT NULL
-    GROUP BY l.li, s.key, l.rwin
-), use AS MATERIALIZED (
-    SELECT l.li, l.scope, l.name, l.field, coalesce(a.key, s.key) AS key,
-           coalesce(a.n, 0) AS active, coalesce(s.n, 0) AS started,
-           greatest(CASE WHEN a.n >= l.conc THEN %(recheck)s::float8 END,
-                    CASE WHEN s.n >= l.rcount THEN greatest(s.frees_in, 0) + 0.005 END) AS wait
-    FROM active a FULL JOIN started s ON s.li = a.li AND s.key = a.key
-    JOIN lim l ON l.li = coalesce(a.li, s.li)
-), w AS (
-    SELECT w.queue, greatest(least(w.slots, (
-        SELECT min(least(l.conc - coalesce(u.active, 0), l.rcount - coalesce(u.started, 0)))
-        FROM lim l LEFT JOIN use u ON u.li = l.li AND u.key = ''
-        WHERE l.scope = 'queue' AND l.field IS NULL AND l.name = w.queue)), 0) AS slots
-    FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
-), cand AS MATERIALIZED (
-    SELECT p.* FROM w CROSS JOIN LATERAL (
-        SELECT id, kind, queue, meta, priority, run_at FROM dygo_jobs j
-        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
-          AND kind <> ALL(%(full_kinds)s::text[])
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-          AND NOT EXISTS (SELECT 1 FROM use u WHERE u.wait IS NOT NULL
-                            AND u.name = CASE u.scope WHEN 'queue' THEN j.queue ELSE j.kind END
-                            AND coalesce(j.meta ->> u.field, '') = u.key)
-        ORDER BY priority DESC, run_at, id
-        LIMIT w.slots
-        FOR UPDATE SKIP LOCKED
-    ) AS p
-    WHERE w.slots > 0
-), ranked AS (
-    SELECT c.id, l.li, coalesce(c.meta ->> l.field, '') AS key,
-           row_number() OVER (PARTITION BY l.li, coalesce(c.meta ->> l.field, '')
-                              ORDER BY c.priority DESC, c.run_at, c.id) AS rn
-    FROM cand c JOIN lim l ON l.name = CASE l.scope WHEN 'queue' THEN c.queue ELSE c.kind END
-), refused AS (
-    SELECT DISTINCT r.id FROM ranked r JOIN lim l ON l.li = r.li LEFT JOIN use u ON u.li = r.li AND u.key = r.key
-    WHERE r.rn + coalesce(u.active, 0) > l.conc OR r.rn + coalesce(u.started, 0) > l.rcount
-), kept AS (
-    -- This worker's per-kind caps (worker/capacity.py): no more of a kind than its free slots.
-    SELECT r.id FROM (
-        SELECT c.id, c.kind, row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id) AS n
-        FROM cand c WHERE c.id NOT IN (SELECT id FROM refused)
-    ) AS r LEFT JOIN unnest(%(cap_kinds)s::text[], %(cap_free)s::integer[]) AS k(kind, free) ON k.kind = r.kind
-    WHERE k.free IS NULL OR r.n <= k.free
-), {queries._CLAIMED.format(rows="kept")}, logged AS (
-    INSERT INTO dygo_limit_starts (scope, name, key, at, n)
-    SELECT l.scope, l.name, coalesce(c.meta ->> l.field, ''), clock_timestamp(), count(*)
-    FROM claimed c JOIN lim l ON l.rcount IS NOT NULL
-                             AND l.name = CASE l.scope WHEN 'queue' THEN c.queue ELSE c.kind END
-    GROUP BY l.scope, l.name, 3
-), next_due AS (
-    SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
-    FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
-    CROSS JOIN LATERAL ({queries._NEXT_RUN_AT}) AS n
-    WHERE n.run_at IS NOT NULL AND w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
-), held AS (
-    SELECT w.queue, min(u.wait) AS wait FROM unnest(%(queues)s::text[]) AS w(queue)
-    JOIN use u ON u.wait IS NOT NULL AND (u.scope = 'kind' OR u.name = w.queue)
-    GROUP BY 1
-    UNION ALL
-    SELECT DISTINCT c.queue, 0::float8 FROM cand c JOIN refused r ON r.id = c.id
-)
-SELECT {queries.CLAIMED_JOB_COLUMNS},
-       NULL::float8 AS due_in, NULL::float8 AS wait, priority, run_at
-FROM claimed
-UNION ALL
-SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, NULL, NULL FROM next_due
-UNION ALL
-SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, NULL, NULL FROM held
-ORDER BY priority DESC NULLS LAST, run_at, id"""
-
 
 TRIM_STARTS = """
 DELETE FROM dygo_limit_starts s
@@ -180,6 +58,7 @@ class LimitRow:
 
     @property
     def lock_key(self) -> int:
+        """The claim's advisory lock for this limit: a 64-bit hash of "dygo.limit:<scope>:<name>"."""
         digest = hashlib.blake2b(f"dygo.limit:{self.scope}:{self.name}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big", signed=True)
 
@@ -205,83 +84,6 @@ async def current(conn: psycopg.AsyncConnection) -> list[LimitRow]:
 
 def forget_cache() -> None:
     _cache.clear()
-
-
-async def claim(
-    conn: psycopg.AsyncConnection,
-    wanted: Mapping[str, int],
-    owner: str,
-    ttl: float,
-    jobs: Registry | None = None,
-    since: Mapping[str, datetime | None] | None = None,
-    kind_free: Mapping[str, int] | None = None,
-) -> Claim:
-    """Claim up to wanted[queue] ready jobs of each queue without exceeding any limit in force, nor this
-    worker's per-kind caps (`kind_free`, leases.claim_with_next_due). Without a limit concerned, the walks
-    start at `since`; under one, from the head."""
-    wanted = {queue: n for queue, n in wanted.items() if n > 0}
-    if not wanted:
-        return Claim([], {})
-    concerned = [r for r in await current(conn) if r.scope == "kind" or r.name in wanted]
-    if not concerned:
-        return await claim_with_next_due(conn, wanted, owner, ttl, jobs, since=since, kind_free=kind_free)
-    return await _claim_limited(conn, wanted, owner, ttl, jobs or registry, concerned, dict(kind_free or {}))
-
-
-async def _claim_limited(
-    conn: psycopg.AsyncConnection,
-    wanted: dict[str, int],
-    owner: str,
-    ttl: float,
-    jobs: Registry,
-    concerned: list[LimitRow],
-    kind_free: dict[str, int],
-) -> Claim:
-    kind_attempts, default = jobs.max_attempts_at_claim()
-    params = {
-        "queues": list(wanted),
-        "limits": list(wanted.values()),
-        "owner": owner,
-        "ttl": ttl,
-        "kind_attempts": kind_attempts,
-        "max_attempts": default,
-        "recheck": CONCURRENCY_RECHECK,
-        "scopes": [r.scope for r in concerned],
-        "names": [r.name for r in concerned],
-        "fields": [r.key for r in concerned],
-        "concurrency": [r.concurrency_limit for r in concerned],
-        "rate_counts": [r.rate_count for r in concerned],
-        "rate_windows": [r.rate_window for r in concerned],
-        "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
-        "cap_kinds": [kind for kind, free in kind_free.items() if free > 0],
-        "cap_free": [free for free in kind_free.values() if free > 0],
-    }
-    # One pipeline, one round trip: the lock is a statement of its own, so that CLAIM_LIMITED, a later
-    # statement, takes its READ COMMITTED snapshot after the lock was granted and counts every claim
-    # committed while this one waited for it. The commit need not wait for the WAL flush, as
-    # leases.claim_with_next_due's (a claim lost in a crash leaves its jobs pending).
-    try:
-        async with conn.pipeline():
-            await conn.execute(leases.BEGIN)
-            # Index scans only (the claim's UPDATE by id, on a table of a few pages), no wait for the flush.
-            await conn.execute(leases.CLAIM_SETTINGS)
-            await conn.execute(LOCK_LIMITS, {"keys": sorted(r.lock_key for r in concerned)})
-            cursor = await conn.execute(CLAIM_LIMITED, params)
-            await conn.execute(leases.COMMIT)
-        rows = await cursor.fetchall()
-    except BaseException:
-        await leases.roll_back(conn)
-        raise
-    held: dict[str, float] = {}
-    due: dict[str, float] = {}
-    for row in rows:
-        if row[0] is not None:
-            continue
-        if row[10] is not None:
-            due[row[2]] = row[10]
-        if row[11] is not None:
-            held[row[2]] = min(held.get(row[2], row[11]), row[11])
-    return Claim([claimed_job(row) for row in rows if row[0] is not None], due, held=held, limited=True)
 
 
 async def freed_queues(conn: psycopg.AsyncConnection, jobs: Iterable[ClaimedJob]) -> list[str]:

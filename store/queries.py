@@ -84,113 +84,12 @@ WHERE idempotency_key = ANY(%s) AND state IN ('pending', 'active', 'paused')"""
 # The channel the dygo_notify_pending trigger sends each queue name to.
 LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 
-# --- Claim, lease, settle ------------------------------------------------------------------------
+# --- Lease, settle (the claim statements are in store/claim.py) ------------------------------------
 
-# What the claim does to the rows it keeps (CTE `{rows}` of ids), shared by CLAIM_JOBS and the claim under
-# cluster-wide limits (store/limits.py CLAIM_LIMITED), so both start a job the same way.
-_CLAIMED = """claimed AS (
-    UPDATE dygo_jobs AS j
-    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
-        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
-        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
-        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
-        lease_deadline = now() + make_interval(secs => %(ttl)s)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM {rows}))
-    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
-              j.lease_token, j.priority, j.run_at
-)"""
-
-# The columns of a claimed job in a claim's result (store/leases.py claimed_job), then its start latency. Every
-# column costs the worker per job to load: `meta` comes NULL when empty (most jobs'), the lease token as text
-# (a UUID object took 0.5 us to load, its text 0.1), and the lease deadline, the same for the whole claim, is not
-# sent (issue 12, item 7). The last one is the start latency (store/timings.py).
-CLAIMED_JOB_COLUMNS = """id, kind, queue, args, nullif(meta, '{}'::jsonb), attempt, max_attempts, enqueued_at,
-       lease_token::text, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8"""
-
-# When queue `w.queue`'s next scheduled job is due (NULL: none): future run_at only, an index condition,
-# so the entries of claimed jobs are passed over without a visit to their rows. Paused queues are left
-# out: they must not wake anyone. For CLAIM_JOBS's next_due rows and the limited claim's (store/limits.py).
-_NEXT_RUN_AT = """
-    SELECT min(run_at) AS run_at FROM dygo_jobs
-    WHERE state = 'pending' AND queue = w.queue AND run_at > now()
-      AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)"""
-
-
-# One statement claims for every queue a worker serves: each (queue, free slots) pair of the arrays
-# walks the dygo_jobs_ready partial index (queue, priority DESC, run_at, id) in a LATERAL of its own,
-# so each queue gets at most its own free slots in the seed's order, and one round trip serves any
-# number of queues (a worker's claim connection is one, whatever its queues). SKIP LOCKED lets any
-# number of workers claim at once. A paused queue (dygo_queues) yields nothing: one primary-key
-# probe per queue, evaluated once per claim. The UPDATE finds each picked row by primary key
-# (`= ANY(ARRAY(...))`); the rows come back in claim order across the queues, the order jobs start in.
-# Each queue that comes back short gets one more row (id NULL): the seconds until its next scheduled job
-# is due (NULL: none), so the producer sets its timer without a second statement; every row has the
-# statement's clock.
-# A queue's walk may start at a `since` run_at (NULL: from the head). Its entries of claimed jobs stay in
-# the index until a vacuum removes them, and while something holds a snapshot back every walk from the
-# head visits each of their rows (13.6 ms for 23,000 of them, issue 12 item 5): the producer passes, after
-# a claim that came back short at time T (every job then due and visible was taken), T less a margin for
-# enqueues that commit late, and walks from the head at least once a second for jobs put back in line
-# with an earlier run_at (hand-backs, recovered leases, resumed jobs) or committed later than the margin.
-# The worker's claim is prepared and planned once, a generic plan (store/leases.py CLAIM_SETTINGS): planning
-# was ~0.8 ms of a 4-job claim's ~1.3 ms of server time (issue 12 item 7). The plan is made with sequential
-# scans priced out: made on the freshly migrated, empty table without that, it scanned the whole table
-# (cheapest there) until the first ANALYZE invalidated it, a minute later, while the table grew to
-# thousands of rows (issue 12 item 5). Planned afresh, the UPDATE's lookup by id is also a sequential scan
-# while the table has a few pages, so every claim runs with INDEX_SCANS_ONLY (or its session's setting).
-# Per-worker kind caps (worker/capacity.py): the walk skips the kinds at their cap in this worker
-# (%(full_kinds)s, empty when none), so they hold up no other kind of the queue. CLAIM_JOBS takes every
-# picked row. CLAIM_JOBS_CAPPED, sent when a capped kind has fewer free slots than the claim could take
-# (%(cap_kinds)s, %(cap_free)s), keeps no row of such a kind beyond its free slots (a window over the
-# locked candidates, before the UPDATE); the rows it drops stay pending, locked only until the statement
-# ends. One text, two statements: a worker without caps does not pay for planning the window (0.07 ms a
-# claim, bench/claim_caps.py).
-def _claim(kept: str) -> str:
-    return f"""
-WITH picked AS (
-    SELECT p.id, p.kind, p.priority, p.run_at
-    FROM unnest(%(queues)s::text[], %(limits)s::integer[], %(since)s::timestamptz[]) AS w(queue, slots, since)
-    CROSS JOIN LATERAL (
-        SELECT id, kind, priority, run_at FROM dygo_jobs
-        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
-          AND kind <> ALL(%(full_kinds)s::text[])
-          AND run_at >= coalesce(w.since, '-infinity')
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-        ORDER BY priority DESC, run_at, id
-        LIMIT w.slots
-        FOR UPDATE SKIP LOCKED
-    ) AS p
-), kept AS (
-    {kept}
-), {_CLAIMED.format(rows="kept")}, next_due AS (
-    -- Only for queues that came back short, and only jobs still to come: the statement's snapshot sees the
-    -- jobs it just claimed as pending, and a due job skipped as locked is another worker's (_NEXT_RUN_AT).
-    SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
-    FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS w(queue, slots)
-    CROSS JOIN LATERAL ({_NEXT_RUN_AT}) AS n
-    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
-)
-SELECT {CLAIMED_JOB_COLUMNS},
-       NULL::float8 AS due_in, extract(epoch FROM now())::float8 AS clock, priority,
-       extract(epoch FROM run_at)::float8 AS run_at  -- as numbers: a timestamp costs the worker 4x more to load
-FROM claimed
-UNION ALL
-SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, extract(epoch FROM now())::float8,
-       NULL, NULL FROM next_due
-ORDER BY priority DESC NULLS LAST, run_at, id"""
-
-
-CLAIM_JOBS = _claim("SELECT id FROM picked")
-CLAIM_JOBS_CAPPED = _claim("""SELECT r.id FROM (
-        SELECT id, kind, row_number() OVER (PARTITION BY kind ORDER BY priority DESC, run_at, id) AS n FROM picked
-    ) AS r
-    LEFT JOIN unnest(%(cap_kinds)s::text[], %(cap_free)s::integer[]) AS c(kind, free) ON c.kind = r.kind
-    WHERE c.free IS NULL OR r.n <= c.free""")
-
-# Sent in the same string as a worker statement that finds job rows by id (leases._on_indexes): a
-# freshly migrated table of a few pages is cheapest to read whole, so the planner took a sequential scan
-# for the claim's and the settle's UPDATE until the table grew (in a run at 200 jobs/s, 621 of them in
-# its first 4 s, issue 12 item 5). Priced out, every lookup stays on its index whatever the statistics say.
+# Sent in the same string as a worker statement that finds job rows by id (leases.on_indexes): a
+# freshly migrated table of a few pages is cheapest to read whole, so the planner would take a sequential
+# scan for the claim's and the settle's UPDATE until the table grew. Priced out, every lookup stays on its
+# index whatever the statistics say.
 # LOCAL: it ends with the statement's transaction, so a pooled server connection is left as it was.
 INDEX_SCANS_ONLY = "SET LOCAL enable_seqscan = off"
 

@@ -1,4 +1,4 @@
-"""Claiming ahead (worker/ahead.py, issue 12 item 7): while a queue's jobs are short, a worker claims beyond
+"""Claiming ahead (worker/ahead.py): while a queue's jobs are short, a worker claims beyond
 its free slots and starts the extra jobs as slots free; jobs that wait too long, or that a stopping worker
 never started, go back to their queue. Real worker processes on a real database."""
 

@@ -1,4 +1,4 @@
-"""Per-worker caps (issue 13, item 1): `@job(concurrency=N)`, `default_concurrency`, `max_concurrency` and
+"""Per-worker caps: `@job(concurrency=N)`, `default_concurrency`, `max_concurrency` and
 `dygo worker --max-concurrency`. Real worker processes; every start and end is recorded from inside the
 handler (tests/jobs.py `spanned`), so an overlap is measured, not inferred."""
 
@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from dygo.store import enqueue_many
 from dygo.store.errors import ConfigError
-from dygo.store.leases import claim_queues
 from dygo.store.registry import Registry, job
 
+from tests.claiming import claim_queues
 from tests.conftest import REPO, TEST_CONFIG, dygo_env, wait_until
 
 
@@ -145,12 +145,12 @@ def test_max_concurrency_setting_caps_all_handlers_of_the_process_together(conn,
 # --- the claim statement ------------------------------------------------------------------------
 
 
-def claim(db_url: str, limits: dict[str, int], caps: dict[str, int]) -> list[str]:
+def claim(db_url: str, slots: dict[str, int], caps: dict[str, int]) -> list[str]:
     import asyncio
 
     async def go() -> list[str]:
         async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
-            return [job.kind for job in await claim_queues(aconn, limits, "w1", 30, kind_free=caps)]
+            return [job.kind for job in await claim_queues(aconn, slots, "w1", 30, kind_free=caps)]
 
     return asyncio.run(go())
 
@@ -167,12 +167,12 @@ def test_claim_takes_no_more_of_a_capped_kind_than_its_free_slots_and_fills_the_
 
 
 def test_capped_claim_still_walks_the_ready_index(conn):
-    from dygo.store import queries
+    from dygo.store import claim
 
     conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
     params = {
         "queues": ["default", "other"],
-        "limits": [100, 100],
+        "slots": [100, 100],
         "owner": "w1",
         "ttl": 30,
         "kind_attempts": "{}",
@@ -182,7 +182,7 @@ def test_capped_claim_still_walks_the_ready_index(conn):
         "cap_free": [3],
         "since": [None, None],
     }
-    plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS_CAPPED, params))
+    plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + claim.CLAIM_JOBS_CAPPED, params))
     assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, plan
 
 

@@ -11,7 +11,10 @@ import psycopg
 import pytest
 from dygo.store import enqueue, enqueue_many
 from dygo.store.backoff import retry_delay
-from dygo.store.leases import Succeeded, Unsuccessful, array, claim, claim_session, recover_expired, renew, settle
+from dygo.store.claim import claim_session
+from dygo.store.leases import Succeeded, Unsuccessful, recover_expired, renew, settle
+
+from tests.claiming import claim
 
 
 def run(coro):
@@ -99,7 +102,7 @@ def record_commit_modes(conn) -> None:
 
 
 def test_a_claim_commits_without_waiting_for_the_wal_flush_and_leaves_the_session_as_it_was(conn, db_url):
-    # Issue 12, item 7: a slot's claim does not wait on the disk. Seen from inside the claim's transaction
+    # A slot's claim does not wait on the disk. Seen from inside the claim's transaction
     # by a trigger; the session's own setting (a pooled server session's, behind PgBouncer) is untouched.
     record_commit_modes(conn)
     job = enqueue(conn, "test.noop", {})
@@ -284,7 +287,7 @@ def test_settle_and_lease_renewal_lock_rows_in_one_order_and_never_deadlock(conn
 
 
 def test_max_attempts_unset_at_enqueue_is_resolved_from_the_registration_at_the_first_lease(conn, db_url):
-    # The seed: a registration's retries apply at the first lease unless the job set its own. Stamped at
+    # A registration's retries apply at the first lease unless the job set its own. Stamped at
     # enqueue, a producer that does not import the kind stored the default (20) for a kind declared with 3.
     registered = enqueue(conn, "test.fail", {})  # @job(max_attempts=3)
     own = enqueue(conn, "test.fail", {}, max_attempts=7)
@@ -296,36 +299,8 @@ def test_max_attempts_unset_at_enqueue_is_resolved_from_the_registration_at_the_
     assert dict(conn.execute("SELECT id, max_attempts FROM dygo_jobs").fetchall()) == claimed  # durably
 
 
-def test_an_array_literal_reads_back_as_the_values_it_was_made_of(conn):
-    # The claim and the settle send their arrays as literals (leases.array): quotes, backslashes, braces,
-    # commas, the word NULL and None must all come back as themselves, in every element type they use.
-    from datetime import UTC, datetime
-
-    texts = ['a"b', "back\\slash", "{brace}", "a,b", "NULL", "", " spaced ", "é", None]
-    results = [json.dumps({"q": 'say "hi"\\n', "b": "{x}"}), json.dumps([1, "a,b"]), None]
-    token = uuid.uuid4()
-    when = datetime(2026, 11, 30, 22, 0, 0, 123456, tzinfo=UTC)
-    row = conn.execute(
-        "SELECT %s::text[], %s::jsonb[], %s::uuid[], %s::timestamptz[], %s::float8[], %s::bool[], "
-        "%s::bigint[], %s::text[]",
-        [
-            array(texts),
-            array(results),
-            array([token, None]),
-            array([when, None]),
-            array([0.25, 1e-05, 600.0]),
-            array([True, False]),
-            array([1, 2**40]),
-            array([]),
-        ],
-    ).fetchone()
-    assert row[0] == texts
-    assert row[1] == [json.loads(results[0]), json.loads(results[1]), None]
-    assert row[2:] == ([token, None], [when, None], [0.25, 1e-05, 600.0], [True, False], [1, 2**40], [])
-
-
 def test_the_workers_claim_session_claims_in_one_statement_planned_once_that_does_not_wait_for_the_flush(conn, db_url):
-    # Issue 12, item 7: on the worker's own claim connection the settings are the session's, so each claim is
+    # On the worker's own claim connection the settings are the session's, so each claim is
     # the claim statement alone (no settings statement before it), prepared with a generic plan, committed
     # asynchronously.
     record_commit_modes(conn)

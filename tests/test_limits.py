@@ -1,4 +1,4 @@
-"""Cluster-wide flow control (issue 13): concurrency and rate limits per queue, per kind and per key,
+"""Cluster-wide flow control: concurrency and rate limits per queue, per kind and per key,
 enforced by real `dygo worker` processes claiming at once; times come from inside the handlers."""
 
 from __future__ import annotations

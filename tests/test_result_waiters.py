@@ -8,9 +8,9 @@ from datetime import datetime
 
 import psycopg
 from dygo.store import enqueue
-from dygo.store.leases import claim
 from dygo.store.results import CHANNEL, finished_ids, register, result, unregister, wait_for_result
 
+from tests.claiming import claim
 from tests.conftest import wait_until
 from tests.test_retention import copy_test_config
 

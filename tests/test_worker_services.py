@@ -27,12 +27,11 @@ from datetime import timedelta
 import psycopg
 import pytest
 from dygo.store import enqueue, enqueue_many, maintenance
+from dygo.store.claim import claim_jobs
 from dygo.store.config import load_settings
 from dygo.store.leases import (
     Succeeded,
     Unsuccessful,
-    claim_queues,
-    claim_with_next_due,
     recover_expired,
     renew,
     report_progress,
@@ -42,13 +41,14 @@ from dygo.store.registry import registry
 from dygo.worker.options import WorkerOptions
 from dygo.worker.runtime import Worker
 
+from tests.claiming import claim_queues
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
 
 
-def claim(url: str, limits: dict[str, int]) -> list:
+def claim(url: str, slots: dict[str, int]) -> list:
     async def go():
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            return await claim_queues(conn, limits, "w1", 30)
+            return await claim_queues(conn, slots, "w1", 30)
 
     return asyncio.run(go())
 
@@ -75,12 +75,12 @@ def test_a_claim_leaves_a_paused_queue_alone_and_serves_the_others(conn, db_url)
 
 
 def test_claim_walks_the_ready_index_never_the_whole_table(conn):
-    from dygo.store import queries
+    from dygo.store import claim
 
     conn.execute("INSERT INTO dygo_jobs (kind, queue) SELECT 'test.noop', 'default' FROM generate_series(1, 5000)")
     params = {
         "queues": ["default", "other"],
-        "limits": [100, 100],
+        "slots": [100, 100],
         "owner": "w1",
         "ttl": 30,
         "kind_attempts": "{}",
@@ -89,15 +89,15 @@ def test_claim_walks_the_ready_index_never_the_whole_table(conn):
         "since": [None, None],
     }
     for analyzed in (False, True):  # a fresh table (no statistics yet), then an analyzed one
-        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + queries.CLAIM_JOBS, params))
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + claim.CLAIM_JOBS, params))
         assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, (analyzed, plan)
         conn.execute("ANALYZE dygo_jobs")
 
 
 def test_a_claim_planned_once_on_the_empty_table_still_walks_the_indexes_once_the_table_has_grown(conn, db_url):
-    # Issue 12, item 7: the worker's claim is prepared, and planned once (a generic plan), not on every call.
-    # The plan is made on a freshly migrated, empty table, where a sequential scan is cheapest (issue 12,
-    # item 5); its settings price that out, so it stays on the indexes after the table has grown.
+    # The worker's claim is prepared, and planned once (a generic plan), not on every call. The plan is made
+    # on a freshly migrated, empty table, where a sequential scan is cheapest; its settings price that out,
+    # so it stays on the indexes after the table has grown.
     async def claims(c: psycopg.AsyncConnection, times: int) -> int:
         claimed = 0
         for _ in range(times):
@@ -131,8 +131,8 @@ def seq_scans_of_the_job_table(conn) -> int:
 
 def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_analyze(conn, db_url):
     # A freshly migrated table of a few pages that was never analysed: finding a few rows by id is
-    # cheapest by a sequential scan there, and the planner took one for the claim's and the settle's
-    # UPDATE until the table grew (issue 12 item 5). Every worker statement here must use its index.
+    # cheapest by a sequential scan there, and the planner would take one for the claim's and the settle's
+    # UPDATE until the table grew. Every worker statement here must use its index.
     conn.execute(
         "INSERT INTO dygo_jobs (kind, queue, state, finished_at) "
         "SELECT 'test.noop', 'default', 'succeeded', now() FROM generate_series(1, 200)"
@@ -143,7 +143,7 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
 
     async def cycle() -> dict[str, float]:
         async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
-            jobs = (await claim_with_next_due(c, {"default": 10, "other": 5}, "w1", 30)).jobs
+            jobs = (await claim_jobs(c, {"default": 10, "other": 5}, "w1", 30)).jobs
             await renew(c, jobs, 60)
             await report_progress(c, [(jobs[0], (0.5, "half way"))])
             await settle(
@@ -154,10 +154,10 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
                     Unsuccessful(jobs[2], "dead", error="bust"),
                 ],
             )
-            await claim_with_next_due(c, {"default": 5}, "w2", 0.001)  # leases that expire at once
+            await claim_jobs(c, {"default": 5}, "w2", 0.001)  # leases that expire at once
             await asyncio.sleep(0.05)
             assert len((await recover_expired(c, 3)).jobs) == 5
-            last = await claim_with_next_due(c, {"default": 30}, "w3", 30)
+            last = await claim_jobs(c, {"default": 30}, "w3", 30)
             assert len(last.jobs) == 10  # the 5 never claimed and the 5 recovered
             await asyncio.sleep(1.1)  # past a retention of 1 s: the history and the jobs settled above go
             trimmed = await maintenance.trim(
@@ -175,11 +175,11 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
 
 def claim_walk_buffers(conn, since) -> int:
     """Pages the claim's walk of dygo_jobs_ready touched (EXPLAIN ANALYZE, rolled back)."""
-    from dygo.store import queries
+    from dygo.store import claim
 
     params = {
         "queues": ["default"],
-        "limits": [10],
+        "slots": [10],
         "owner": "w1",
         "ttl": 30,
         "kind_attempts": "{}",
@@ -188,7 +188,7 @@ def claim_walk_buffers(conn, since) -> int:
         "full_kinds": [],
     }
     with conn.transaction(force_rollback=True):
-        [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries.CLAIM_JOBS, params).fetchall()
+        [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claim.CLAIM_JOBS, params).fetchall()
 
     def walks(node):
         if node.get("Index Name") == "dygo_jobs_ready" and "run_at <= now()" in node.get("Index Cond", ""):
@@ -229,7 +229,7 @@ def test_a_full_claim_says_where_in_line_it_stopped_for_each_queue(conn, db_url)
 
 async def claim_in_one_statement(url: str, wanted: dict[str, int]):
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as c:
-        return await claim_with_next_due(c, wanted, "w1", 30)
+        return await claim_jobs(c, wanted, "w1", 30)
 
 
 def test_a_short_claim_says_when_each_queues_next_job_is_due_in_the_same_statement(conn, db_url):
@@ -242,7 +242,7 @@ def test_a_short_claim_says_when_each_queues_next_job_is_due_in_the_same_stateme
 
     async def go():
         async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
-            return await claim_with_next_due(c, {"default": 5, "other": 2, "mail": 1, "reports": 1}, "w1", 30)
+            return await claim_jobs(c, {"default": 5, "other": 2, "mail": 1, "reports": 1}, "w1", 30)
 
     claim = asyncio.run(go())
     assert sorted(job.queue for job in claim.jobs) == ["default", "other", "other"]

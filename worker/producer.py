@@ -1,7 +1,7 @@
 """The producer: claims ready jobs for every queue this worker serves and starts them.
 
 One loop and one connection for all queues: each claim is one statement that takes, for each queue
-with free slots, at most that many jobs in the seed's order (store/queries.py CLAIM_JOBS). A queue
+with free slots, at most that many jobs in claim order (store/claim.py, whatever the limits). A queue
 is claimed for while it is *armed*: something says it may have ready jobs (a NOTIFY for it, its
 timer, a claim that came back full, the start). A claim that comes back short disarms it until a
 NOTIFY or its timer: the next pending job's run_at (a retry this worker scheduled itself, a delayed
@@ -18,11 +18,12 @@ its cap arms its queue when it ends.
 
 After a claim that came back short, a queue's next walk of the ready index starts at that claim's
 time less LATE_COMMIT_MARGIN rather than at the head, where a held snapshot keeps an entry for every
-job claimed since (store/queries.py CLAIM_JOBS); after a full claim (a backlog), at the run_at of the
+job claimed since (store/claim.py CLAIM_JOBS); after a full claim (a backlog), at the run_at of the
 last job it took less that margin. A walk from the head comes at least once every HEAD_WALK_INTERVAL
 while the queue is busy, for jobs put back in line with an earlier run_at (and, in a backlog, older
 jobs of a lower priority than the last one taken). While a kind is at its cap its skipped jobs stay
-behind such a start, so no start is kept then.
+behind such a start, so no start is kept then; nor under a cluster-wide limit, whose claim walks from the
+head and may leave due jobs of a queue it held back in line.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from collections import Counter
 from datetime import datetime, timedelta
 
 import psycopg
-from dygo.store import leases, limits
-from dygo.store.leases import Claim, ClaimedJob
+from dygo.store.claim import Claim, claim_jobs, claim_session
+from dygo.store.leases import ClaimedJob
 from dygo.worker.ahead import Ahead
 from dygo.worker.capacity import Capacity
 from dygo.worker.database import Database
@@ -106,8 +107,8 @@ class Producer:
         self.wake = asyncio.Event()  # a NOTIFY, a freed slot, or stop
         self.stopping = asyncio.Event()
         self.conn: psycopg.AsyncConnection | None = None  # the claim connection (worker/database.py)
-        # The seed: a worker recovers expired leases before it claims. Its first claim after start and
-        # after an outage follows a recovery pass; afterwards recovery follows claims, off the wake-up path.
+        # A worker recovers expired leases before it claims: its first claim after start and after an
+        # outage follows a recovery pass; afterwards recovery follows claims, off the wake-up path.
         self.recover_first = True
         # Queues the last claim held back on a cluster-wide limit: seconds until worth claiming again.
         self.held: dict[str, float] = {}
@@ -197,7 +198,7 @@ class Producer:
             try:
                 if self.conn is None:
                     self.conn = await self.database.connect()
-                    await leases.claim_session(self.conn)
+                    await claim_session(self.conn)
                 if self.recover_first or self.database.outage.down:
                     await self.recovery.run_once()
                     self.recover_first = False
@@ -212,8 +213,8 @@ class Producer:
                     await self.recovery.run_once()
                 counts = Counter(job.queue for job in claim.jobs)
                 short = [name for name, n in wanted.items() if counts[name] < n and name not in self.held]
-                # Rows of a capped kind may be left in line: no walk starts past them.
-                every_due_taken = not (self.capped_out or self.skipped)
+                # Rows of a capped kind, or that a limit held back, may be left in line: no walk starts past them.
+                every_due_taken = not (self.capped_out or self.skipped or claim.limited)
                 for name, n in wanted.items():
                     if counts[name] == n:
                         self.slots[name].armed = True  # there may be more ready right now
@@ -315,10 +316,9 @@ class Producer:
     async def claim(
         self, conn: psycopg.AsyncConnection, wanted: dict[str, int], since: dict[str, datetime | None] | None = None
     ) -> Claim:
-        """Claim up to wanted[queue] jobs per queue (one statement unless a cluster-wide limit concerns them:
-        store/limits.py) and start them."""
+        """Claim up to wanted[queue] jobs per queue (store/claim.py) and start them."""
         kind_free = self._kind_free() if self.capacity.capped else None
-        claim = await limits.claim(conn, wanted, self.worker_id, self.lease_ttl, since=since, kind_free=kind_free)
+        claim = await claim_jobs(conn, wanted, self.worker_id, self.lease_ttl, since=since, kind_free=kind_free)
         self.held = claim.held
         taken = Counter(job.kind for job in claim.jobs)
         given = kind_free or {}

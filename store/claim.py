@@ -1,0 +1,567 @@
+"""Claiming: how ready jobs leave the queue for a worker. The one module that owns the claim statements,
+their parameters and their rows; the producer (worker/producer.py) calls `claim_jobs` and nothing else.
+
+A claim takes, for each queue with free slots, at most that many ready jobs in claim order (priority, then
+run_at, then id), leases them to the worker and starts them: one statement, one round trip, whatever the
+number of queues. With no cluster-wide limit (store/limits.py) concerning its queues it is CLAIM_JOBS (or
+CLAIM_JOBS_CAPPED), with no lock. Under a limit it is one transaction in one round trip (pipelined):
+1. an advisory lock per limit concerned (sorted, so two claims never wait on each other in a cycle),
+   taken by its own statement before anything is counted: READ COMMITTED gives the next statement a
+   snapshot that includes every claim committed while this one waited for the lock;
+2. CLAIM_LIMITED, one statement: the use of each limit (active jobs: the active set is small, one walk
+   of dygo_jobs_leases; the starts logged in each rate window), the ready rows skipping every queue,
+   kind and key already at its limit (so one tenant's backlog does not hide another tenant's jobs),
+   locked FOR UPDATE SKIP LOCKED, of those the ones each limit still admits, claimed as CLAIM_JOBS
+   claims them, and one start-log row per rate limit and key with its count (insert-only, no shared row
+   per job).
+
+Rate windows are sliding: at most N starts in any interval of the window's length, on the database
+clock at the claim (clock_timestamp(), read after the lock, so the log's times follow lock order).
+
+Every claim statement returns the same columns (ClaimRow), read by name through a row factory: the claimed
+jobs in claim order, then one row per queue that came back short (`due_in`) or that a limit held back
+(`held_for`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, NamedTuple, cast
+
+import psycopg
+from dygo.store import leases, limits
+from dygo.store.codecs import array, load_json
+from dygo.store.db import through_transaction_pooler
+from dygo.store.leases import ClaimedJob
+from dygo.store.limits import LimitRow
+from dygo.store.registry import Registry, registry
+from psycopg.rows import RowMaker, no_result
+
+# A queue held back by a full concurrency limit claims again after this at the latest; a settle of a
+# limited job NOTIFYs its queue (limits.freed_queues, at the settle's commit), so normally sooner.
+CONCURRENCY_RECHECK = 0.5
+
+# --- The statements ------------------------------------------------------------------------------
+
+# One statement claims for every queue a worker serves: each (queue, free slots) pair of the arrays
+# walks the dygo_jobs_ready partial index (queue, priority DESC, run_at, id) in a LATERAL of its own,
+# so each queue gets at most its own free slots in claim order, and one round trip serves any
+# number of queues (a worker's claim connection is one, whatever its queues). SKIP LOCKED lets any
+# number of workers claim at once. A paused queue (dygo_queues) yields nothing: one primary-key
+# probe per queue, evaluated once per claim. The UPDATE finds each picked row by primary key
+# (`= ANY(ARRAY(...))`); the rows come back in claim order across the queues, the order jobs start in.
+# Each queue that comes back short gets one more row (id NULL): the seconds until its next scheduled job
+# is due (NULL: none), so the producer sets its timer without a second statement; every row has the
+# statement's clock.
+# A queue's walk may start at a `since` run_at (NULL: from the head). Its entries of claimed jobs stay in
+# the index until a vacuum removes them, and while something holds a snapshot back every walk from the
+# head visits each of their rows: the producer passes, after a claim that came back short at time T (every
+# job then due and visible was taken), T less a margin for enqueues that commit late, and walks from the
+# head at least once a second for jobs put back in line with an earlier run_at (hand-backs, recovered
+# leases, resumed jobs) or committed later than the margin.
+# The worker's claim is prepared and planned once, a generic plan (CLAIM_SETTINGS): planning a small claim
+# afresh costs more server time than running it. The plan is made with sequential scans priced out: a plan
+# made on a freshly migrated, empty table would otherwise scan the whole table (cheapest there) and keep
+# doing so while the table grows, until an ANALYZE invalidates it. Planned afresh, the UPDATE's lookup by id
+# is also a sequential scan while the table has a few pages, so every claim runs with
+# queries.INDEX_SCANS_ONLY (or its session's setting).
+# Per-worker kind caps (worker/capacity.py): the walk skips the kinds at their cap in this worker
+# (%(full_kinds)s, empty when none), so they hold up no other kind of the queue. CLAIM_JOBS takes every
+# picked row. CLAIM_JOBS_CAPPED, sent when a capped kind has fewer free slots than the claim could take
+# (%(cap_kinds)s, %(cap_free)s), keeps no row of such a kind beyond its free slots (a window over the
+# locked candidates, before the UPDATE); the rows it drops stay pending, locked only until the statement
+# ends. Two statements: a worker without caps does not pay for planning the window (bench/claim_caps.py).
+# Columns: the claimed job (ClaimedJob's), `meta` NULL when empty (most jobs': each column costs the worker
+# per job to load), the lease token as text (it loads several times faster than a UUID), no lease deadline
+# (the same for the whole claim); `waited`, the start latency (store/timings.py); the epoch numbers load
+# faster than timestamps.
+CLAIM_JOBS = """
+WITH picked AS (
+    SELECT p.id, p.kind, p.priority, p.run_at
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(since)s::timestamptz[]) AS w(queue, slots, since)
+    CROSS JOIN LATERAL (
+        SELECT id, kind, priority, run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND kind <> ALL(%(full_kinds)s::text[])
+          AND run_at >= coalesce(w.since, '-infinity')
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+        ORDER BY priority DESC, run_at, id
+        LIMIT w.slots
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+), kept AS (
+    SELECT id FROM picked
+), claimed AS (
+    UPDATE dygo_jobs AS j
+    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
+        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
+        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
+        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
+        lease_deadline = now() + make_interval(secs => %(ttl)s)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
+              j.lease_token, j.priority, j.run_at
+), next_due AS (
+    -- Only for queues that came back short, and only jobs still to come (future run_at only, an index
+    -- condition, so the entries of claimed jobs are passed over without a visit to their rows): the
+    -- statement's snapshot sees the jobs it just claimed as pending, and a due job skipped as locked is
+    -- another worker's. Paused queues are left out: they must not wake anyone.
+    SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
+    CROSS JOIN LATERAL (
+        SELECT min(run_at) AS run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS n
+    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
+)
+SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
+       lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
+       NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
+       extract(epoch FROM run_at)::float8 AS run_at
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
+       NULL, NULL FROM next_due
+ORDER BY priority DESC NULLS LAST, run_at, id"""
+
+# CLAIM_JOBS, keeping no more of a capped kind than its free slots (the `kept` CTE); the rest is the same.
+CLAIM_JOBS_CAPPED = """
+WITH picked AS (
+    SELECT p.id, p.kind, p.priority, p.run_at
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(since)s::timestamptz[]) AS w(queue, slots, since)
+    CROSS JOIN LATERAL (
+        SELECT id, kind, priority, run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND kind <> ALL(%(full_kinds)s::text[])
+          AND run_at >= coalesce(w.since, '-infinity')
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+        ORDER BY priority DESC, run_at, id
+        LIMIT w.slots
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+), kept AS (
+    SELECT r.id FROM (
+        SELECT id, kind, row_number() OVER (PARTITION BY kind ORDER BY priority DESC, run_at, id) AS n FROM picked
+    ) AS r
+    LEFT JOIN unnest(%(cap_kinds)s::text[], %(cap_free)s::integer[]) AS c(kind, free) ON c.kind = r.kind
+    WHERE c.free IS NULL OR r.n <= c.free
+), claimed AS (
+    UPDATE dygo_jobs AS j
+    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
+        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
+        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
+        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
+        lease_deadline = now() + make_interval(secs => %(ttl)s)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
+              j.lease_token, j.priority, j.run_at
+), next_due AS (
+    SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
+    CROSS JOIN LATERAL (
+        SELECT min(run_at) AS run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS n
+    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
+)
+SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
+       lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
+       NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
+       extract(epoch FROM run_at)::float8 AS run_at
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
+       NULL, NULL FROM next_due
+ORDER BY priority DESC NULLS LAST, run_at, id"""
+
+# The limited claim's lock: advisory lock keys (LimitRow.lock_key), in ascending order.
+LOCK_LIMITS = """
+SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%(keys)s::bigint[]) WITH ORDINALITY AS l(k, i)"""
+
+# The limited claim, after the lock: every step in one statement, so the whole claim is one round trip
+# (BEGIN, the lock, this, COMMIT, pipelined) whatever the limits. Each (scope, name, field, concurrency,
+# rate count, rate window) of the limits concerned is a row of `lim`; `use` has the active jobs and the
+# starts in the window per limit and key ('' for an unkeyed limit, and for jobs without the key's field),
+# with `wait`: NULL if it admits another start now, else the seconds until it may (CONCURRENCY_RECHECK
+# for a full concurrency limit, a settle's NOTIFY may come first).
+# The walk is CLAIM_JOBS's, skipping every (limit, key) at its limit (so one tenant's backlog does not
+# hide another tenant's jobs), always from the head; an unkeyed queue limit caps the walk itself (no point
+# locking rows it cannot admit). Of the candidates, a job is kept while every limit that applies still
+# admits it: its rank among the candidates of that limit and key, in claim order, plus the use, is within
+# the limit. Ranks count candidates another limit refused: the claim may take fewer than it could (the
+# queue is then claimed again at once: a `held` row with wait 0), never more. The kept rows are claimed by
+# CLAIM_JOBS's UPDATE, and each rate limit and key gets one start-log row with its count (insert-only: no
+# shared row per job). The rows returned are CLAIM_JOBS's, plus one per queue a limit held back
+# (`held_for`, the seconds until it is worth claiming again).
+CLAIM_LIMITED = """
+WITH lim AS MATERIALIZED (
+    SELECT * FROM unnest(%(scopes)s::text[], %(names)s::text[], %(fields)s::text[], %(concurrency)s::integer[],
+                         %(rate_counts)s::integer[], %(rate_windows)s::float8[])
+        WITH ORDINALITY AS l(scope, name, field, conc, rcount, rwin, li)
+), active AS (
+    SELECT l.li, coalesce(j.meta ->> l.field, '') AS key, count(*)::integer AS n
+    FROM lim l JOIN dygo_jobs j ON j.state = 'active'
+                               AND l.name = CASE l.scope WHEN 'queue' THEN j.queue ELSE j.kind END
+    WHERE l.conc IS NOT NULL
+    GROUP BY 1, 2
+), started AS (
+    SELECT l.li, s.key, sum(s.n)::integer AS n,
+           extract(epoch FROM min(s.at) + make_interval(secs => l.rwin) - clock_timestamp())::float8 AS frees_in
+    FROM lim l JOIN dygo_limit_starts s ON s.scope = l.scope AND s.name = l.name
+                                       AND s.at > clock_timestamp() - make_interval(secs => l.rwin)
+    WHERE l.rcount IS NOT NULL
+    GROUP BY l.li, s.key, l.rwin
+), use AS MATERIALIZED (
+    SELECT l.li, l.scope, l.name, l.field, coalesce(a.key, s.key) AS key,
+           coalesce(a.n, 0) AS active, coalesce(s.n, 0) AS started,
+           greatest(CASE WHEN a.n >= l.conc THEN %(recheck)s::float8 END,
+                    CASE WHEN s.n >= l.rcount THEN greatest(s.frees_in, 0) + 0.005 END) AS wait
+    FROM active a FULL JOIN started s ON s.li = a.li AND s.key = a.key
+    JOIN lim l ON l.li = coalesce(a.li, s.li)
+), w AS (
+    SELECT w.queue, greatest(least(w.slots, (
+        SELECT min(least(l.conc - coalesce(u.active, 0), l.rcount - coalesce(u.started, 0)))
+        FROM lim l LEFT JOIN use u ON u.li = l.li AND u.key = ''
+        WHERE l.scope = 'queue' AND l.field IS NULL AND l.name = w.queue)), 0) AS slots
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
+), cand AS MATERIALIZED (
+    SELECT p.* FROM w CROSS JOIN LATERAL (
+        SELECT id, kind, queue, meta, priority, run_at FROM dygo_jobs j
+        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND kind <> ALL(%(full_kinds)s::text[])
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+          AND NOT EXISTS (SELECT 1 FROM use u WHERE u.wait IS NOT NULL
+                            AND u.name = CASE u.scope WHEN 'queue' THEN j.queue ELSE j.kind END
+                            AND coalesce(j.meta ->> u.field, '') = u.key)
+        ORDER BY priority DESC, run_at, id
+        LIMIT w.slots
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+    WHERE w.slots > 0
+), ranked AS (
+    SELECT c.id, l.li, coalesce(c.meta ->> l.field, '') AS key,
+           row_number() OVER (PARTITION BY l.li, coalesce(c.meta ->> l.field, '')
+                              ORDER BY c.priority DESC, c.run_at, c.id) AS rn
+    FROM cand c JOIN lim l ON l.name = CASE l.scope WHEN 'queue' THEN c.queue ELSE c.kind END
+), refused AS (
+    SELECT DISTINCT r.id FROM ranked r JOIN lim l ON l.li = r.li LEFT JOIN use u ON u.li = r.li AND u.key = r.key
+    WHERE r.rn + coalesce(u.active, 0) > l.conc OR r.rn + coalesce(u.started, 0) > l.rcount
+), kept AS (
+    -- This worker's per-kind caps (worker/capacity.py): no more of a kind than its free slots.
+    SELECT r.id FROM (
+        SELECT c.id, c.kind, row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id) AS n
+        FROM cand c WHERE c.id NOT IN (SELECT id FROM refused)
+    ) AS r LEFT JOIN unnest(%(cap_kinds)s::text[], %(cap_free)s::integer[]) AS k(kind, free) ON k.kind = r.kind
+    WHERE k.free IS NULL OR r.n <= k.free
+), claimed AS (
+    UPDATE dygo_jobs AS j
+    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
+        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
+        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
+        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
+        lease_deadline = now() + make_interval(secs => %(ttl)s)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
+              j.lease_token, j.priority, j.run_at
+), logged AS (
+    INSERT INTO dygo_limit_starts (scope, name, key, at, n)
+    SELECT l.scope, l.name, coalesce(c.meta ->> l.field, ''), clock_timestamp(), count(*)
+    FROM claimed c JOIN lim l ON l.rcount IS NOT NULL
+                             AND l.name = CASE l.scope WHEN 'queue' THEN c.queue ELSE c.kind END
+    GROUP BY l.scope, l.name, 3
+), next_due AS (
+    SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
+    CROSS JOIN LATERAL (
+        SELECT min(run_at) AS run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS n
+    WHERE n.run_at IS NOT NULL AND w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
+), held AS (
+    SELECT w.queue, min(u.wait) AS wait FROM unnest(%(queues)s::text[]) AS w(queue)
+    JOIN use u ON u.wait IS NOT NULL AND (u.scope = 'kind' OR u.name = w.queue)
+    GROUP BY 1
+    UNION ALL
+    SELECT DISTINCT c.queue, 0::float8 FROM cand c JOIN refused r ON r.id = c.id
+)
+SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
+       lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
+       NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
+       extract(epoch FROM run_at)::float8 AS run_at
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
+       NULL, NULL FROM next_due
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, extract(epoch FROM now())::float8,
+       NULL, NULL FROM held
+ORDER BY priority DESC NULLS LAST, run_at, id"""
+
+
+# --- The claim's transaction and session settings ------------------------------------------------
+
+# A claim's own transaction, in one statement: sequential scans priced out (queries.INDEX_SCANS_ONLY), a commit
+# that does not wait for the WAL flush, and one generic plan for the prepared claim rather than a custom plan
+# per call (what the server would otherwise pick for it: a plan per call is the planning the prepare is there
+# to save). All three end with the transaction.
+CLAIM_SETTINGS = (
+    "SELECT set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'off', true), "
+    "set_config('plan_cache_mode', 'force_generic_plan', true)"
+)
+# The same three settings for a whole session: the worker's own claim connection, when it goes straight to
+# PostgreSQL (through a transaction pooler a session is not the worker's, and nothing is prepared there). Its
+# claims are then one statement each, with no pipeline around them. Every claim on it commits without waiting
+# for the flush, a limited claim too: what a server crash loses is the whole claim, its start-log rows with
+# it, so its jobs are pending again.
+CLAIM_SESSION = (
+    "SELECT set_config('enable_seqscan', 'off', false), set_config('synchronous_commit', 'off', false), "
+    "set_config('plan_cache_mode', 'force_generic_plan', false)"
+)
+_claim_sessions: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
+
+
+async def claim_session(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Make `conn` (a connection of its own, kept for claims) a claim session: the jobs' arguments load faster
+    and, unless it goes through a transaction pooler, claims on it skip the per-transaction settings."""
+    psycopg.types.json.set_json_loads(load_json, conn)
+    if through_transaction_pooler():
+        return
+    await conn.execute(CLAIM_SESSION)
+    _claim_sessions.add(conn)
+
+
+# --- The rows ------------------------------------------------------------------------------------
+
+
+class ClaimRow(NamedTuple):
+    """A row of a claim statement, its columns by name: a claimed job (`id` set), or a note on a queue (`id`
+    NULL: only `queue`, `clock` and `due_in` or `held_for` are set)."""
+
+    id: int | None
+    kind: str
+    queue: str
+    args: dict[str, Any]
+    meta: dict[str, str] | None  # NULL when empty
+    attempt: int
+    max_attempts: int
+    enqueued_at: datetime
+    lease_token: str
+    waited: float  # seconds from due to claim
+    due_in: float | None  # a queue that came back short: seconds until its next scheduled job (NULL: none)
+    held_for: float | None  # a queue a limit held back: seconds until worth claiming again (0: at once)
+    clock: float  # the statement's now(), epoch seconds
+    priority: int
+    run_at: float  # epoch seconds
+
+
+_COLUMNS = [name.encode() for name in ClaimRow._fields]
+# A ClaimRow from a row's values, made in C (ClaimRow._make is a Python call per row): the column names and
+# their number are checked once per result, by claim_rows.
+_make_claim_row = cast("RowMaker[ClaimRow]", partial(tuple.__new__, ClaimRow))
+
+
+def claim_rows(cursor: psycopg.AsyncCursor[Any]) -> RowMaker[ClaimRow]:
+    """The psycopg row factory of a claim statement: each row a ClaimRow. The columns are checked by name
+    once per result, so a statement whose columns drift from ClaimRow's fails at once rather than being
+    read wrong."""
+    result = cursor.pgresult
+    if result is None or result.nfields == 0:
+        return no_result
+    names = [result.fname(i) for i in range(result.nfields)]
+    if names != _COLUMNS:
+        raise TypeError(f"a claim statement returned the columns {names}, not ClaimRow's {_COLUMNS}")
+    return _make_claim_row
+
+
+# --- The claim -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Claim:
+    jobs: list[ClaimedJob]  # in claim order
+    due_in: dict[str, float]  # queue -> seconds until its next scheduled job, for queues that came back short
+    clock: datetime | None = None  # the database's now() for the claim (None: nothing was claimed for)
+    # Queues a cluster-wide limit held back: seconds until worth claiming again (0: at once, there may be jobs
+    # of other keys or kinds ready).
+    held: dict[str, float] = field(default_factory=dict)
+    # Queue -> run_at of the last job claimed for it (in claim order): where a backlog's next walk may start.
+    reached: dict[str, datetime] = field(default_factory=dict)
+    # A cluster-wide limit concerned the claim: it counts claimed jobs as running, walks from the head, and
+    # may leave due jobs behind in a queue it held back.
+    limited: bool = False
+
+
+async def claim_jobs(
+    conn: psycopg.AsyncConnection[Any],
+    slots: Mapping[str, int],
+    owner: str,
+    ttl: float,
+    jobs: Registry | None = None,
+    since: Mapping[str, datetime | None] | None = None,
+    kind_free: Mapping[str, int] | None = None,
+) -> Claim:
+    """Claim up to slots[queue] ready jobs of each queue, leased to `owner` for `ttl` seconds, in claim order,
+    without exceeding any cluster-wide limit in force nor this worker's per-kind caps, and learn in the same
+    statement when the next scheduled job of each queue that came back short is due.
+
+    A job enqueued without max_attempts gets it here, durably: its kind's in `jobs` (default: the process's
+    registry, the one `load_jobs` filled), else the default. Without a limit concerned, a queue's walk starts
+    at its run_at in `since`, if any (the producer's way past the entries of claimed jobs a held snapshot
+    keeps); under one, at the head. `kind_free`: the capped kinds' free slots in this worker; the claim takes
+    no more of a kind than that, and skips a kind with none."""
+    wanted = {queue: n for queue, n in slots.items() if n > 0}
+    if not wanted:
+        return Claim([], {})
+    registered = jobs or registry
+    concerned = [r for r in await limits.current(conn) if r.scope == "kind" or r.name in wanted]
+    if concerned:
+        rows = await _claim_limited(conn, wanted, owner, ttl, registered, concerned, kind_free or {})
+    else:
+        rows = await _claim_plain(conn, wanted, owner, ttl, registered, since or {}, kind_free or {})
+    return _parse(rows, limited=bool(concerned))
+
+
+async def _claim_plain(
+    conn: psycopg.AsyncConnection[Any],
+    wanted: dict[str, int],
+    owner: str,
+    ttl: float,
+    jobs: Registry,
+    since: Mapping[str, datetime | None],
+    kind_free: Mapping[str, int],
+) -> list[ClaimRow]:
+    kind_attempts, default = jobs.max_attempts_at_claim()
+    most = sum(wanted.values())  # a kind with this many free slots cannot be trimmed: leave it out
+    trimmed = {kind: free for kind, free in kind_free.items() if 0 < free < most}
+    params = {
+        "queues": array(wanted),
+        "slots": array(wanted.values()),
+        "owner": owner,
+        "ttl": ttl,
+        "kind_attempts": kind_attempts,
+        "max_attempts": default,
+        "since": array(since.get(queue) for queue in wanted),
+        "full_kinds": array(kind for kind, free in kind_free.items() if free <= 0),
+        "cap_kinds": array(trimmed),
+        "cap_free": array(trimmed.values()),
+    }
+    statement = CLAIM_JOBS_CAPPED if trimmed else CLAIM_JOBS
+    # In a transaction of its own (an idle autocommit connection: the worker's), the claim's commit does not
+    # wait for the WAL flush: a slot's claim does not wait on the disk. A claim lost in a server crash leaves
+    # its jobs pending, to run again: at-least-once, as a settle lost in a crash already does (the first run's
+    # settle is then fenced off). A settle's commit still waits: what it records (and notifies waiters of)
+    # must survive a crash. Inside a caller's transaction, its settings are left alone.
+    own = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    if own and conn in _claim_sessions:
+        cursor = conn.cursor(row_factory=claim_rows)
+        return await (await cursor.execute(statement, params)).fetchall()
+    if own:
+        return await _in_own_transaction(conn, statement, params)
+    return await (await leases.on_indexes(conn, statement, params, claim_rows)).fetchall()
+
+
+async def _in_own_transaction(
+    conn: psycopg.AsyncConnection[Any], statement: str, params: Mapping[str, Any]
+) -> list[ClaimRow]:
+    """The claim and its settings in one pipeline: one round trip and one implicit transaction (its commit, at
+    the pipeline's sync, does not wait for the WAL flush). Parameters are bound server-side, so psycopg
+    prepares the claim like any statement it runs often (not through a transaction pooler: store/db.py), and
+    the server plans it once, not on every call. Its one generic plan is made under CLAIM_SETTINGS, with
+    sequential scans priced out, so a plan made while the table was empty or small still walks the indexes."""
+    cursor = conn.cursor(row_factory=claim_rows)
+    async with conn.pipeline():
+        await conn.execute(CLAIM_SETTINGS)
+        await cursor.execute(statement, params)
+    return await cursor.fetchall()
+
+
+async def _claim_limited(
+    conn: psycopg.AsyncConnection[Any],
+    wanted: dict[str, int],
+    owner: str,
+    ttl: float,
+    jobs: Registry,
+    concerned: list[LimitRow],
+    kind_free: Mapping[str, int],
+) -> list[ClaimRow]:
+    kind_attempts, default = jobs.max_attempts_at_claim()
+    params = {
+        "queues": list(wanted),
+        "slots": list(wanted.values()),
+        "owner": owner,
+        "ttl": ttl,
+        "kind_attempts": kind_attempts,
+        "max_attempts": default,
+        "recheck": CONCURRENCY_RECHECK,
+        "scopes": [r.scope for r in concerned],
+        "names": [r.name for r in concerned],
+        "fields": [r.key for r in concerned],
+        "concurrency": [r.concurrency_limit for r in concerned],
+        "rate_counts": [r.rate_count for r in concerned],
+        "rate_windows": [r.rate_window for r in concerned],
+        "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
+        "cap_kinds": [kind for kind, free in kind_free.items() if free > 0],
+        "cap_free": [free for free in kind_free.values() if free > 0],
+    }
+    # One pipeline, one round trip: the lock is a statement of its own, so that CLAIM_LIMITED, a later
+    # statement, takes its READ COMMITTED snapshot after the lock was granted and counts every claim
+    # committed while this one waited for it. The commit need not wait for the WAL flush, as a plain
+    # claim's (a claim lost in a crash leaves its jobs pending).
+    cursor = conn.cursor(row_factory=claim_rows)
+    try:
+        async with conn.pipeline():
+            await conn.execute(leases.BEGIN)
+            # Index scans only (the claim's UPDATE by id, on a table of a few pages), no wait for the flush.
+            await conn.execute(CLAIM_SETTINGS)
+            await conn.execute(LOCK_LIMITS, {"keys": sorted(r.lock_key for r in concerned)})
+            await cursor.execute(CLAIM_LIMITED, params)
+            await conn.execute(leases.COMMIT)
+        return await cursor.fetchall()
+    except BaseException:
+        await leases.roll_back(conn)
+        raise
+
+
+def _parse(rows: list[ClaimRow], limited: bool) -> Claim:
+    jobs: list[ClaimedJob] = []
+    due_in: dict[str, float] = {}
+    held: dict[str, float] = {}
+    reached: dict[str, float] = {}  # rows in claim order: the last one stays
+    for row in rows:
+        if row.id is not None:
+            jobs.append(
+                ClaimedJob(
+                    row.id,
+                    row.kind,
+                    row.queue,
+                    row.args,
+                    row.meta or {},
+                    row.attempt,
+                    row.max_attempts,
+                    row.enqueued_at,
+                    row.lease_token,
+                    row.waited,
+                )
+            )
+            reached[row.queue] = row.run_at
+            continue
+        if row.due_in is not None:
+            due_in[row.queue] = row.due_in
+        if row.held_for is not None:
+            held[row.queue] = min(held.get(row.queue, row.held_for), row.held_for)
+    return Claim(
+        jobs,
+        due_in,
+        _timestamp(rows[0].clock) if rows else None,
+        held=held,
+        reached={queue: _timestamp(run_at) for queue, run_at in reached.items()},
+        limited=limited,
+    )
+
+
+def _timestamp(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)

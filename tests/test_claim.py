@@ -1,0 +1,100 @@
+"""The claim's one module (store/claim.py): every claim statement starts a job the same way and returns the
+same columns, read by name, with the same meaning whether or not a cluster-wide limit concerns the claim."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from dygo.store import claim, enqueue, enqueue_many, limits
+from dygo.store.claim import Claim, claim_jobs, claim_rows
+
+
+def claim_now(url: str, slots: dict[str, int]) -> Claim:
+    async def go() -> Claim:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as aconn:
+            return await claim_jobs(aconn, slots, "w1", 30)
+
+    return asyncio.run(go())
+
+
+def test_a_limited_claim_reports_its_jobs_and_queues_as_a_plain_claim_does(conn, db_url):
+    ready = enqueue_many(conn, [{"kind": "test.noop", "meta": {"tenant": "a"}}] * 3)
+    enqueue(conn, "test.noop", {}, delay="30s")
+    limits.set_limit(conn, "kind", "test.noop", 2, None, None, ["default"])
+    limits.forget_cache()
+    began = datetime.now(UTC)
+
+    first = claim_now(db_url, {"default": 5})  # the limit admits two: the third is held back, worth a claim at once
+    assert first.limited and [job.id for job in first.jobs] == [job.id for job in ready[:2]]
+    assert first.held == {"default": 0.0}
+    second = claim_now(db_url, {"default": 5})  # the limit is full now: nothing, until a settle or the recheck
+    assert second.jobs == [] and second.held == {"default": claim.CONCURRENCY_RECHECK}
+
+    limits.set_limit(conn, "kind", "test.noop", None, None, None, ["default"])
+    limits.forget_cache()
+    plain = claim_now(db_url, {"default": 5})
+    assert not plain.limited and [job.id for job in plain.jobs] == [ready[2].id] and plain.held == {}
+
+    for got in (first, second, plain):  # the same trailing columns, the same meaning
+        assert 28 < got.due_in["default"] <= 30  # the job due in 30 s
+        assert got.clock is not None and began - timedelta(seconds=1) < got.clock < datetime.now(UTC)
+    for got in (first, plain):
+        last = got.jobs[-1]
+        run_at, token = conn.execute("SELECT run_at, lease_token FROM dygo_jobs WHERE id = %s", (last.id,)).fetchone()
+        assert got.reached == {"default": run_at}  # an epoch number in both statements, made a datetime alike
+        assert uuid.UUID(last.lease_token) == token
+        assert (last.kind, last.queue, last.meta, last.attempt, last.max_attempts) == (
+            "test.noop",
+            "default",
+            {"tenant": "a"},
+            1,
+            20,
+        )
+        assert 0 <= last.waited < 60
+
+
+CLAIM_PARAMS = {
+    "queues": ["default"],
+    "slots": [1],
+    "since": [None],
+    "full_kinds": [],
+    "owner": "w1",
+    "ttl": 30,
+    "kind_attempts": "{}",
+    "max_attempts": 20,
+}
+
+
+def test_a_claim_statement_whose_columns_drift_from_claim_row_is_refused_not_misread(conn):
+    enqueue(conn, "test.noop", {})
+    swapped = claim.CLAIM_JOBS.replace(
+        "NULL::float8 AS due_in, NULL::float8 AS held_for", "NULL::float8 AS held_for, NULL::float8 AS due_in"
+    )
+    assert swapped != claim.CLAIM_JOBS
+    with conn.transaction(force_rollback=True), pytest.raises(TypeError, match="not ClaimRow's"):
+        conn.cursor(row_factory=claim_rows).execute(swapped, CLAIM_PARAMS)
+    with conn.transaction(force_rollback=True):
+        [row] = conn.cursor(row_factory=claim_rows).execute(claim.CLAIM_JOBS, CLAIM_PARAMS).fetchall()
+    assert row.kind == "test.noop" and row.due_in is None and row.held_for is None and row.attempt == 1
+
+
+def part(statement: str, pattern: str) -> str:
+    found = re.search(pattern, statement, re.DOTALL)
+    assert found, pattern
+    return found.group(0)
+
+
+@pytest.mark.parametrize("name", ["CLAIM_JOBS_CAPPED", "CLAIM_LIMITED"])
+def test_every_claim_statement_starts_a_job_as_claim_jobs_does_and_returns_its_columns(name):
+    statement, plain = getattr(claim, name), claim.CLAIM_JOBS
+    for pattern in (
+        r"claimed AS \(\n.*?\n\)",  # the UPDATE that leases the kept rows
+        r"CROSS JOIN LATERAL \(\n\s+SELECT min\(run_at\).*?\) AS n\n",  # a short queue's next scheduled job
+        r"\nSELECT id, kind, .*?\nFROM claimed\nUNION ALL\nSELECT NULL, .*?FROM next_due\n",  # the columns
+    ):
+        assert part(statement, pattern) == part(plain, pattern)
