@@ -14,6 +14,7 @@ from dygo.store.results import CHANNEL, await_for_result, finished_ids, register
 
 from tests.conftest import wait_until
 from tests.test_retention import copy_test_config
+from tests.twins import SIDES, Twins
 
 
 def _waiter_rows(conn: psycopg.Connection) -> list[tuple[int, int]]:
@@ -158,55 +159,9 @@ def test_an_expired_waiter_row_is_removed_by_the_maintainer(conn, db_url, spawn,
     assert notified == {live.id}
 
 
-class Blocking:
-    """The blocking twins of store.results, on a connection of their own."""
-
-    def __init__(self, db_url: str) -> None:
-        self.conn = psycopg.connect(db_url, autocommit=True)
-
-    def register(self, job_id: int, seconds: float):
-        return results.register(self.conn, job_id, seconds)
-
-    def refresh(self, waiter: int, seconds: float) -> bool:
-        return results.refresh(self.conn, waiter, seconds)
-
-    def unregister(self, waiter: int) -> None:
-        results.unregister(self.conn, waiter)
-
-    def idle(self) -> bool:
-        return self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-class Async:
-    """The async twins, each call run to its end on a loop of this object's own."""
-
-    def __init__(self, db_url: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.conn = self.loop.run_until_complete(psycopg.AsyncConnection.connect(db_url, autocommit=True))
-
-    def register(self, job_id: int, seconds: float):
-        return self.loop.run_until_complete(results.aregister(self.conn, job_id, seconds))
-
-    def refresh(self, waiter: int, seconds: float) -> bool:
-        return self.loop.run_until_complete(results.arefresh(self.conn, waiter, seconds))
-
-    def unregister(self, waiter: int) -> None:
-        self.loop.run_until_complete(results.aunregister(self.conn, waiter))
-
-    def idle(self) -> bool:
-        return self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.conn.close())
-        self.loop.close()
-
-
-@pytest.fixture(params=[Blocking, Async], ids=["sync", "async"])
+@pytest.fixture(params=SIDES)
 def waiters(request, db_url):
-    twins = request.param(db_url)
+    twins = Twins(results, db_url, request.param)
     yield twins
     twins.close()
 
