@@ -42,7 +42,8 @@ def start_session(conn: psycopg.Connection, sid: str, role: str, expires: float)
 
 
 async def asession_role(conn: psycopg.AsyncConnection, sid: str) -> str | None:
-    """The role of a signed-in, unexpired session; None once it was ended (or never started)."""
+    """The role of a signed-in, unexpired session; None once it was ended (or never started). Async only:
+    the dashboard checks its session on the event loop."""
     row = await (await conn.execute(queries.DASHBOARD_SESSION_ROLE, (sid,))).fetchone()
     return row[0] if row else None
 
