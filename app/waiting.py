@@ -71,7 +71,7 @@ class ResultWaiters:
                         await results.aunregister(conn, waiter)
 
     async def listening(self, conn: psycopg.AsyncConnection) -> None:
-        await results.listen(conn)
+        await results.alisten(conn)
         self._wake_all()  # re-read: a job may have finished while nobody listened
 
     def notified(self, channel: str, payload: str) -> None:

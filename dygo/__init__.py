@@ -20,15 +20,16 @@ from dygo.store import (
     Snooze,
     aenqueue,
     aenqueue_many,
+    await_for_result,
     enqueue,
     enqueue_many,
     job,
     make_context,
     registry,
-    result,
     schedule,
     wait_for_result,
 )
+from dygo.store import result as result  # deprecated alias of await_for_result, for one release
 
 __all__ = [
     "Abort",
@@ -44,12 +45,12 @@ __all__ = [
     "Snooze",
     "aenqueue",
     "aenqueue_many",
+    "await_for_result",
     "enqueue",
     "enqueue_many",
     "job",
     "make_context",
     "registry",
-    "result",
     "schedule",
     "wait_for_result",
 ]

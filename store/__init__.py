@@ -3,7 +3,8 @@
 from dygo.store.enqueue import Enqueued, JobRequest, aenqueue, aenqueue_many, enqueue, enqueue_many
 from dygo.store.errors import Abort, ConfigError, EnqueueError, Reportable, Retry, RetryAfter, SchemaError, Snooze
 from dygo.store.registry import JobContext, job, make_context, registry
-from dygo.store.results import result, wait_for_result
+from dygo.store.results import await_for_result, wait_for_result
+from dygo.store.results import result as result  # deprecated alias of await_for_result, for one release
 from dygo.store.schedules import schedule
 
 __all__ = [
@@ -20,12 +21,12 @@ __all__ = [
     "Snooze",
     "aenqueue",
     "aenqueue_many",
+    "await_for_result",
     "enqueue",
     "enqueue_many",
     "job",
     "make_context",
     "registry",
-    "result",
     "schedule",
     "wait_for_result",
 ]

@@ -1,8 +1,10 @@
 """The admin side of the store: job lists, actions on a job or a queue, daily stats, workers.
 
-Sync psycopg (the admin service runs its endpoints in a thread pool). Every statement lives in
-store/queries.py; this module picks them, runs them, and turns "no row came back" into the
-right error: an unknown id (NotFound) or a job whose state does not allow the action (Conflict).
+Sync psycopg (the admin service runs its endpoints in a thread pool); what the event loop or the worker
+also runs has an async twin beside it (`a` prefix) sharing its statement and the reading of its rows.
+Every statement lives in store/queries.py; this module picks them, runs them, and turns "no row came
+back" into the right error: an unknown id (NotFound) or a job whose state does not allow the action
+(Conflict).
 """
 
 from __future__ import annotations
@@ -292,14 +294,33 @@ def count_vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -
 # --- daily stats -------------------------------------------------------------------------------
 
 
+# Folded in one transaction under FOLD_STATS_LOCK, which another process folding holds.
+_FOLDS = (queries.FOLD_STATS, queries.FOLD_TIMINGS)
+
+
+def _may_fold(lock: tuple[Any, ...] | None) -> bool:
+    return bool(lock and lock[0])
+
+
 def fold_stats(conn: psycopg.Connection) -> bool:
     """Fold the stats deltas into the daily and minute rollups, and the timing deltas into dygo_timings;
-    False when another process is folding."""
+    False when another process is folding. `dygo serve` folds before it reads them."""
     with conn.transaction():
-        if not conn.execute(queries.FOLD_STATS_LOCK).fetchone()[0]:
+        if not _may_fold(conn.execute(queries.FOLD_STATS_LOCK).fetchone()):
             return False
-        conn.execute(queries.FOLD_STATS)
-        conn.execute(queries.FOLD_TIMINGS)
+        for statement in _FOLDS:
+            conn.execute(statement)
+    return True
+
+
+async def afold_stats(conn: psycopg.AsyncConnection) -> bool:
+    """`fold_stats` on an AsyncConnection: the worker's retention pass folds too, so the deltas stay small
+    without `dygo serve`."""
+    async with conn.transaction():
+        if not _may_fold(await (await conn.execute(queries.FOLD_STATS_LOCK)).fetchone()):
+            return False
+        for statement in _FOLDS:
+            await conn.execute(statement)
     return True
 
 

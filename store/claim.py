@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, cast
 import psycopg
 from dygo.store import leases, limits
 from dygo.store.codecs import array, load_json
-from dygo.store.db import through_transaction_pooler
+from dygo.store.db import aroll_back, through_transaction_pooler
 from dygo.store.leases import ClaimedJob
 from dygo.store.limits import LimitRow
 from dygo.store.registry import Registry, registry
@@ -522,7 +522,7 @@ async def _claim_limited(
             await conn.execute(leases.COMMIT)
         return await cursor.fetchall()
     except BaseException:
-        await leases.roll_back(conn)
+        await aroll_back(conn)
         raise
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 from collections.abc import AsyncIterator
@@ -100,3 +101,22 @@ def through_transaction_pooler() -> bool:
 def connect_kwargs() -> dict[str, object]:
     """Keyword arguments for every psycopg connection (or pool `kwargs`) made to DATABASE_URL."""
     return {"prepare_threshold": None} if through_transaction_pooler() else {}
+
+
+def usable(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+    """Whether `conn` can still run a statement: a clean-up on a closed or broken connection only fails again."""
+    return not conn.closed and not conn.broken
+
+
+def roll_back(conn: psycopg.Connection) -> None:
+    """After a pipelined transaction failed: roll back what it left open (nothing of it stays)."""
+    if usable(conn):
+        with contextlib.suppress(psycopg.Error, OSError):  # the error that got us here is the one to raise
+            conn.rollback()
+
+
+async def aroll_back(conn: psycopg.AsyncConnection) -> None:
+    """`roll_back` on an AsyncConnection."""
+    if usable(conn):
+        with contextlib.suppress(psycopg.Error, OSError):
+            await conn.rollback()

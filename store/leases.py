@@ -7,7 +7,6 @@ batch rather than per job.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 import psycopg
 from dygo.store import queries
 from dygo.store.codecs import array, plain_array
+from dygo.store.db import aroll_back
 from dygo.store.migrate import check_version
 from psycopg.rows import AsyncRowFactory, tuple_row
 
@@ -85,13 +85,6 @@ COMMIT = "COMMIT"
 SETTLE_SETTINGS = (
     "SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)"
 )
-
-
-async def roll_back(conn: psycopg.AsyncConnection) -> None:
-    """After a pipelined transaction failed: roll back what it left open (nothing of it stays)."""
-    if not conn.closed and not conn.broken:
-        with contextlib.suppress(psycopg.Error, OSError):  # the error that got us here is the one to raise
-            await conn.rollback()
 
 
 async def on_indexes(
@@ -167,7 +160,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
             if explicit:
                 await conn.execute(COMMIT)
     except BaseException:
-        await roll_back(conn)
+        await aroll_back(conn)
         raise
     return {row[0] for cursor in cursors for row in await cursor.fetchall()}
 

@@ -21,7 +21,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, fields
 
 import psycopg
-from dygo.store import queries
+from dygo.store import admin, queries
 from dygo.store.config import Settings
 
 BATCH = 1000  # rows per delete statement
@@ -113,7 +113,7 @@ async def trim(connections: Connections, retention: Retention, walk: SucceededWa
         trimmed.idempotency_keys = await _repeat(connections, queries.TRIM_EXPIRED_KEYS, 0.0, trimmed)
         trimmed.result_waiters = await _repeat(connections, queries.TRIM_EXPIRED_WAITERS, 0.0, trimmed)
         async with connections() as conn:
-            await fold_stats(conn)  # before trimming, so old deltas land in rows the trim then sees
+            await admin.afold_stats(conn)  # before trimming, so old deltas land in rows the trim then sees
         if retention.daily_stats:
             trimmed.daily_stats = await _repeat(connections, queries.TRIM_DAILY_STATS, retention.daily_stats, trimmed)
         trimmed.minute_stats = await _repeat(connections, queries.TRIM_MINUTE_STATS, MINUTE_STATS_KEEP, trimmed)
@@ -134,16 +134,6 @@ async def _locked_batch(
         row = await (await conn.execute(statement, params)).fetchone()
     trimmed.batches += 1
     return row[0], (row[1] if len(row) > 1 else None)
-
-
-async def fold_stats(conn: psycopg.AsyncConnection) -> bool:
-    """Fold the stats and timing deltas into their rollups (as `dygo serve` does), so they stay small without it."""
-    async with conn.transaction():
-        if not (await (await conn.execute(queries.FOLD_STATS_LOCK)).fetchone())[0]:
-            return False
-        await conn.execute(queries.FOLD_STATS)
-        await conn.execute(queries.FOLD_TIMINGS)
-    return True
 
 
 async def _repeat(connections: Connections, statement: str, keep: float, trimmed: Trimmed) -> int:

@@ -8,30 +8,39 @@ admin statement that deletes jobs in bulk sends an empty payload, which asks eve
 job once; both whether anyone waits or not.
 
 A waiter LISTENs, then registers in a transaction of its own that takes the waiters' lock exclusive,
-inserts its row and reads the job (`aregister`; docs/development/decisions.md says why no settle can slip
+inserts its row and reads the job (`register`; docs/development/decisions.md says why no settle can slip
 between the read and the row, and why the job's row is not locked instead), and deletes its row when done. A
 crashed waiter's row expires WAITER_GRACE after its wait (at most WAITER_LIFETIME: a longer wait moves
 its expiry on) and the maintainer deletes it.
 
-    job = await result(job_id, timeout="30s")    # the job as GET /api/v1/jobs/{id} shows it
-    job["state"], job["result"]                  # 'succeeded', 'dead' or 'cancelled'
+    job = await await_for_result(job_id, timeout="30s")  # the job as GET /api/v1/jobs/{id} shows it
+    job = wait_for_result(job_id, timeout="30s")         # the same without an event loop
+    job["state"], job["result"]                          # 'succeeded', 'dead' or 'cancelled'
 
 Both raise `WaitTimeout` (its `.job` is the job as it was last read) when the job is still not final
 at the timeout, and `NotFound` for an unknown (or deleted) job.
+
+Each operation has a blocking twin and an async one (`a` prefix) side by side. What they share, the
+statements, their parameters and what a wait decides, is written once here; a twin only runs it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
+import warnings
+from collections.abc import Coroutine
 from typing import Any
 
 import psycopg
 from dygo.store import queries
+from dygo.store.config import load_settings
+from dygo.store.db import aroll_back, database_url, direct_url, roll_back, usable
 from dygo.store.durations import parse_duration
 from dygo.store.errors import NotFound, WaitTimeout
-from dygo.store.job_reads import get_job
-from dygo.store.leases import BEGIN, COMMIT, roll_back
+from dygo.store.job_reads import aget_job, get_job
+from dygo.store.leases import BEGIN, COMMIT
 from psycopg.rows import dict_row
 
 CHANNEL = "dygo_finished"
@@ -62,78 +71,91 @@ def wakes(payload: str, job_id: int) -> bool:
     return recheck_all(payload) or job_id in finished_ids(payload)
 
 
-async def listen(conn: psycopg.AsyncConnection) -> None:
+def listen(conn: psycopg.Connection) -> None:
     """Subscribe `conn` (autocommit) to the ids of jobs that reach a final state."""
+    conn.execute(queries.LISTEN_FOR_FINISHED)
+
+
+async def alisten(conn: psycopg.AsyncConnection) -> None:
+    """`listen` on an AsyncConnection."""
     await conn.execute(queries.LISTEN_FOR_FINISHED)
 
 
-async def aget_job(conn: psycopg.AsyncConnection, job_id: int) -> dict[str, Any] | None:
-    async with conn.cursor(row_factory=dict_row) as cursor:
-        await cursor.execute(queries.GET_JOB, (job_id,))
-        return await cursor.fetchone()
+# --- a waiter's registration ------------------------------------------------------------------------
+
+# What opens a registration's transaction, pipelined with the rest. BEGIN is explicit: the pipeline's
+# implicit transaction would commit what went before a statement psycopg failed to send.
+_REGISTRATION_OPENS = (BEGIN, queries.WAITER_TRANSACTION, queries.RESULT_WAITERS_LOCK)
 
 
-def _registration(job_id: int, seconds: float) -> dict[str, Any]:
+def _expiry(job_id: int, seconds: float) -> dict[str, Any]:
     return {"job_id": job_id, "seconds": min(seconds, WAITER_LIFETIME) + WAITER_GRACE}
 
 
-async def aregister(conn: psycopg.AsyncConnection, job_id: int, seconds: float) -> tuple[int, dict[str, Any] | None]:
-    """Register a waiter for `job_id` for `seconds` (at most WAITER_LIFETIME) and read the job after it:
-    (the waiter's id, the job or None). `conn` is autocommit and idle: the registration must commit on
-    its own, before the settles that then wait for it. Settles that finish the job after this read
-    notify it; delete the row with `aunregister` when done. One round trip: the statements are pipelined."""
-    try:
-        async with conn.pipeline():
-            # Explicit: the pipeline's implicit transaction would commit what went before a statement
-            # psycopg failed to send.
-            await conn.execute(BEGIN)
-            await conn.execute(queries.WAITER_TRANSACTION)
-            await conn.execute(queries.RESULT_WAITERS_LOCK)
-            inserted = await conn.execute(queries.REGISTER_WAITER, _registration(job_id, seconds))
-            read = conn.cursor(row_factory=dict_row)
-            await read.execute(queries.GET_JOB, (job_id,))  # its own statement: a snapshot after the lock
-            await conn.execute(COMMIT)
-    except BaseException:
-        await roll_back(conn)
-        raise
-    return (await inserted.fetchone())[0], await read.fetchone()
+def _renewal(waiter: int, seconds: float) -> dict[str, Any]:
+    return {"id": waiter, **_expiry(0, seconds)}
+
+
+def _registered(inserted: tuple[Any, ...] | None, job: dict[str, Any] | None) -> tuple[int, dict[str, Any] | None]:
+    """A registration's answer: (the waiter's id, the job as read after the lock, None if there is none)."""
+    assert inserted is not None, "REGISTER_WAITER returns the row it inserts"
+    return inserted[0], job
 
 
 def register(conn: psycopg.Connection, job_id: int, seconds: float) -> tuple[int, dict[str, Any] | None]:
-    """The blocking twin of `aregister`."""
+    """Register a waiter for `job_id` for `seconds` (at most WAITER_LIFETIME) and read the job after it:
+    (the waiter's id, the job or None). `conn` is autocommit and idle: the registration must commit on
+    its own, before the settles that then wait for it. Settles that finish the job after this read
+    notify it; delete the row with `unregister` when done. One round trip: the statements are pipelined."""
     try:
         with conn.pipeline():
-            conn.execute(BEGIN)
-            conn.execute(queries.WAITER_TRANSACTION)
-            conn.execute(queries.RESULT_WAITERS_LOCK)
-            inserted = conn.execute(queries.REGISTER_WAITER, _registration(job_id, seconds))
+            for statement in _REGISTRATION_OPENS:
+                conn.execute(statement)
+            inserted = conn.execute(queries.REGISTER_WAITER, _expiry(job_id, seconds))
             read = conn.cursor(row_factory=dict_row)
-            read.execute(queries.GET_JOB, (job_id,))
+            read.execute(queries.GET_JOB, (job_id,))  # its own statement: a snapshot after the lock
             conn.execute(COMMIT)
     except BaseException:
-        if not conn.closed and not conn.broken:
-            with contextlib.suppress(psycopg.Error, OSError):  # the error that got us here is the one to raise
-                conn.rollback()
+        roll_back(conn)
         raise
-    return inserted.fetchone()[0], read.fetchone()
+    return _registered(inserted.fetchone(), read.fetchone())
 
 
-async def arefresh(conn: psycopg.AsyncConnection, waiter: int, seconds: float) -> bool:
-    """Move a registration's expiry on (a wait longer than WAITER_LIFETIME); False if it is gone."""
-    cursor = await conn.execute(queries.REFRESH_WAITER, {"id": waiter, **_registration(0, seconds)})
-    return cursor.rowcount == 1
+async def aregister(conn: psycopg.AsyncConnection, job_id: int, seconds: float) -> tuple[int, dict[str, Any] | None]:
+    """`register` on an AsyncConnection."""
+    try:
+        async with conn.pipeline():
+            for statement in _REGISTRATION_OPENS:
+                await conn.execute(statement)
+            inserted = await conn.execute(queries.REGISTER_WAITER, _expiry(job_id, seconds))
+            read = conn.cursor(row_factory=dict_row)
+            await read.execute(queries.GET_JOB, (job_id,))
+            await conn.execute(COMMIT)
+    except BaseException:
+        await aroll_back(conn)
+        raise
+    return _registered(await inserted.fetchone(), await read.fetchone())
 
 
 def refresh(conn: psycopg.Connection, waiter: int, seconds: float) -> bool:
-    return conn.execute(queries.REFRESH_WAITER, {"id": waiter, **_registration(0, seconds)}).rowcount == 1
+    """Move a registration's expiry on (a wait longer than WAITER_LIFETIME); False if it is gone."""
+    return conn.execute(queries.REFRESH_WAITER, _renewal(waiter, seconds)).rowcount == 1
+
+
+async def arefresh(conn: psycopg.AsyncConnection, waiter: int, seconds: float) -> bool:
+    """`refresh` on an AsyncConnection."""
+    return (await conn.execute(queries.REFRESH_WAITER, _renewal(waiter, seconds))).rowcount == 1
+
+
+def unregister(conn: psycopg.Connection, waiter: int) -> None:
+    conn.execute(queries.UNREGISTER_WAITER, (waiter,))
 
 
 async def aunregister(conn: psycopg.AsyncConnection, waiter: int) -> None:
     await conn.execute(queries.UNREGISTER_WAITER, (waiter,))
 
 
-def unregister(conn: psycopg.Connection, waiter: int) -> None:
-    conn.execute(queries.UNREGISTER_WAITER, (waiter,))
+# --- waking waiters of deleted jobs (the admin's statements run in its sync transactions) -------------
 
 
 def notify_deleted(conn: psycopg.Connection, job_ids: list[int]) -> None:
@@ -149,89 +171,111 @@ def notify_recheck(conn: psycopg.Connection) -> None:
     conn.execute(queries.NOTIFY_RECHECK)
 
 
-def _seconds(timeout: str | float) -> float:
-    return parse_duration(timeout, field="timeout")
+# --- waiting from Python ----------------------------------------------------------------------------
 
 
 def _conninfo(db: str | None) -> str:
-    if db:
-        return db
-    from dygo.store.config import load_settings
-    from dygo.store.db import database_url, direct_url
-
     # The wait LISTENs: through a transaction pooler it needs the direct URL (store/db.py).
-    return direct_url() or database_url(load_settings())
+    return db or direct_url() or database_url(load_settings())
 
 
-def _final_or_raise(job_id: int, job: dict[str, Any] | None) -> bool:
-    if job is None:
-        raise NotFound("job_not_found", f"no job with id {job_id}")
-    return job["state"] in FINAL_STATES
+class _Wait:
+    """What one wait decides, without its I/O: whether a read ends it, when it times out, when its
+    registration's expiry must move on and how long to listen next. Both twins drive one."""
 
+    def __init__(self, job_id: int, timeout: str | float) -> None:
+        self.job_id = job_id
+        self.seconds = parse_duration(timeout, field="timeout")
+        self.deadline = time.monotonic() + self.seconds
+        self.refresh_at = math.inf  # once registered: when the registration's expiry moves on
+        self.job: dict[str, Any] = {}  # as last read
 
-async def result(job_id: int, timeout: str | float = 30.0, *, db: str | None = None) -> dict[str, Any]:
-    """Wait until the job is succeeded, dead or cancelled and return it (result, errors, progress...).
+    def ends(self, job: dict[str, Any] | None) -> bool:
+        """Whether the job as just read ends the wait (it is final, and then `self.job`); NotFound once
+        it is gone."""
+        if job is None:
+            raise NotFound("job_not_found", f"no job with id {self.job_id}")
+        self.job = job
+        return job["state"] in FINAL_STATES
 
-    `timeout` is seconds or a duration like "30s". `db` is a conninfo (default: DATABASE_DIRECT_URL, else
-    DATABASE_URL, else the embedded server); the wait holds one connection of its own for its LISTEN."""
-    seconds = _seconds(timeout)
-    deadline = time.monotonic() + seconds
-    async with await psycopg.AsyncConnection.connect(_conninfo(db), autocommit=True) as conn:
-        await listen(conn)
-        job = await aget_job(conn, job_id)
-        if _final_or_raise(job_id, job):
-            return job  # finished already: no registration
-        waiter, job = await aregister(conn, job_id, seconds)
-        refresh_at = time.monotonic() + WAITER_LIFETIME
-        try:
-            while not _final_or_raise(job_id, job):
-                now = time.monotonic()
-                if now >= deadline:
-                    raise WaitTimeout(job_id, seconds, job)
-                if now >= refresh_at:
-                    refresh_at = now + WAITER_LIFETIME
-                    if not await arefresh(conn, waiter, deadline - now):
-                        # Deleted as expired (this process stalled past the grace): register again.
-                        waiter, job = await aregister(conn, job_id, deadline - now)
-                        continue
-                async for notify in conn.notifies(timeout=min(deadline, refresh_at) - now):
-                    if wakes(notify.payload, job_id):
-                        break
-                job = await aget_job(conn, job_id)
-            return job
-        finally:
-            if not conn.closed and not conn.broken:
-                with contextlib.suppress(psycopg.Error, OSError):  # else the row expires
-                    await aunregister(conn, waiter)
+    def registered(self) -> None:
+        self.refresh_at = time.monotonic() + WAITER_LIFETIME
+
+    def next_listen(self) -> tuple[float | None, float]:
+        """Before listening again: the seconds left to refresh the registration for (None: no refresh
+        due), and how long to listen. WaitTimeout, with the job as last read, once the deadline passed."""
+        now = time.monotonic()
+        if now >= self.deadline:
+            raise WaitTimeout(self.job_id, self.seconds, self.job)
+        renew = None
+        if now >= self.refresh_at:
+            self.refresh_at = now + WAITER_LIFETIME
+            renew = self.deadline - now
+        return renew, min(self.deadline, self.refresh_at) - now
 
 
 def wait_for_result(job_id: int, timeout: str | float = 30.0, *, db: str | None = None) -> dict[str, Any]:
-    """The blocking twin of `result`, for code without an event loop."""
-    seconds = _seconds(timeout)
-    deadline = time.monotonic() + seconds
+    """Wait until the job is succeeded, dead or cancelled and return it (result, errors, progress...).
+
+    `timeout` is seconds or a duration like "30s". `db` is a conninfo (default: DATABASE_DIRECT_URL, else
+    DATABASE_URL, else the embedded server); the wait holds one connection of its own for its LISTEN.
+    `await_for_result` is the same for code on an event loop."""
+    wait = _Wait(job_id, timeout)
     with psycopg.connect(_conninfo(db), autocommit=True) as conn:
-        conn.execute(queries.LISTEN_FOR_FINISHED)
-        job = get_job(conn, job_id)
-        if _final_or_raise(job_id, job):
-            return job
-        waiter, job = register(conn, job_id, seconds)
-        refresh_at = time.monotonic() + WAITER_LIFETIME
+        listen(conn)
+        if wait.ends(get_job(conn, job_id)):
+            return wait.job  # finished already: no registration
+        waiter, job = register(conn, job_id, wait.seconds)
+        wait.registered()
         try:
-            while not _final_or_raise(job_id, job):
-                now = time.monotonic()
-                if now >= deadline:
-                    raise WaitTimeout(job_id, seconds, job)
-                if now >= refresh_at:
-                    refresh_at = now + WAITER_LIFETIME
-                    if not refresh(conn, waiter, deadline - now):
-                        waiter, job = register(conn, job_id, deadline - now)
-                        continue
-                for notify in conn.notifies(timeout=min(deadline, refresh_at) - now):
+            while not wait.ends(job):
+                renew, listen_for = wait.next_listen()
+                if renew is not None and not refresh(conn, waiter, renew):
+                    # Deleted as expired (this process stalled past the grace): register again.
+                    waiter, job = register(conn, job_id, renew)
+                    continue
+                for notify in conn.notifies(timeout=listen_for):
                     if wakes(notify.payload, job_id):
                         break
                 job = get_job(conn, job_id)
-            return job
+            return wait.job
         finally:
-            if not conn.closed and not conn.broken:
-                with contextlib.suppress(psycopg.Error, OSError):
+            if usable(conn):
+                with contextlib.suppress(psycopg.Error, OSError):  # else the row expires
                     unregister(conn, waiter)
+
+
+async def await_for_result(job_id: int, timeout: str | float = 30.0, *, db: str | None = None) -> dict[str, Any]:
+    """`wait_for_result` on the event loop."""
+    wait = _Wait(job_id, timeout)
+    async with await psycopg.AsyncConnection.connect(_conninfo(db), autocommit=True) as conn:
+        await alisten(conn)
+        if wait.ends(await aget_job(conn, job_id)):
+            return wait.job
+        waiter, job = await aregister(conn, job_id, wait.seconds)
+        wait.registered()
+        try:
+            while not wait.ends(job):
+                renew, listen_for = wait.next_listen()
+                if renew is not None and not await arefresh(conn, waiter, renew):
+                    waiter, job = await aregister(conn, job_id, renew)
+                    continue
+                async for notify in conn.notifies(timeout=listen_for):
+                    if wakes(notify.payload, job_id):
+                        break
+                job = await aget_job(conn, job_id)
+            return wait.job
+        finally:
+            if usable(conn):
+                with contextlib.suppress(psycopg.Error, OSError):
+                    await aunregister(conn, waiter)
+
+
+def result(job_id: int, timeout: str | float = 30.0, *, db: str | None = None) -> Coroutine[Any, Any, dict[str, Any]]:
+    """Deprecated, for one release: the old name of `await_for_result`."""
+    warnings.warn(
+        "dygo.result() is deprecated and will be removed in the next release: use dygo.await_for_result()",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return await_for_result(job_id, timeout, db=db)

@@ -1,4 +1,5 @@
-"""The failed-token throttle reads its table only for addresses with failures (app/throttle.py, issue 12).
+"""The failed-token throttle: its table (store/auth_state.py, sync and async twins alike), and serve
+reading that table only for addresses with failures (app/throttle.py).
 
 Real `dygo serve` processes. Whether a request reads `dygo_auth_failures` is seen by holding an ACCESS
 EXCLUSIVE lock on that table: a request that reads it waits for the lock, one that does not answers.
@@ -13,11 +14,62 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+import pytest
 from dygo.app.throttle import LOGIN_ATTEMPTS, PRUNE_EVERY, AuthThrottle
+from dygo.store import auth_state
 
 from tests.conftest import ADMIN_TOKEN, wait_until
+from tests.twins import SIDES, Twins
 
 JOB = {"kind": "test.noop"}
+
+
+@pytest.fixture(params=SIDES)
+def state(request, db_url):
+    twins = Twins(auth_state, db_url, request.param)
+    yield twins
+    twins.close()
+
+
+def _age_failures(conn, address: str, seconds: float) -> None:
+    conn.execute(
+        "UPDATE dygo_auth_failures SET failures = (SELECT array_agg(t - make_interval(secs => %s) ORDER BY t) "
+        "FROM unnest(failures) AS t) WHERE address = %s",
+        (seconds, address),
+    )
+
+
+def test_an_address_is_locked_out_after_too_many_failures_until_the_window_passes(conn, state):
+    attempts, window = 3, 60.0
+    for _ in range(attempts - 1):
+        assert state.failed_attempt("10.0.0.1", attempts, window) is None
+        _age_failures(conn, "10.0.0.1", 10)  # ten seconds pass
+    until = state.failed_attempt("10.0.0.1", attempts, window)
+    assert until is not None and abs(until - (time.time() - 20 + window)) < 5  # the first failure leaves then
+    assert state.locked_until("10.0.0.1", attempts, window) == (True, until)
+    assert state.locked_until("10.0.0.2", attempts, window) == (False, None)  # per address
+    _age_failures(conn, "10.0.0.1", 41)  # failures 61, 51 and 41 seconds ago: the oldest left the window
+    assert state.locked_until("10.0.0.1", attempts, window) == (True, None)
+    until = state.failed_attempt("10.0.0.1", attempts, window)  # failures 51, 41 and 0 seconds ago
+    assert until is not None and abs(until - (time.time() - 51 + window)) < 5
+    assert conn.execute("SELECT cardinality(failures) FROM dygo_auth_failures").fetchone()[0] == attempts
+    state.clear_failures("10.0.0.1")
+    assert state.locked_until("10.0.0.1", attempts, window) == (False, None)
+    state.failed_attempt("10.0.0.3", attempts, window)
+    _age_failures(conn, "10.0.0.3", 61)
+    state.failed_attempt("10.0.0.4", attempts, window)  # each failure forgets addresses gone quiet
+    assert [row[0] for row in conn.execute("SELECT address FROM dygo_auth_failures")] == ["10.0.0.4"]
+    assert state.idle()  # each failure's transaction committed
+
+
+def test_a_failure_is_notified_with_its_address_unless_the_address_is_too_long_to_send(db_url, state):
+    long = "x" * (auth_state.MAX_NOTIFIED_ADDRESS + 1)
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {auth_state.AUTH_FAILURE_CHANNEL}")
+        state.failed_attempt("10.0.0.5", 3, 60.0)
+        state.failed_attempt(long, 3, 60.0)
+        assert [n.payload for n in listener.notifies(timeout=0.5)] == ["10.0.0.5"]
+    assert state.locked_until(long, 1, 60.0)[1] is not None  # recorded all the same
 
 
 def caught_up(conn: psycopg.Connection) -> bool:

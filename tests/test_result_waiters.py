@@ -1,4 +1,4 @@
-"""Only jobs somebody waits for are notified (migration 0013): registration, its race with settles, expiry."""
+"""Only jobs somebody waits for are notified: registration, its race with settles, expiry."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import threading
 from datetime import datetime
 
 import psycopg
-from dygo.store import enqueue
-from dygo.store.results import CHANNEL, finished_ids, register, result, unregister, wait_for_result
+import pytest
+from dygo.store import enqueue, results
+from dygo.store.results import CHANNEL, await_for_result, finished_ids, register, unregister, wait_for_result
 
 from tests.claiming import claim
 from tests.conftest import wait_until
 from tests.test_retention import copy_test_config
+from tests.twins import SIDES, Twins
 
 
 def _waiter_rows(conn: psycopg.Connection) -> list[tuple[int, int]]:
@@ -69,7 +71,7 @@ def test_a_waiter_registered_while_settles_run_never_misses_its_job(conn, db_url
         async def one(job_id: int) -> tuple[str, float, bool]:
             async with gate:
                 started, wall = loop.time(), datetime.now().astimezone()
-                job = await result(job_id, timeout=seconds, db=db_url)
+                job = await await_for_result(job_id, timeout=seconds, db=db_url)
                 # Finished after this waiter began: its wait overlapped the job's settle.
                 return job["state"], loop.time() - started, job["finished_at"] > wall
 
@@ -155,3 +157,43 @@ def test_an_expired_waiter_row_is_removed_by_the_maintainer(conn, db_url, spawn,
         )
         notified = set().union(*(finished_ids(n.payload) for n in listener.notifies(timeout=0.5)))
     assert notified == {live.id}
+
+
+@pytest.fixture(params=SIDES)
+def waiters(request, db_url):
+    twins = Twins(results, db_url, request.param)
+    yield twins
+    twins.close()
+
+
+def _expires_in(conn: psycopg.Connection, waiter: int) -> float:
+    return conn.execute(
+        "SELECT extract(epoch FROM expires_at - now())::float8 FROM dygo_result_waiters WHERE id = %s", (waiter,)
+    ).fetchone()[0]
+
+
+def test_a_registration_reads_the_job_after_it_and_expires_its_wait_plus_the_grace(conn, waiters):
+    job = enqueue(conn, "test.record", {})
+    waiter, read = waiters.register(job.id, 5.0)
+    assert read["id"] == job.id and read["state"] == "pending"
+    assert _waiter_rows(conn) == [(waiter, job.id)]
+    assert abs(_expires_in(conn, waiter) - (5.0 + results.WAITER_GRACE)) < 2
+    longer, _ = waiters.register(job.id, 3600.0)  # a row lives at most WAITER_LIFETIME past its last refresh
+    assert abs(_expires_in(conn, longer) - (results.WAITER_LIFETIME + results.WAITER_GRACE)) < 2
+    assert waiters.register(999999, 5.0)[1] is None  # no such job: registered, and the read says so
+
+    assert waiters.refresh(waiter, 3600.0) is True
+    assert abs(_expires_in(conn, waiter) - (results.WAITER_LIFETIME + results.WAITER_GRACE)) < 2
+    waiters.unregister(waiter)
+    assert waiter not in [row[0] for row in _waiter_rows(conn)]
+    assert waiters.refresh(waiter, 5.0) is False  # gone: the caller registers again
+
+
+def test_a_registration_that_fails_rolls_back_and_leaves_the_connection_usable(conn, waiters):
+    job = enqueue(conn, "test.record", {})
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        waiters.register(2**63, 5.0)  # no bigint: the insert fails inside the pipelined transaction
+    assert waiters.idle()
+    assert _waiter_rows(conn) == []
+    waiter, read = waiters.register(job.id, 5.0)
+    assert read["state"] == "pending" and _waiter_rows(conn) == [(waiter, job.id)]

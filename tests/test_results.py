@@ -8,11 +8,19 @@ import time
 from datetime import datetime
 
 import pytest
-from dygo.store import enqueue, make_context
+from dygo.store import enqueue, make_context, results
 from dygo.store.errors import NotFound, WaitTimeout
-from dygo.store.results import result, wait_for_result
+from dygo.store.results import await_for_result, wait_for_result
 
 from tests.conftest import wait_until
+
+
+def await_in_a_loop(job_id: int, timeout: str | float, *, db: str) -> dict:
+    return asyncio.run(await_for_result(job_id, timeout, db=db))
+
+
+# The two twins of a Python wait, each run so that it blocks its caller until it answers.
+PYTHON_WAITS = pytest.mark.parametrize("wait_for", [wait_for_result, await_in_a_loop], ids=["sync", "async"])
 
 
 @pytest.fixture
@@ -119,7 +127,8 @@ def test_a_purge_or_bulk_delete_answers_the_waiters_of_the_deleted_jobs_with_404
     assert kept_answer["at"] - acted >= 1.0
 
 
-def test_python_wait_for_result_raises_not_found_at_once_when_a_purge_deletes_the_job(conn, db_url):
+@PYTHON_WAITS
+def test_python_wait_raises_not_found_at_once_when_a_purge_deletes_the_job(conn, db_url, wait_for):
     from dygo.store.admin import purge_queue
 
     job = enqueue(conn, "test.record", {})
@@ -127,34 +136,74 @@ def test_python_wait_for_result_raises_not_found_at_once_when_a_purge_deletes_th
 
     def wait() -> None:
         try:
-            wait_for_result(job.id, "30s", db=db_url)
+            wait_for(job.id, "30s", db=db_url)
         except NotFound as exc:
             raised.update(error=exc, at=time.monotonic())
 
     thread = threading.Thread(target=wait)
     thread.start()
-    time.sleep(0.5)  # it is listening now
+    wait_until(lambda: _waiter_rows(conn), message="the wait to register")  # it is listening now
     acted = time.monotonic()
     assert purge_queue(conn, "default")["pending"] == 1
     thread.join(10)
     assert isinstance(raised.get("error"), NotFound) and raised["at"] - acted < 1.5
 
 
-def test_python_result_returns_the_finished_job_and_raises_wait_timeout_otherwise(conn, db_url, spawn):
+@PYTHON_WAITS
+def test_python_wait_returns_the_finished_job_and_raises_wait_timeout_otherwise(conn, db_url, spawn, wait_for):
     job = enqueue(conn, "test.record", {"seconds": 0.2})
     with pytest.raises(WaitTimeout) as timeout:
-        asyncio.run(result(job.id, timeout="200ms", db=db_url))
+        wait_for(job.id, "200ms", db=db_url)
     assert timeout.value.job["state"] == "pending" and timeout.value.job_id == job.id
     assert "still pending" in str(timeout.value)
 
     spawn("worker").wait_for_line("started")
-    finished = asyncio.run(result(job.id, timeout=10, db=db_url))
+    finished = wait_for(job.id, 10, db=db_url)
     assert finished["state"] == "succeeded" and finished["result"] == {"attempt": 1, "retry": False}
 
     again = enqueue(conn, "test.abort", {})
-    assert wait_for_result(again.id, "10s", db=db_url)["state"] == "dead"
+    assert wait_for(again.id, "10s", db=db_url)["state"] == "dead"
     with pytest.raises(NotFound):
-        wait_for_result(999999, 1, db=db_url)
+        wait_for(999999, 1, db=db_url)
+    assert _waiter_rows(conn) == []  # each wait deleted its row
+
+
+def _waiter_rows(conn) -> list[tuple[int, datetime]]:
+    return conn.execute("SELECT id, expires_at FROM dygo_result_waiters ORDER BY id").fetchall()
+
+
+@PYTHON_WAITS
+def test_a_python_wait_moves_its_registration_on_and_registers_again_when_its_row_was_deleted(
+    conn, db_url, wait_for, monkeypatch
+):
+    monkeypatch.setattr(results, "WAITER_LIFETIME", 0.5)  # a wait of 20 s outlives its registration
+    job = enqueue(conn, "test.record", {})  # no worker runs it
+    answer: dict = {}
+    thread = threading.Thread(target=lambda: answer.update(job=wait_for(job.id, "20s", db=db_url)))
+    thread.start()
+    ((first, expires),) = wait_until(lambda: _waiter_rows(conn), message="the wait to register")
+    wait_until(
+        lambda: [row[1] > expires for row in _waiter_rows(conn)] == [True], message="the registration to move on"
+    )
+    conn.execute("DELETE FROM dygo_result_waiters")  # as the maintainer deletes a row it found expired
+    wait_until(lambda: [row[0] > first for row in _waiter_rows(conn)] == [True], message="the wait to register again")
+    conn.execute("UPDATE dygo_jobs SET state = 'cancelled', finished_at = now() WHERE id = %s", (job.id,))
+    thread.join(10)
+    assert answer["job"]["state"] == "cancelled"
+    assert _waiter_rows(conn) == []
+
+
+def test_result_is_a_deprecated_alias_of_await_for_result_that_still_answers(conn, db_url):
+    import dygo
+    from dygo import store
+
+    job = enqueue(conn, "test.record", {})
+    conn.execute("UPDATE dygo_jobs SET state = 'cancelled', finished_at = now() WHERE id = %s", (job.id,))
+    for alias in (dygo.result, store.result):
+        with pytest.warns(DeprecationWarning, match=r"result\(\) is deprecated.*use dygo\.await_for_result\(\)"):
+            waiting = alias(job.id, "1s", db=db_url)
+        assert asyncio.run(waiting)["state"] == "cancelled"
+    assert "result" not in dygo.__all__ and "await_for_result" in dygo.__all__
 
 
 @pytest.mark.parametrize("kind", ["test.progress", "test.progress_sync"])

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from dygo.store import enqueue, maintenance
+from dygo.store import admin, enqueue, maintenance, queries
 from dygo.store.config import load_settings
 from dygo.store.errors import ConfigError
 from dygo.store.maintenance import Retention, SucceededWalk, Trimmed
 
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
+from tests.twins import SIDES, Twins
 
 DAY = 86400.0
 KEEP_A_DAY = Retention(succeeded=DAY, dead=DAY, cancelled=DAY, daily_stats=DAY)
@@ -100,6 +101,29 @@ def test_stats_deltas_are_folded_and_old_days_trimmed(conn, db_url):
     assert run_trim(db_url, KEEP_A_DAY).daily_stats == 1
     assert conn.execute("SELECT count(*) FROM dygo_stats_deltas").fetchone()[0] == 0
     assert conn.execute("SELECT day = current_date, enqueued FROM dygo_daily_stats").fetchall() == [(True, 3)]
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_the_fold_moves_stats_and_timing_deltas_into_their_rollups_unless_another_process_folds(conn, db_url, side):
+    conn.execute("INSERT INTO dygo_stats_deltas (day, queue, kind, enqueued) VALUES (current_date, 'default', 'a', 3)")
+    conn.execute(
+        "INSERT INTO dygo_timing_deltas (queue, kind, measure, buckets, sum, count) "
+        "VALUES ('default', 'a', 'duration', '{1,2}', 0.5, 3)"
+    )
+    rollups = "SELECT (SELECT sum(enqueued) FROM dygo_daily_stats), (SELECT sum(count) FROM dygo_timings)"
+    deltas = "SELECT (SELECT count(*) FROM dygo_stats_deltas), (SELECT count(*) FROM dygo_timing_deltas)"
+    folder = Twins(admin, db_url, side)
+    try:
+        with psycopg.connect(db_url) as other:  # another process folding holds the fold's lock
+            other.execute(queries.FOLD_STATS_LOCK)
+            assert folder.fold_stats() is False
+            assert conn.execute(deltas).fetchone() == (1, 1)
+        assert folder.fold_stats() is True
+        assert folder.idle()
+    finally:
+        folder.close()
+    assert conn.execute(deltas).fetchone() == (0, 0)
+    assert conn.execute(rollups).fetchone() == (3, 3)
 
 
 def test_only_one_worker_holds_the_retention_lock(conn, db_url):

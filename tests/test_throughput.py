@@ -1,11 +1,9 @@
 """The overview's rollups without a browser: per-minute throughput, its trim, stored dead-letter
-fingerprints, vacuum-dead counts and the failed-token throttle (in the database)."""
+fingerprints and vacuum-dead counts."""
 
 from __future__ import annotations
 
-import time
-
-from dygo.store import admin, auth_state, enqueue
+from dygo.store import admin, enqueue
 from dygo.store.leases import Unsuccessful, recover_expired, settle
 from dygo.store.maintenance import MINUTE_STATS_KEEP, Retention
 
@@ -90,36 +88,6 @@ def test_vacuum_dead_counts_what_it_then_deletes(conn):
     assert admin.count_vacuum_dead(conn, "default", 86400) == 2
     assert admin.vacuum_dead(conn, "default", 86400) == 2
     assert admin.count_vacuum_dead(conn, "default", 0) == 1
-
-
-def _age_failures(conn, address: str, seconds: float) -> None:
-    conn.execute(
-        "UPDATE dygo_auth_failures SET failures = (SELECT array_agg(t - make_interval(secs => %s) ORDER BY t) "
-        "FROM unnest(failures) AS t) WHERE address = %s",
-        (seconds, address),
-    )
-
-
-def test_failed_token_throttle_locks_an_address_out_after_too_many_failures_until_the_window_passes(conn):
-    attempts, window = 3, 60.0
-    for _ in range(attempts - 1):
-        assert auth_state.failed_attempt(conn, "10.0.0.1", attempts, window) is None
-        _age_failures(conn, "10.0.0.1", 10)  # ten seconds pass
-    until = auth_state.failed_attempt(conn, "10.0.0.1", attempts, window)
-    assert until is not None and abs(until - (time.time() - 20 + window)) < 5  # the first failure leaves then
-    assert auth_state.locked_until(conn, "10.0.0.1", attempts, window) == (True, until)
-    assert auth_state.locked_until(conn, "10.0.0.2", attempts, window) == (False, None)  # per address
-    _age_failures(conn, "10.0.0.1", 41)  # failures 61, 51 and 41 seconds ago: the oldest left the window
-    assert auth_state.locked_until(conn, "10.0.0.1", attempts, window) == (True, None)
-    until = auth_state.failed_attempt(conn, "10.0.0.1", attempts, window)  # failures 51, 41 and 0 seconds ago
-    assert until is not None and abs(until - (time.time() - 51 + window)) < 5
-    assert conn.execute("SELECT cardinality(failures) FROM dygo_auth_failures").fetchone()[0] == attempts
-    auth_state.clear_failures(conn, "10.0.0.1")
-    assert auth_state.locked_until(conn, "10.0.0.1", attempts, window) == (False, None)
-    auth_state.failed_attempt(conn, "10.0.0.3", attempts, window)
-    _age_failures(conn, "10.0.0.3", 61)
-    auth_state.failed_attempt(conn, "10.0.0.4", attempts, window)  # each failure forgets addresses gone quiet
-    assert [row[0] for row in conn.execute("SELECT address FROM dygo_auth_failures")] == ["10.0.0.4"]
 
 
 def test_settling_and_poison_recovery_store_the_fingerprint_of_the_error_that_killed_the_job(conn, db_url):
