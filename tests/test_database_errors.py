@@ -25,6 +25,7 @@ from dygo.store.errors import (
 )
 from dygo.store.outage import describe, is_outage
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from tests.conftest import dygo_env, start_serve, wait_until
 
@@ -165,6 +166,12 @@ def test_is_outage_tells_connection_failures_from_statement_errors(db_url, conn)
     with pytest.raises(psycopg.Error) as refused:
         psycopg.connect(make_conninfo(db_url, host="/nonexistent"), connect_timeout=2)
     assert refused.value.sqlstate is None and is_outage(refused.value)
+    with (
+        ConnectionPool(make_conninfo(db_url, host="/nonexistent"), min_size=1, timeout=0.5) as pool,
+        pytest.raises(PoolTimeout) as no_connection,
+    ):
+        pool.getconn()
+    assert is_outage(no_connection.value)
     assert is_outage(ConnectionResetError("reset by peer"))
     assert not is_outage(ValueError("not the database's"))
 

@@ -39,7 +39,7 @@ from dygo.store import leases, limits
 from dygo.store.config import Settings
 from dygo.store.errors import StatementError
 from dygo.store.leases import ClaimedJob
-from dygo.store.outage import is_outage
+from dygo.store.outage import describe, is_outage
 from dygo.store.registry import Registry
 from dygo.worker.capacity import Capacity
 from dygo.worker.database import Database
@@ -126,6 +126,7 @@ class Worker:
         ]
         self.died: list[str] = []  # services that ended on an unexpected error
         self.last_write_failed = False  # a last write of the stop failed on a database error (_last)
+        self.said: set[str] = set()  # the database errors logged as a service's death: not said again at the stop
         self.ready = False  # services running and, unless polling only, listening (Worker.Ready in the seed)
 
     async def run(self) -> int:
@@ -275,6 +276,7 @@ class Worker:
             return
         self.died.append(task.get_name())
         if isinstance(error, StatementError):
+            self.said.add(describe(error.cause))
             log.error(
                 "worker service %s died on a database error that is not an outage (%s); stopping the worker so "
                 "its process manager starts a fresh one",
@@ -291,13 +293,14 @@ class Worker:
         self.stop()
 
     async def _last(self, write: Callable[[], Awaitable[None]]) -> None:
-        """One of the stop's last writes. A database error there that is not an outage (often the one a service
-        died on, met again) is said in one line, and the worker exits 1; the other last writes still run."""
+        """One of the stop's last writes. A database error there that is not an outage is said in one line (unless
+        a service died of the same one), and the worker exits 1; the other last writes still run."""
         try:
             await write()
         except StatementError as error:
             self.last_write_failed = True
-            log.error("worker stop: a last write failed on a database error that is not an outage (%s)", error)
+            if describe(error.cause) not in self.said:
+                log.error("worker stop: a last write failed on a database error that is not an outage (%s)", error)
 
     def stop(self) -> None:
         self.producer.stop()
