@@ -18,11 +18,12 @@ import time
 from collections.abc import Iterable
 
 import psycopg
-from dygo.app.db import DatabaseUnavailable, unavailable_response
+from dygo.app.db import down, unavailable_response
 from dygo.app.errors import error_response
 from dygo.app.throttle import AuthThrottle
 from dygo.store.config import TOKEN_ENV, Settings
-from dygo.store.errors import ConfigError
+from dygo.store.errors import ConfigError, DatabaseUnavailable
+from dygo.store.outage import is_outage
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 PROTECTED_PREFIX = "/api/"
@@ -115,9 +116,11 @@ class BearerAuth:
             until = await (throttle.failed(address) if role is None else throttle.admit(address))
         except DatabaseUnavailable as exc:
             return unavailable_response(exc)
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
+            if not is_outage(exc):
+                raise  # not an outage: the server's 500 handler logs it
             state.outage.lost(f"{scope['method']} {scope['path']} (token throttle)", exc)
-            return unavailable_response(DatabaseUnavailable("down", exc))
+            return unavailable_response(down(exc))
         if until is not None:
             return locked_out(until, throttle)
         if role is None:

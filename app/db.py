@@ -37,9 +37,10 @@ from typing import Annotated
 import anyio
 import anyio.to_thread
 import psycopg
-from dygo.app.errors import error_response
+from dygo.app.errors import coded_response
 from dygo.store.db import connect_kwargs
-from dygo.store.outage import OutageLog
+from dygo.store.errors import DatabaseUnavailable
+from dygo.store.outage import OutageLog, is_outage
 from fastapi import Depends, Request, Response
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout, TooManyRequests
 
@@ -68,16 +69,14 @@ class Saturated(Exception):
     """This process has more requests waiting for a connection than its limits allow."""
 
 
-class DatabaseUnavailable(Exception):
-    """Why a request got no database: `reason` is 'down' or 'saturated'."""
+def down(cause: BaseException) -> DatabaseUnavailable:
+    """A request's 503 while the database is down (an outage: store/outage.py)."""
+    return DatabaseUnavailable(DOWN_MESSAGE, "down", cause, RETRY_AFTER_DOWN)
 
-    def __init__(self, reason: str, cause: BaseException) -> None:
-        self.reason, self.cause = reason, cause
-        super().__init__(f"{reason}: {cause}")
 
-    @property
-    def retry_after(self) -> int:
-        return RETRY_AFTER_DOWN if self.reason == "down" else RETRY_AFTER_SATURATED
+def saturated(cause: BaseException) -> DatabaseUnavailable:
+    """A request's 503 while this process is saturated: the database is fine, and no outage is logged."""
+    return DatabaseUnavailable(SATURATED_MESSAGE, "saturated", cause, RETRY_AFTER_SATURATED)
 
 
 def _idle_socket_has_news(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
@@ -119,8 +118,8 @@ def _reporting(base: type, outage: OutageLog, health: Health) -> type:
     attempt that began before the database last answered is old news (a pool's retry in flight while
     the outage ended) and starts nothing."""
 
-    def lost(exc: psycopg.OperationalError, began: float) -> None:
-        if began > health.answered_at:
+    def lost(exc: psycopg.Error, began: float) -> None:
+        if began > health.answered_at and is_outage(exc):
             outage.lost("opening a database connection", exc)
 
     if issubclass(base, psycopg.AsyncConnection):
@@ -131,7 +130,7 @@ def _reporting(base: type, outage: OutageLog, health: Health) -> type:
                 began = time.monotonic()
                 try:
                     return await super().connect(*args, **kwargs)
-                except psycopg.OperationalError as exc:
+                except psycopg.Error as exc:
                     lost(exc, began)
                     raise
 
@@ -143,7 +142,7 @@ def _reporting(base: type, outage: OutageLog, health: Health) -> type:
             began = time.monotonic()
             try:
                 return super().connect(*args, **kwargs)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 lost(exc, began)
                 raise
 
@@ -292,8 +291,8 @@ class Database:
                     exc,
                     RETRY_AFTER_SATURATED,
                 )
-            return DatabaseUnavailable("saturated", exc)
-        return DatabaseUnavailable("down", exc)
+            return saturated(exc)
+        return down(exc)
 
 
 async def _connection(request: Request) -> AsyncIterator[psycopg.Connection]:
@@ -319,10 +318,4 @@ def database(request: Request) -> Database:
 
 def unavailable_response(exc: DatabaseUnavailable) -> Response:
     """The API's 503 for `exc`: `details.reason` down or saturated, and a Retry-After."""
-    return error_response(
-        503,
-        "database_unavailable",
-        DOWN_MESSAGE if exc.reason == "down" else SATURATED_MESSAGE,
-        {"reason": exc.reason},
-        {"Retry-After": str(exc.retry_after)},
-    )
+    return coded_response(exc)

@@ -1,19 +1,30 @@
-"""The one error shape of the API, `{"error": {"code", "message", "details"}}`, and its OpenAPI docs."""
+"""The one error shape of the API, `{"error": {"code", "message", "details"}}`, and its OpenAPI docs.
+
+Every error a request is refused with on purpose is a `CodedError` (store/errors.py), which carries its
+HTTP status: the store's (EnqueueError, NotFound, Conflict, DatabaseUnavailable) and the API's own
+(`ApiError`, whose status is given where it is raised). One handler answers them all (`coded_response`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from dygo.store.errors import CodedError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 
-class ApiError(Exception):
+class ApiError(CodedError):
+    """A refusal of the API itself (a bad cursor, an unknown kind, a header that contradicts the body)."""
+
     def __init__(
         self, status: int, code: str, message: str, details: Any = None, headers: dict[str, str] | None = None
     ) -> None:
-        self.status, self.code, self.message, self.details, self.headers = status, code, message, details, headers
-        super().__init__(message)
+        super().__init__(code, message, details, http_status=status, headers=headers)
+
+    @property
+    def status(self) -> int:
+        return self.http_status
 
 
 def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
@@ -24,6 +35,11 @@ def error_response(
     status: int, code: str, message: str, details: Any = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
+
+
+def coded_response(exc: CodedError) -> JSONResponse:
+    """The API's answer to `exc`: its status, its headers, and the error body."""
+    return error_response(exc.http_status, exc.code, exc.message, exc.details, exc.headers)
 
 
 class ErrorDetail(BaseModel):

@@ -5,22 +5,28 @@ name their channels and get three calls: `listening(conn)` once the connection i
 (re)connect, to subscribe and catch up on what they may have missed; `notified(channel, payload)` for
 each notification on one of their channels; `deaf()` when the connection is lost, so that each can fall
 back to what is safe without notifications until `listening` is called again. The connection is
-re-established with backoff; a lost one is logged once in serve's outage log like any other.
+re-established with backoff; a lost one is logged once in serve's outage log like any other. A database
+error that is not an outage (store/outage.py) is logged as an error naming it, at each attempt, with a
+longer backoff: serve goes on answering requests without notifications meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Protocol
 
 import psycopg
 from dygo.store.db import connect_kwargs, notifications
-from dygo.store.outage import OutageLog
+from dygo.store.outage import OutageLog, describe, is_outage
+
+log = logging.getLogger("dygo.serve")
 
 # Named for pg_stat_activity, like the worker's `dygo-worker-listen <id>`.
 LISTEN_APPLICATION_NAME = "dygo-serve-listen"
 LISTEN_RETRY_MAX = 5.0
+FAILED_RETRY = 60.0  # after an error that is not an outage: the next attempt most likely meets it again
 
 
 class Subscriber(Protocol):
@@ -71,13 +77,19 @@ class Listener:
                         if subscriber is not None:
                             subscriber.notified(notify.channel, notify.payload)
             except (psycopg.Error, OSError) as exc:
-                self.outage.lost(
-                    "result LISTEN connection; waiting requests re-read their job, bearer "
-                    "tokens are checked in the failed-token table",
-                    exc,
-                )
+                fallback = "waiting requests re-read their job, bearer tokens are checked in the failed-token table"
                 for subscriber in self.subscribers:
                     subscriber.deaf()
+                if not is_outage(exc):
+                    log.error(
+                        "result LISTEN connection failed (%s); %s; retrying in %gs",
+                        describe(exc),
+                        fallback,
+                        FAILED_RETRY,
+                    )
+                    await asyncio.sleep(FAILED_RETRY)
+                    continue
+                self.outage.lost(f"result LISTEN connection; {fallback}", exc)
                 await asyncio.sleep(delay)
                 # Capped low, like the worker's LISTEN: a job that finishes before the reconnect is only
                 # seen at its waiter's deadline.

@@ -18,9 +18,9 @@ import psycopg
 from dygo.app.auth import BearerAuth, Tokens, check_protection
 from dygo.app.body_limit import BodyLimit
 from dygo.app.dashboard import error_page, install_dashboard, is_dashboard
-from dygo.app.db import RETRY_AFTER_DOWN, Database, DatabaseUnavailable, unavailable_response
+from dygo.app.db import Database, down
 from dygo.app.docs import install_docs
-from dygo.app.errors import ApiError, error_response
+from dygo.app.errors import coded_response, error_response
 from dygo.app.fast_enqueue import FastEnqueue
 from dygo.app.guard import HostRule, Perimeter
 from dygo.app.jobs import router as jobs_router
@@ -35,8 +35,8 @@ from dygo.app.waiting import ResultWaiters
 from dygo.store import admin
 from dygo.store.config import Settings
 from dygo.store.db import direct_url, through_transaction_pooler
-from dygo.store.errors import Conflict, EnqueueError, NotFound
-from dygo.store.outage import OutageLog
+from dygo.store.errors import CodedError, DatabaseUnavailable
+from dygo.store.outage import OutageLog, describe, is_outage
 from dygo.store.registry import Registry
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -117,21 +117,10 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
-
-    @app.exception_handler(EnqueueError)
-    async def enqueue_error(_: Request, exc: EnqueueError) -> JSONResponse:
-        return error_response(409 if exc.code == "conflict" else 422, exc.code, str(exc), exc.details)
-
-    @app.exception_handler(NotFound)
-    async def not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return error_response(404, exc.code, str(exc), exc.details)
-
-    @app.exception_handler(Conflict)
-    async def conflict(_: Request, exc: Conflict) -> JSONResponse:
-        return error_response(409, exc.code, str(exc), exc.details)
+    @app.exception_handler(CodedError)
+    async def coded_error(_: Request, exc: CodedError) -> JSONResponse:
+        # The API's own refusals and the store's (EnqueueError, NotFound, Conflict): each carries its status.
+        return coded_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -151,22 +140,25 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DatabaseUnavailable)
     async def database_unavailable(request: Request, exc: DatabaseUnavailable) -> Response:
         if exc.reason == "down":
-            return await database_down(request, exc.cause)
+            request.app.state.outage.lost(f"{request.method} {request.url.path}", exc.cause or exc)
         if is_dashboard(request):
-            page = error_page(request, 503, "Server busy", "Too many requests at once; try again shortly.")
-            page.headers["Retry-After"] = str(exc.retry_after)
+            page = (
+                error_page(request, 503, "Database unavailable", "The database is not reachable; try again shortly.")
+                if exc.reason == "down"
+                else error_page(request, 503, "Server busy", "Too many requests at once; try again shortly.")
+            )
+            page.headers.update(exc.headers or {})
             return page
-        return unavailable_response(exc)
+        return coded_response(exc)
 
-    @app.exception_handler(psycopg.OperationalError)
-    async def database_down(request: Request, exc: BaseException) -> Response:
-        request.app.state.outage.lost(f"{request.method} {request.url.path}", exc)
-        headers = {"Retry-After": str(RETRY_AFTER_DOWN)}
-        if is_dashboard(request):
-            page = error_page(request, 503, "Database unavailable", "The database is not reachable; try again shortly.")
-            page.headers.update(headers)
-            return page
-        return unavailable_response(DatabaseUnavailable("down", exc))
+    @app.exception_handler(psycopg.Error)
+    async def database_error(request: Request, exc: psycopg.Error) -> Response:
+        # An outage is a 503 (store/outage.py); any other database error is this code's or this deployment's
+        # (a privilege, the schema): a 500, logged with what the database said.
+        if is_outage(exc):
+            return await database_unavailable(request, down(exc))
+        log.error("%s %s: a database statement failed: %s", request.method, request.url.path, describe(exc))
+        return internal_error(request)
 
     @app.exception_handler(psycopg.DataError)
     async def value_rejected(request: Request, exc: psycopg.DataError) -> Response:
@@ -185,11 +177,16 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.error("unexpected error", exc_info=exc)
-        if is_dashboard(request):
-            return error_page(
-                request, 500, "Something went wrong", "An unexpected error occurred; the server log has the details."
-            )
-        return error_response(500, "internal_error", "an unexpected error occurred; see the server log")
+        return internal_error(request)
+
+
+def internal_error(request: Request) -> Response:
+    """A 500 that says nothing of the error to the client (the server log has it)."""
+    if is_dashboard(request):
+        return error_page(
+            request, 500, "Something went wrong", "An unexpected error occurred; the server log has the details."
+        )
+    return error_response(500, "internal_error", "an unexpected error occurred; see the server log")
 
 
 def allowed_methods(request: Request) -> str:
@@ -241,7 +238,10 @@ class StatsFolder:
                 with self.pool.connection() as conn:
                     admin.fold_stats(conn)
                 self.outage.back()
-            except psycopg.OperationalError as exc:
-                self.outage.lost("folding stats", exc)
-            except psycopg.Error as exc:
-                log.warning("folding stats failed (will retry): %s", exc)
+            except (psycopg.Error, OSError) as exc:
+                # Serve answers requests whatever the stats thread meets; an error that is not an outage is
+                # said at each pass, naming it, as the next pass meets it again unless someone fixes it.
+                if is_outage(exc):
+                    self.outage.lost("folding stats", exc)
+                else:
+                    log.error("folding stats failed (retrying in %gs): %s", FOLD_INTERVAL, describe(exc))

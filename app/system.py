@@ -11,6 +11,7 @@ from dygo.app.errors import ApiError, documented, error_response
 from dygo.app.schemas import Health, NukeReport, Ready, WorkerList
 from dygo.store import admin
 from dygo.store.errors import SchemaError
+from dygo.store.outage import is_outage
 from fastapi import APIRouter, Request
 
 log = logging.getLogger("dygo.serve")
@@ -39,6 +40,8 @@ def readyz(request: Request, _: SyncSlot) -> Any:
     except SchemaError as exc:
         return error_response(503, "not_ready", str(exc), {"check": "schema"})
     except psycopg.Error as exc:
+        if not is_outage(exc):
+            raise  # a privilege or the schema, not an outage: the server's 500 handler logs it
         # Load balancers poll this every few seconds: an outage is logged once, not per poll.
         request.app.state.outage.lost("readiness check", exc)
         return error_response(503, "not_ready", "the database is not reachable", {"check": "database"})

@@ -19,7 +19,8 @@ from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, flush_th
 from dygo.store.admin import STATES
 from dygo.store.config import ENVIRONMENTS, POOL_SIZE_ENV, Settings, load_settings, resolve_env
 from dygo.store.durations import parse_duration
-from dygo.store.errors import AdminError, ConfigError, DatabaseUnavailable, SchemaError
+from dygo.store.errors import AdminError, ConfigError, DatabaseUnavailable, SchemaError, StatementError
+from dygo.store.outage import describe, is_outage
 
 EXIT_USAGE = 2
 
@@ -248,16 +249,29 @@ def main(argv: list[str] | None = None) -> int:
     except (SchemaError, DatabaseUnavailable) as exc:
         print(f"dygo: {exc}", file=sys.stderr)
         return 1
-    except psycopg.OperationalError as exc:
+    except StatementError as exc:
+        # One line, not a traceback: what the command was doing and the database's error (store/outage.py).
+        print(f"dygo {args.command}: {_without_password(str(exc))}", file=sys.stderr)
+        return 1
+    except psycopg.Error as exc:
         # Not a traceback: libpq's first lines say what failed (host, port, user), never the password.
-        print(f"dygo: cannot reach the database: {_database_message(exc)}", file=sys.stderr)
+        if is_outage(exc):
+            print(f"dygo: cannot reach the database: {_database_message(exc)}", file=sys.stderr)
+        else:
+            print(
+                f"dygo {args.command}: a database statement failed: {_without_password(describe(exc))}", file=sys.stderr
+            )
         return 1
 
 
 def _database_message(exc: Exception) -> str:
+    return _without_password(" ".join(str(exc).split()))
+
+
+def _without_password(text: str) -> str:
     from dygo.store.db import scrub
 
-    return scrub(" ".join(str(exc).split()), os.environ.get("DATABASE_URL", ""))
+    return scrub(text, os.environ.get("DATABASE_URL", ""))
 
 
 def _log_format(args: argparse.Namespace) -> str:
@@ -334,7 +348,12 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     check_protection(settings, host)
     url = database_url(settings)
     signal.signal(signal.SIGTERM, flush_then_exit)  # uvicorn re-raises it after its graceful stop: exit 0
-    _wait_for_schema(url, "serve")
+    try:
+        _wait_for_schema(url, "serve")
+    except psycopg.Error as exc:
+        if is_outage(exc):
+            raise
+        raise StatementError("start-up: checking the schema", exc) from exc
     lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
     lifecycle.info(
         "dygo serve: http://%s:%s (API docs at /docs)",
@@ -450,8 +469,10 @@ def worker_command(settings: Settings, args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, flush_then_exit)  # a stop while waiting for the schema: exit 0
     try:
         _wait_for_schema(url, "worker")
-    except psycopg.OperationalError:
-        pass  # the database is away: the worker waits for it (and checks the schema once it is back)
+    except psycopg.Error as exc:
+        if not is_outage(exc):
+            raise StatementError("start-up: checking the schema", exc) from exc
+        # The database is away: the worker waits for it (and checks the schema once it is back).
     finally:
         signal.signal(signal.SIGTERM, previous)
     return asyncio.run(Worker(settings, jobs, options, url).run())

@@ -25,7 +25,8 @@ def database_url(settings: Settings) -> str:
             # libpq quotes the part it could not parse, which can be the password itself.
             raise DatabaseUnavailable(
                 f"DATABASE_URL is not a valid connection string: {scrub(str(exc), url)}; "
-                "expected postgresql://user:password@host:port/database"
+                "expected postgresql://user:password@host:port/database",
+                "invalid_url",
             ) from None
         return url
     from dygo.store import embedded

@@ -21,7 +21,7 @@ import psycopg
 from dygo.store import queries, tracing
 from dygo.store.config import KEBAB_CASE
 from dygo.store.durations import parse_duration
-from dygo.store.errors import EnqueueError
+from dygo.store.errors import EnqueueConflict, EnqueueError
 from dygo.store.registry import Registry, registry
 
 PRIORITY_RANGE = (-1000, 1000)
@@ -306,7 +306,7 @@ def _insert_one(conn: psycopg.Connection, row: dict[str, Any]) -> Enqueued:
         existing = conn.execute(lookup, (row["key"],)).fetchone()
         if existing is not None:
             return Enqueued(existing[0], True, existing[1])
-    raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
+    raise EnqueueConflict("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
 
 
 def _prepare_in_batch(index: int, request: JobRequest, trace: Mapping[str, str]) -> dict[str, Any]:
@@ -417,7 +417,7 @@ async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> En
         existing = await (await conn.execute(lookup, (row["key"],))).fetchone()
         if existing is not None:
             return Enqueued(existing[0], True, existing[1])
-    raise EnqueueError("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
+    raise EnqueueConflict("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
 
 
 # Up to this many rows without keys go in one INSERT ... unnest statement (one round trip); more, or any

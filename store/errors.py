@@ -1,10 +1,42 @@
-"""Errors a caller can catch: configuration and schema problems, and the outcomes a handler raises."""
+"""Errors a caller can catch: configuration and schema problems, the outcomes a handler raises, and the
+errors a request is answered with.
+
+Every one derives from `DygoError`. Those a request can be refused with derive from `CodedError`: a
+machine-readable `code`, a `message` for a person, structured `details`, and the HTTP status the API
+answers with (the body is `{"error": {"code", "message", "details"}}`, app/errors.py).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dygo.store.outage import describe
 
 
 class DygoError(Exception):
     """Base of every error dygo raises on purpose."""
+
+
+class CodedError(DygoError):
+    """An error with a `code`, a `message`, `details`, and the HTTP status the API answers it with: the class's
+    `http_status`, unless given for the one error; `headers` go with that answer (Retry-After, Allow)."""
+
+    http_status: int = 400
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        details: object = None,
+        *,
+        http_status: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.code, self.message, self.details = code, message, details
+        if http_status is not None:
+            self.http_status = http_status
+        self.headers = dict(headers) if headers else None
+        super().__init__(message)
 
 
 class ConfigError(DygoError):
@@ -19,12 +51,16 @@ class SchemaError(DygoError):
     """The database schema is missing or older than this code."""
 
 
-class EnqueueError(DygoError):
-    """An enqueue request names an unknown kind or queue, or carries bad arguments or options."""
+class EnqueueError(CodedError):
+    """An enqueue request names an unknown kind or queue, or carries bad arguments or options (422)."""
 
-    def __init__(self, code: str, message: str, details: object = None) -> None:
-        self.code, self.details = code, details
-        super().__init__(message)
+    http_status = 422
+
+
+class EnqueueConflict(EnqueueError):
+    """The enqueue could not be decided now (an idempotency key kept changing hands); trying again can work (409)."""
+
+    http_status = 409
 
 
 # --- Handler outcomes -------------------------------------------------------------------------
@@ -67,20 +103,22 @@ class Snooze(DygoError):
 # --- Admin operations ---------------------------------------------------------------------------
 
 
-class AdminError(DygoError):
-    """An admin operation that cannot be done; `code` is machine-readable, the message says why."""
+class AdminError(CodedError):
+    """An admin operation that cannot be done; `code` is machine-readable, the message says why (422)."""
 
-    def __init__(self, code: str, message: str, details: object = None) -> None:
-        self.code, self.details = code, details
-        super().__init__(message)
+    http_status = 422
 
 
 class NotFound(AdminError):
-    """No such job or queue."""
+    """No such job, queue or schedule (404)."""
+
+    http_status = 404
 
 
 class Conflict(AdminError):
-    """The job or queue is not in a state that allows the operation."""
+    """The job or queue is not in a state that allows the operation (409)."""
+
+    http_status = 409
 
 
 class WaitTimeout(DygoError):
@@ -94,5 +132,30 @@ class WaitTimeout(DygoError):
 # --- The database connection ---------------------------------------------------------------------
 
 
-class DatabaseUnavailable(DygoError):
-    """DATABASE_URL is malformed, or the database cannot be reached. The message never holds the password."""
+class DatabaseUnavailable(CodedError):
+    """No database for this operation, and `reason` says why: "down" (unreachable, or refusing connections: an
+    outage, store/outage.py), "saturated" (a `dygo serve` process has more requests waiting for a connection
+    than its limits allow), or "invalid_url" (DATABASE_URL does not parse). The message never holds the
+    password. The API answers it with 503 `database_unavailable`, `details.reason`, and, given `retry_after`,
+    a Retry-After header."""
+
+    http_status = 503
+
+    def __init__(
+        self, message: str, reason: str = "down", cause: BaseException | None = None, retry_after: int | None = None
+    ) -> None:
+        self.reason, self.cause, self.retry_after = reason, cause, retry_after
+        headers = None if retry_after is None else {"Retry-After": str(retry_after)}
+        super().__init__("database_unavailable", message, {"reason": reason}, headers=headers)
+
+
+class StatementError(DygoError):
+    """A database error that is not an outage (store/outage.py is_outage): a privilege the role lacks, a table
+    or column this code expects and the database does not have, a value it refuses. Retrying the statement
+    gets the same answer, so a worker stops on it and exits 1, with this message: `where` (what the process
+    was doing) and the error's name, SQLSTATE and message. `cause` is the driver's error."""
+
+    def __init__(self, where: str, cause: BaseException) -> None:
+        self.where, self.cause = where, cause
+        self.sqlstate: str | None = getattr(cause, "sqlstate", None)
+        super().__init__(f"{where}: {describe(cause)}")

@@ -1,9 +1,13 @@
-"""One log line when a process loses the database, one when it is back, nothing in between.
+"""What counts as "the database is down" (`is_outage`), and one log line when a process loses the
+database, one when it is back, nothing in between (`OutageLog`).
 
 During an outage every loop of a worker (claim, settle, renew, maintenance, schedules, LISTEN)
-and every request of `serve` fails, each on its own retry timer. Logged one by one, a 30-second
-database restart buried the log in hundreds of identical warnings; an operator needs to know when
-it started, that the process is retrying, and how long it lasted.
+and every request of `serve` fails, each on its own retry timer. Logged one by one, a short
+database restart would bury the log in identical warnings; an operator needs to know when it
+started, that the process is retrying, and how long it lasted.
+
+An error that is not an outage is never logged here: retrying cannot cure it, so a worker stops on
+it (worker/runtime.py) and `serve` answers the request with an error and logs what it was.
 """
 
 from __future__ import annotations
@@ -12,11 +16,61 @@ import logging
 import threading
 import time
 
+import psycopg
+
 REMINDER_INTERVAL = 300.0  # a long outage is mentioned again this often, so it is not mistaken for a hang
 
 # The pool's own warnings (each failed reconnect, each broken connection discarded) repeat what
 # the outage lines say, once per connection and per attempt.
 logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+
+
+# SQLSTATE classes a server uses to say it cannot serve now, whatever the statement: 08 connection exception,
+# 53 insufficient resources (too many connections, out of memory, disk full), 57P operator intervention
+# (administrator or crash shutdown, cannot connect now, idle session timeout, database dropped).
+OUTAGE_SQLSTATES = ("08", "53", "57P")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether `exc` says the database cannot be used now (an outage: log it once, retry, stay up), rather
+    than that this statement cannot succeed as it is (anything else: a worker stops and exits 1).
+
+    An outage is:
+
+    * an `OSError`: the socket failed (refused, reset, timed out);
+    * a psycopg `OperationalError` without a SQLSTATE: libpq's own, for a connection attempt that failed
+      (no server there, or it refused the login), a connection lost in the middle of a statement or closed
+      already, or a connection pool that gave none in time (`psycopg_pool.PoolTimeout`);
+    * a server error of a class in OUTAGE_SQLSTATES: connection exception (08), insufficient resources
+      (53, among them too_many_connections), operator intervention (57P: admin_shutdown, crash_shutdown,
+      cannot_connect_now).
+
+    Anything else is not an outage, since the same statement would fail the same way: a privilege the
+    role lacks (`InsufficientPrivilege`), a table or column missing (`UndefinedTable`, `UndefinedColumn`:
+    the schema and the code do not match), a value or parameter refused (`DataError`,
+    `InvalidParameterValue`), a statement cancelled by a `statement_timeout` (`QueryCanceled`, 57014) or
+    a deadlock (40P01): dygo's statements neither wait long nor deadlock by design, so either says
+    the server's settings or dygo's statements need a look. So is a client-side error of psycopg
+    (`ProgrammingError`, `InterfaceError`: the driver used wrongly). A failed login is libpq's too and
+    has no SQLSTATE: a wrong password counts as an outage, with the server's reason in the lost line.
+    """
+    if isinstance(exc, OSError):
+        return True
+    if isinstance(exc, psycopg.OperationalError):
+        sqlstate = exc.sqlstate
+        return sqlstate is None or sqlstate.startswith(OUTAGE_SQLSTATES)
+    if isinstance(exc, psycopg.Error):
+        return (exc.sqlstate or "").startswith(OUTAGE_SQLSTATES)
+    return False
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the error: its type, its SQLSTATE when the server gave one, and the first line of its
+    message (`InsufficientPrivilege (SQLSTATE 42501): permission denied for table dygo_jobs`)."""
+    lines = str(exc).strip().splitlines()
+    sqlstate = getattr(exc, "sqlstate", None)
+    name = f"{type(exc).__name__} (SQLSTATE {sqlstate})" if sqlstate else type(exc).__name__
+    return f"{name}: {lines[0]}" if lines else name
 
 
 class OutageLog:
@@ -43,7 +97,7 @@ class OutageLog:
             elif now - self.reminded_at >= REMINDER_INTERVAL:
                 self.reminded_at = now
                 self.log.warning(
-                    "%s still unreachable after %.0fs (%s: %s)", self.what, now - self.down_since, where, _reason(exc)
+                    "%s still unreachable after %.0fs (%s: %s)", self.what, now - self.down_since, where, describe(exc)
                 )
                 return False
             else:
@@ -52,7 +106,7 @@ class OutageLog:
             "%s connection lost (%s: %s); retrying with backoff, logging again when it is back",
             self.what,
             where,
-            _reason(exc),
+            describe(exc),
         )
         return first
 
@@ -68,8 +122,3 @@ class OutageLog:
             self.down_since = None
         self.log.warning("%s connection back after %.1fs", self.what, lasted)
         return True
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -12,7 +12,9 @@ Nothing here keeps session state across transactions (no session advisory lock, 
 server-side prepared statement behind a transaction pooler: store.db.connect_kwargs), so every
 DATABASE_URL connection works through PgBouncer in transaction pooling mode.
 
-One lost/back line pair per outage for all services (store/outage.py).
+One lost/back line pair per outage for all services (store/outage.py). A database error that is not an
+outage (store/outage.py is_outage) is raised as a StatementError by `failed`: the service that hit it dies,
+and the worker stops (worker/runtime.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any
 
 import psycopg
 from dygo.store.db import connect_kwargs, direct_url, through_transaction_pooler
-from dygo.store.outage import OutageLog
+from dygo.store.errors import StatementError
+from dygo.store.outage import OutageLog, is_outage
 from dygo.worker.service import failure_backoff
 from psycopg_pool import AsyncConnectionPool
 
@@ -59,7 +62,9 @@ class Database:
         while True:
             try:
                 conn = await self.connect()
-            except (psycopg.OperationalError, OSError) as exc:
+            except (psycopg.Error, OSError) as exc:
+                if not is_outage(exc):
+                    raise StatementError("start-up: connecting to the database", exc) from exc
                 failures += 1
                 self.outage.lost("start-up: cannot reach the database", exc)
                 await asyncio.sleep(failure_backoff(failures))
@@ -80,7 +85,11 @@ class Database:
         assert self.listen_url is not None
         return await psycopg.AsyncConnection.connect(self.listen_url, **self.listen_options)
 
-    async def lost(self, where: str, exc: BaseException) -> None:
+    async def failed(self, where: str, exc: psycopg.Error | OSError) -> None:
+        """A statement of `where` failed. An outage is logged (once per outage) and the caller retries; any other
+        error cannot be cured by retrying, and is raised as a StatementError naming `where`."""
+        if not is_outage(exc):
+            raise StatementError(where, exc) from exc
         if self.outage.lost(where, exc):
             # The pool's idle connection died with the server; dropped now, it would fail once more
             # after the database is back, and be logged as a second outage.

@@ -1,7 +1,7 @@
 """The lease keeper: extends the leases of everything claimed and not yet settled, at half the TTL.
 
 If it stopped, leases would run out under running jobs and other workers would run them again: a
-lease keeper that dies on anything but a database error stops the worker (worker/runtime.py).
+lease keeper that dies on anything but an outage stops the worker (worker/runtime.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class LeaseKeeper:
                 held = await leases.renew(conn, jobs, self.ttl)
             await self.database.back()
         except (psycopg.Error, OSError) as exc:
-            await self.database.lost(f"renewing {len(jobs)} lease(s)", exc)
+            await self.database.failed(f"renewing {len(jobs)} lease(s)", exc)
             return
         for job in jobs:
             if job.id not in held and job.lease_token in self.leased:

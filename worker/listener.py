@@ -61,7 +61,7 @@ class Listener:
                             self.wake_queue(notify.payload)
             except (psycopg.Error, OSError) as exc:
                 self.listening.clear()
-                await self.database.lost(
+                await self.database.failed(
                     f"LISTEN connection (polling every {self.poll_interval:g}s until it is back)", exc
                 )
                 await asyncio.sleep(delay)

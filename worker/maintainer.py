@@ -37,8 +37,12 @@ class Heartbeat:
             await leases.heartbeat(conn, self.worker_id, socket.gethostname(), os.getpid(), self.queues)
 
     async def gone(self) -> None:
-        async with self.database.connection() as conn:
-            await leases.worker_gone(conn, self.worker_id)
+        """Remove the worker's row at its stop. In an outage it is left to age out of the list (STALE_AFTER)."""
+        try:
+            async with self.database.connection() as conn:
+                await leases.worker_gone(conn, self.worker_id)
+        except (psycopg.Error, OSError) as exc:
+            await self.database.failed("removing the worker's row", exc)
 
 
 # A pass looks at the deadlines from the database's clock when the previous one began, less this much: a
@@ -134,4 +138,4 @@ class Maintainer:
                 await self.retention.run_once()
             await self.database.back()
         except (psycopg.Error, OSError) as exc:
-            await self.database.lost("maintenance", exc)
+            await self.database.failed("maintenance", exc)

@@ -247,7 +247,7 @@ class Producer:
                     # it: a fresh one decides, at once, whether the database is really away.
                     continue
                 failures += 1
-                await self.database.lost(f"claim from queue(s) {', '.join(wanted)}", exc)
+                await self.database.failed(f"claim from queue(s) {', '.join(wanted)}", exc)
                 await wait_for_event(self.stopping, failure_backoff(failures))
 
     def _wanted(self) -> dict[str, int]:

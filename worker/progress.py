@@ -20,8 +20,7 @@ import time
 import psycopg
 from dygo.store import leases
 from dygo.store.leases import ClaimedJob, Progress
-from dygo.store.outage import OutageLog
-from psycopg_pool import AsyncConnectionPool
+from dygo.worker.database import Database
 
 INTERVAL = 1.0
 
@@ -29,9 +28,8 @@ INTERVAL = 1.0
 class ProgressWriter:
     name = "progress"
 
-    def __init__(self, pool: AsyncConnectionPool, leased: dict[str, ClaimedJob], outage: OutageLog) -> None:
-        self.pool = pool
-        self.outage = outage  # the worker's: a failed write during an outage is not logged once per second
+    def __init__(self, database: Database, leased: dict[str, ClaimedJob]) -> None:
+        self.database = database  # its outage log: a failed write during an outage is not logged once per second
         self.leased = leased  # the worker's claimed-and-not-settled jobs: their lease tokens fence the write
         # The latest report of each run, by lease token like the worker's leases, kept after it is written
         # until the run ends (take) so its settle can store it; `changed`: not written yet.
@@ -91,9 +89,9 @@ class ProgressWriter:
             if not jobs:
                 continue
             try:
-                async with self.pool.connection() as conn:
+                async with self.database.connection() as conn:
                     await leases.report_progress(conn, jobs)
-                self.outage.back()
+                await self.database.back()
             except (psycopg.Error, OSError) as exc:
-                # Progress is advisory: the next report carries the then-latest value anyway.
-                self.outage.lost(f"writing the progress of {len(jobs)} job(s)", exc)
+                # Progress is advisory: after an outage the next report carries the then-latest value anyway.
+                await self.database.failed(f"writing the progress of {len(jobs)} job(s)", exc)

@@ -10,22 +10,36 @@
 * settler       - record finished jobs, a batch per statement (worker/settler.py)
 * timings       - append latency/duration histogram counts for /metrics (worker/timings_writer.py)
 
-A service handles database and OS errors itself (one lost/back pair per outage). One that ends on
-anything else is a defect: it is logged by name, and the worker stops as on SIGTERM (in-flight jobs
-finish or are handed back) and exits 1, so its process manager starts a fresh one (not a restart in
-place: a fresh process starts from the database, not from the state that made the service die).
+A service rides out a database outage itself: the database unreachable, connections refused or cut
+(store/outage.py is_outage). It logs one lost/back pair per outage for the whole worker, retries, and the
+worker stays up. Anything else that ends a service stops the worker:
+
+* a database error that is not an outage: a privilege the role lacks, a column missing after a bad
+  deploy, a value refused. Retrying would get the same answer; it is logged in one line naming the
+  service, what it was doing, and the error's name, SQLSTATE and message (never as a lost connection);
+* any other exception: a defect, logged with the service's name and its traceback.
+
+The worker then stops as on SIGTERM (in-flight jobs finish or are handed back) and exits 1, so its
+process manager starts a fresh one (not a restart in place: a fresh process starts from the database,
+not from the state that made the service die) and the operator reads why in the log. The same errors at
+start (a privilege the start-up statements need) end the process with that one line and exit 1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import psycopg
 from dygo.store import leases, limits
 from dygo.store.config import Settings
+from dygo.store.errors import StatementError
 from dygo.store.leases import ClaimedJob
+from dygo.store.outage import describe, is_outage
 from dygo.store.registry import Registry
 from dygo.worker.capacity import Capacity
 from dygo.worker.database import Database
@@ -60,7 +74,7 @@ class Worker:
             for name, n in options.queues.items()
         }
         self.capacity = Capacity(jobs.concurrency_caps(settings.default_concurrency), options.max_concurrency)
-        self.progress = ProgressWriter(self.database.pool, leased, self.database.outage)
+        self.progress = ProgressWriter(self.database, leased)
         self.settler = Settler(
             self.database,
             leased,
@@ -111,13 +125,15 @@ class Worker:
             self.timings,
         ]
         self.died: list[str] = []  # services that ended on an unexpected error
+        self.last_write_failed = False  # a last write of the stop failed on a database error (_last)
+        self.said: set[str] = set()  # the database errors logged as a service's death: not said again at the stop
         self.ready = False  # services running and, unless polling only, listening (Worker.Ready in the seed)
 
     async def run(self) -> int:
         await self.database.wait_until_reachable()
         await self.database.pool.open(wait=True, timeout=30)
         try:
-            async with self.database.connection() as conn:
+            async with starting("checking the schema and syncing the limits"), self.database.connection() as conn:
                 await leases.check_schema(conn)
                 # Before the first claim, so it claims under the file's limits (store/limits.py sync).
                 await limits.sync(conn, self.settings.limits)
@@ -165,9 +181,11 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
-        await self.heartbeat.run_once()
+        async with starting("writing the worker's heartbeat row"):
+            await self.heartbeat.run_once()
         if self.options.cron:
-            await self.scheduler.sync()
+            async with starting("syncing the schedules"):
+                await self.scheduler.sync()
         # Everything imported and built so far lives as long as the process: keep it out of the
         # collector's full passes, which would otherwise walk it and stall the loop for milliseconds.
         gc.freeze()
@@ -200,9 +218,9 @@ class Worker:
         for task in tasks[1:]:
             task.cancel()
         await asyncio.gather(*tasks[1:], return_exceptions=True)
-        await self.settler.flush()
-        await self.timings.flush()
-        await self.heartbeat.gone()
+        await self._last(self.settler.flush)
+        await self._last(self.timings.flush)
+        await self._last(self.heartbeat.gone)
         await self.database.back()  # a statement ran: an outage still open at the stop ended (one back line)
         if self.options.ready_file is not None:
             self.options.ready_file.unlink(missing_ok=True)
@@ -213,6 +231,13 @@ class Worker:
                 event="stopped",
                 worker=self.id,
                 died=self.died,
+            )
+            return EXIT_SERVICE_DIED
+        if self.last_write_failed:
+            say(
+                f"dygo worker {self.id} stopped: a last write failed (see the log); exit {EXIT_SERVICE_DIED}",
+                event="stopped",
+                worker=self.id,
             )
             return EXIT_SERVICE_DIED
         say(f"dygo worker {self.id} stopped", event="stopped", worker=self.id)
@@ -250,13 +275,44 @@ class Worker:
         if error is None and self.producer.stopping.is_set():
             return
         self.died.append(task.get_name())
-        log.error(
-            "worker service %s died (%s); stopping the worker so its process manager starts a fresh one",
-            task.get_name(),
-            f"{type(error).__name__}: {error}" if error else "its loop returned",
-            exc_info=error,
-        )
+        if isinstance(error, StatementError):
+            self.said.add(describe(error.cause))
+            log.error(
+                "worker service %s died on a database error that is not an outage (%s); stopping the worker so "
+                "its process manager starts a fresh one",
+                task.get_name(),
+                error,
+            )
+        else:
+            log.error(
+                "worker service %s died (%s); stopping the worker so its process manager starts a fresh one",
+                task.get_name(),
+                f"{type(error).__name__}: {error}" if error else "its loop returned",
+                exc_info=error,
+            )
         self.stop()
+
+    async def _last(self, write: Callable[[], Awaitable[None]]) -> None:
+        """One of the stop's last writes. A database error there that is not an outage is said in one line (unless
+        a service died of the same one), and the worker exits 1; the other last writes still run."""
+        try:
+            await write()
+        except StatementError as error:
+            self.last_write_failed = True
+            if describe(error.cause) not in self.said:
+                log.error("worker stop: a last write failed on a database error that is not an outage (%s)", error)
 
     def stop(self) -> None:
         self.producer.stop()
+
+
+@contextlib.asynccontextmanager
+async def starting(where: str) -> AsyncIterator[None]:
+    """A start-up step: a database error that is not an outage is raised as a StatementError naming the step
+    (the CLI prints it in one line and exits 1); an outage is raised as it is."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if is_outage(exc):
+            raise
+        raise StatementError(f"start-up: {where}", exc) from exc

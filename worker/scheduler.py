@@ -69,12 +69,10 @@ class Scheduler:
                 if due_in is not None:
                     # Due yet not fired: another worker holds it this instant; look again shortly.
                     wait = min(wait, due_in + 0.005 if due_in > 0 else LOCKED_RETRY)
-            except (psycopg.OperationalError, OSError) as exc:
+            except (psycopg.Error, OSError) as exc:
+                # A schedule that cannot fire (its args, its spec) is recorded on it by fire_due; what ends up
+                # here is the database's: an outage is retried, anything else stops the worker.
                 failures += 1
                 wait = failure_backoff(failures)
-                await self.database.lost("firing schedules", exc)
-            except Exception as exc:  # noqa: BLE001 - one bad fire must not stop every schedule for good
-                failures += 1
-                wait = failure_backoff(failures)
-                log.warning("firing schedules failed (%s); retrying in %.1fs", exc, wait)
+                await self.database.failed("firing schedules", exc)
             await wait_for_event(self.changed, wait)

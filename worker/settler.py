@@ -61,7 +61,9 @@ class Settler:
             await asyncio.shield(self.flush())
 
     async def flush(self) -> None:
-        """Settle everything in the outbox; on a database error keep it and retry (leases cover it)."""
+        """Settle everything in the outbox; in an outage keep it and retry (leases cover it). Any other database
+        error is raised (Database.failed): the batch stays in the outbox, its leases run out, and another
+        worker recovers its jobs."""
         async with self.flushing:
             await self._flush_outbox()
 
@@ -80,7 +82,7 @@ class Settler:
                     self.refill(kept)
                 await self.database.back()
             except (psycopg.Error, OSError) as exc:
-                await self.database.lost(f"settling {len(batch)} job(s)", exc)
+                await self.database.failed(f"settling {len(batch)} job(s)", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue

@@ -36,8 +36,9 @@ class TimingsWriter:
                 await timings.record(conn, deltas)
             await self.database.back()
         except (psycopg.Error, OSError) as exc:
-            # Metrics, not jobs: never worth failing a worker for, nor its shutdown. Logged like any other
-            # lost connection, once per outage, not once per flush.
-            await self.database.lost("recording timings (kept for the next flush)", exc)
+            # An outage is logged like any other, once per outage, not once per flush; metrics are not worth
+            # a worker's shutdown waiting for the database. Any other error is raised: the next flush would
+            # fail the same way.
+            await self.database.failed("recording timings (kept for the next flush)", exc)
             return
         self.stats.timings.mark_flushed(deltas)
