@@ -25,6 +25,7 @@ from dygo.store.errors import EnqueueError
 from dygo.store.registry import Registry, registry
 
 PRIORITY_RANGE = (-1000, 1000)
+ATTEMPTS_RANGE = (1, 1000)  # max_attempts
 MAX_KEY_LENGTH = 255
 # PostgreSQL text and jsonb cannot hold a NUL character, and UTF-8 cannot encode an unpaired surrogate:
 # refused here with the field named, instead of failing inside the driver or the server.
@@ -108,9 +109,14 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     # default) at the first lease, so a producer that does not import the kind cannot stamp the wrong one.
     max_attempts = request.max_attempts
     if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not ATTEMPTS_RANGE[0] <= max_attempts <= ATTEMPTS_RANGE[1]
     ):
-        raise EnqueueError("invalid_option", f"max_attempts must be an integer from 1 to 1000, got {max_attempts!r}")
+        raise EnqueueError(
+            "invalid_option",
+            f"max_attempts must be an integer from {ATTEMPTS_RANGE[0]} to {ATTEMPTS_RANGE[1]}, got {max_attempts!r}",
+        )
 
     if request.run_at is not None and request.delay is not None:
         raise EnqueueError("invalid_option", "give run_at or delay, not both")
