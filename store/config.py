@@ -2,6 +2,11 @@
 
 Every error names the file, the entry and the rule it breaks, and is raised before any
 database work so the CLI can exit 2 with a message a person can act on.
+
+The settings of dygo.yml are declared once, as a pydantic model (`FileSettings`) whose field types are the
+rules; the CLI's flags (dygo/cli.py) and the environment variables for the same values take the same types,
+and the API's document takes its duration and rate patterns from the same grammars (store/durations.py,
+RATE_PATTERN below).
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
 import yaml
-from annotated_types import Ge, Gt
 from dygo.store.durations import numbers_up_to, parse_duration
 from dygo.store.errors import ConfigError
 from pydantic import (
@@ -25,6 +29,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    PositiveInt,
     SkipValidation,
     Strict,
     TypeAdapter,
@@ -140,10 +145,10 @@ class Rule:
     text: str
 
 
-PositiveCount = Annotated[int, Strict(), Gt(0), Rule("must be an integer greater than 0")]
+PositiveCount = Annotated[PositiveInt, Strict(), Rule("must be an integer greater than 0")]
 MIN_SERVE_POOL_SIZE = 2  # one connection for the API's hot paths, one for everything else
 PoolSize = Annotated[
-    int, Strict(), Ge(MIN_SERVE_POOL_SIZE), Rule(f"must be an integer of at least {MIN_SERVE_POOL_SIZE}")
+    int, Strict(), Field(ge=MIN_SERVE_POOL_SIZE), Rule(f"must be an integer of at least {MIN_SERVE_POOL_SIZE}")
 ]
 Switch = Annotated[bool, Strict(), Rule("must be true or false")]
 
@@ -156,7 +161,7 @@ def _not_a_flag(value: Any) -> Any:
     return value
 
 
-ByteCount = Annotated[ByteSize, BeforeValidator(_not_a_flag), Gt(0), AfterValidator(int), _SIZE]
+ByteCount = Annotated[ByteSize, BeforeValidator(_not_a_flag), Field(gt=0), AfterValidator(int), _SIZE]
 
 
 def _duration(value: Any) -> float:
