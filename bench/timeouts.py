@@ -6,8 +6,8 @@
 No database, no worker: the timeout alone, in the shape the executor gives it. Each "job" is a coroutine that
 suspends once (as a handler awaiting anything does) and returns, run under a 300-second timeout; `--in-flight`
 of them run at once, so that many timers are armed together, as in a worker at that concurrency. Per job it
-prints the time over the same jobs run without a timeout (the cost of the timeout alone), median over the
-rounds, for:
+prints this process's CPU time over the same jobs run without a timeout (the cost of the timeout alone), median
+over the rounds, for:
 
 * `asyncio.timeout`: `async with asyncio.timeout(seconds): await call`;
 * `timer per call`: worker/deadlines.py `within` (the services' waits): asyncio.timeout's accounting, one
@@ -60,16 +60,17 @@ def variants() -> dict[str, Callable[[], Timed]]:
 
 
 async def run_jobs(timed: Timed, jobs: int, in_flight: int) -> float:
-    """Seconds to run `jobs` jobs, `in_flight` at once, each under `timed`."""
+    """CPU seconds of this process to run `jobs` jobs, `in_flight` at once, each under `timed` (CPU time, not
+    wall time: other processes on the machine do not count)."""
     each, left = divmod(jobs, in_flight)
 
     async def lane(count: int) -> None:
         for _ in range(count):
             await timed(handler(), TIMEOUT)
 
-    started = time.perf_counter()
+    started = time.process_time()
     await asyncio.gather(*(lane(each + (i < left)) for i in range(in_flight)))
-    return time.perf_counter() - started
+    return time.process_time() - started
 
 
 def measure(in_flight: int, jobs: int, rounds: int) -> dict[str, float]:
