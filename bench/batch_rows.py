@@ -11,8 +11,8 @@ goes through `store.enqueue.prepare` as `aenqueue_many` does, then its rows are 
 * `json.dumps`: one `json.dumps` of the row objects, so the args and meta are parsed back and encoded again
   (json.dumps cannot take JSON text as a value).
 
-It prints this process's CPU µs per job of each, median over the rounds, beside `prepare`'s own µs per job (what the batch costs
-this process before the encoding).
+It prints this process's CPU µs per job of each, median over the rounds, beside `prepare`'s own µs per job
+(what the batch costs this process before the encoding).
 """
 
 from __future__ import annotations
