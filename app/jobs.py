@@ -46,8 +46,8 @@ def api_duration(value: str, field: str, pattern: str = DURATION_PATTERN) -> str
         raise ApiError(
             422,
             "invalid_duration",
-            f"{field}: {value!r} is not a duration this API takes: a whole "
-            "number with a unit, ms, s, m, h or d, at most a year (e.g. '30s', '5m', '7d')"
+            f"{field}: {value!r} is not a duration this API takes: a "
+            "number with a unit, ms, s, m, h or d, at most a year (e.g. '30s', '1.5h', '7d')"
             + (" and more than 0" if pattern == POSITIVE_DURATION_PATTERN else ""),
             {"field": field},
         )
@@ -282,7 +282,7 @@ def _wait_seconds(wait: str | None) -> float:
         raise ApiError(
             422,
             "invalid_duration",
-            f"wait: {wait!r} is not a wait this API takes: a whole number with "
+            f"wait: {wait!r} is not a wait this API takes: a number with "
             "a unit, ms, s or m, at most 60s (e.g. '30s', '500ms')",
             {"field": "wait", "max_seconds": MAX_WAIT},
         )

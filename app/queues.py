@@ -142,7 +142,7 @@ def vacuum_dead(
         Query(
             max_length=32,
             json_schema_extra={"pattern": DURATION_PATTERN},
-            description="e.g. '7d', '12h', '30m' or seconds (a whole number)",
+            description="e.g. '7d', '12h', '30m' or seconds",
         ),
     ],
 ) -> dict[str, Any]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
-from dygo.store.config import parse_rate
+from dygo.store.config import MAX_CONCURRENCY_LIMIT, MAX_RATE_COUNT, RATE_PATTERN, parse_rate
+from dygo.store.durations import MAX_SECONDS, duration_pattern
+from dygo.store.enqueue import ATTEMPTS_RANGE, MAX_KEY_LENGTH, PRIORITY_RANGE
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -22,18 +23,14 @@ from pydantic_core import PydanticCustomError
 
 JobState = Literal["scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled"]
 
-# What the API takes as a duration in a string (a query parameter, delay, idempotency_ttl): a whole number
-# and a unit, at most a year (the limit of each unit's digits keeps it there). The document says so, and
-# app.jobs.api_duration refuses anything else with 422 invalid_duration, so the two agree exactly.
-_AMOUNT = (
-    "(?:[1-9][0-9]{0,9}ms|[1-9][0-9]{0,6}s?|[1-9][0-9]{0,4}m|[1-9][0-9]{0,2}h"
-    "|(?:[1-9][0-9]?|[12][0-9]{2}|3[0-5][0-9]|36[0-6])d)"
-)
-DURATION_PATTERN = f"^(?:0(?:ms|s|m|h|d)?|{_AMOUNT})$"
-POSITIVE_DURATION_PATTERN = f"^{_AMOUNT}$"
-# `?wait=`: at most 60 seconds.
-WAIT_PATTERN = "^(?:0(?:ms|s|m)?|[1-9][0-9]{0,3}ms|[1-5][0-9]{4}ms|60000ms|[1-9]s?|[1-5][0-9]s?|60s?|1m)$"
-MAX_DURATION_SECONDS = 366 * 86400
+# What the API takes as a duration in a string (a query parameter, delay, idempotency_ttl): config's own
+# grammar (store/durations.py), at most a year. The document states it as the pattern the grammar writes of
+# itself, and app.jobs.api_duration refuses anything else with 422 invalid_duration, so the two agree exactly.
+DURATION_PATTERN = duration_pattern()
+POSITIVE_DURATION_PATTERN = duration_pattern(positive=True)
+# `?wait=`: at most 60 seconds, in units that hold 60 seconds a whole number of times.
+WAIT_PATTERN = duration_pattern(most=60, units=("ms", "s", "m"))
+MAX_DURATION_SECONDS = MAX_SECONDS
 
 # --- enqueue ---------------------------------------------------------------------------------------
 # Rules store.enqueue enforces (with its own error codes), written into the document only: the
@@ -102,8 +99,8 @@ class EnqueueOptions(BaseModel):
     # Strict: JSON true is not 1, and "5" is not a number.
     priority: WholeNumber | None = Field(
         None,
-        description="Higher runs first; -1000 to 1000 (default: the kind's)",
-        json_schema_extra=_documented_range(-1000, 1000),
+        description=f"Higher runs first; {PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]} (default: the kind's)",
+        json_schema_extra=_documented_range(*PRIORITY_RANGE),
     )
     run_at: Timestamp | None = Field(None, description="When to run: an ISO 8601 timestamp with a timezone")
     delay: StrictStr | StrictInt | StrictFloat | None = Field(
@@ -114,8 +111,8 @@ class EnqueueOptions(BaseModel):
     )
     max_attempts: WholeNumber | None = Field(
         None,
-        json_schema_extra=_documented_range(1, 1000),
-        description="1 to 1000 (default: the kind's, else the configured one, "
+        json_schema_extra=_documented_range(*ATTEMPTS_RANGE),
+        description=f"{ATTEMPTS_RANGE[0]} to {ATTEMPTS_RANGE[1]} (default: the kind's, else the configured one, "
         "resolved by the worker at the first lease)",
     )
     meta: dict[str, str] = Field(default_factory=dict, description="String map handed to the handler as ctx.meta")
@@ -123,8 +120,8 @@ class EnqueueOptions(BaseModel):
         None,
         description="While a live job (pending, scheduled, active, paused) "
         "holds this key, the enqueue returns that job instead (200, deduplicated). "
-        "1 to 255 characters",
-        json_schema_extra=_documented_length(1, 255),
+        f"1 to {MAX_KEY_LENGTH} characters",
+        json_schema_extra=_documented_length(1, MAX_KEY_LENGTH),
     )
     idempotency_ttl: StrictStr | StrictInt | StrictFloat | None = Field(
         None,
@@ -257,23 +254,15 @@ class FlowLimitList(BaseModel):
     limits: list[FlowLimit]
 
 
-# A rate limit the API takes: N/s, N/m or N/h with N from 1 to config.MAX_RATE_COUNT (10^9), ASCII only. The
-# schema states it as this pattern; the validator checks the same pattern and, when it fails, answers with
-# the config file's message for the rule broken (store/config.py parse_rate), naming the field. A `pattern=`
-# constraint would answer "String should match pattern ..." instead.
-RATE_LIMIT_PATTERN = r"^ *0*([1-9][0-9]{0,8}|1000000000) */ *[smh] *$"
-
-
-def _rate_limit(value: Any) -> Any:
-    if isinstance(value, str) and not re.fullmatch(RATE_LIMIT_PATTERN, value):
-        try:
-            parse_rate(value)
-        except ValueError as exc:
-            raise PydanticCustomError("rate_limit_invalid", str(exc)) from None
-        raise PydanticCustomError(
-            "rate_limit_invalid",
-            f'rate_limit {value!r} must be a count per unit: "100/s", "600/m" or "10000/h" (ASCII digits and spaces)',
-        )
+# A rate limit the API takes: config's rate grammar (store/config.py parse_rate), N/s, N/m or N/h with N from 1
+# to MAX_RATE_COUNT. The schema states it as RATE_PATTERN, the same language; a refusal is the config file's
+# message for the rule broken, naming the field (a `pattern=` constraint would answer "String should match
+# pattern ..." instead).
+def _rate_limit(value: str) -> str:
+    try:
+        parse_rate(value)
+    except ValueError as exc:
+        raise PydanticCustomError("rate_limit_invalid", str(exc)) from None
     return value
 
 
@@ -281,15 +270,17 @@ RateLimit = Annotated[
     str,
     Field(max_length=32),
     AfterValidator(_rate_limit),
-    WithJsonSchema({"type": "string", "maxLength": 32, "pattern": RATE_LIMIT_PATTERN}),
+    WithJsonSchema({"type": "string", "maxLength": 32, "pattern": RATE_PATTERN}),
 ]
 
 
 class FlowLimitChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    concurrency_limit: int | None = Field(None, ge=1, le=1_000_000, description="null: no concurrency limit")
+    concurrency_limit: int | None = Field(
+        None, ge=1, le=MAX_CONCURRENCY_LIMIT, description="null: no concurrency limit"
+    )
     rate_limit: RateLimit | None = Field(
-        None, description="N/s, N/m or N/h, N from 1 to 1,000,000,000; null: no rate limit"
+        None, description=f"N/s, N/m or N/h, N from 1 to {MAX_RATE_COUNT:,}; null: no rate limit"
     )
     key: str | None = Field(
         None,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,18 @@ import psycopg
 
 from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, flush_then_exit, resolve_log_format
 from dygo.store.admin import STATES
-from dygo.store.config import ENVIRONMENTS, POOL_SIZE_ENV, Settings, load_settings, resolve_env
+from dygo.store.config import (
+    ENVIRONMENTS,
+    POOL_SIZE_ENV,
+    Duration,
+    PoolSize,
+    PositiveCount,
+    PositiveDuration,
+    Settings,
+    checked_text,
+    load_settings,
+    resolve_env,
+)
 from dygo.store.durations import parse_duration
 from dygo.store.errors import AdminError, ConfigError, DatabaseUnavailable, SchemaError, StatementError
 from dygo.store.outage import describe, is_outage
@@ -25,37 +36,25 @@ from dygo.store.outage import describe, is_outage
 EXIT_USAGE = 2
 
 
-def duration(text: str) -> float:
-    try:
-        return parse_duration(text, field="value")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def flag_type(annotation: Any, name: str) -> Callable[[str], Any]:
+    """argparse's `type` for a flag whose value follows one of the settings' rules (store/config.py): the same
+    check and the same words as in config/dygo.yml, with the text given."""
+
+    def check(text: str) -> Any:
+        try:
+            return checked_text(annotation, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    check.__name__ = name
+    return check
 
 
-def positive_duration(text: str) -> float:
-    seconds = duration(text)
-    if seconds <= 0:
-        # 0 made the worker poll in a busy loop (half a core on an idle queue).
-        raise argparse.ArgumentTypeError(f"must be a duration greater than 0 such as 500ms or 60s, got {text!r}")
-    return seconds
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be an integer greater than 0, got {text!r}")
-    return value
-
-
-def pool_size(text: str) -> int:
-    from dygo.store.config import MIN_SERVE_POOL_SIZE
-
-    if not text.isdigit() or int(text) < MIN_SERVE_POOL_SIZE:
-        raise argparse.ArgumentTypeError(f"must be an integer of at least {MIN_SERVE_POOL_SIZE}, got {text!r}")
-    return int(text)
+duration = flag_type(Duration, "duration")
+# Not 0: a zero poll interval makes the worker poll in a busy loop.
+positive_duration = flag_type(PositiveDuration, "positive_duration")
+positive_int = flag_type(PositiveCount, "positive_int")
+pool_size = flag_type(PoolSize, "pool_size")
 
 
 WEB_CONCURRENCY_ENV = "WEB_CONCURRENCY"
@@ -66,9 +65,11 @@ def web_concurrency() -> int:
     raw = os.environ.get(WEB_CONCURRENCY_ENV, "").strip()
     if not raw:
         return 1
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(WEB_CONCURRENCY_ENV, "environment", f"must be an integer of at least 1, got {raw!r}")
-    return int(raw)
+    try:
+        processes: int = checked_text(PositiveCount, raw)
+    except ValueError as exc:
+        raise ConfigError(WEB_CONCURRENCY_ENV, "environment", str(exc)) from None
+    return processes
 
 
 def port_number(text: str) -> int:
@@ -338,7 +339,7 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     from dygo.store.loading import load_jobs
 
     if args.pool_size:
-        settings = dataclasses.replace(settings, serve_pool_size=args.pool_size)
+        settings = settings.model_copy(update={"serve_pool_size": args.pool_size})
     processes = web_concurrency()
     jobs = load_jobs(settings)
     check_kinds(settings.limits, jobs, str(settings.config_dir / "queues.yml"))

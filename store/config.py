@@ -2,19 +2,40 @@
 
 Every error names the file, the entry and the rule it breaks, and is raised before any
 database work so the CLI can exit 2 with a message a person can act on.
+
+The settings of dygo.yml are declared once, as a pydantic model (`FileSettings`) whose field types are the
+rules; the CLI's flags (dygo/cli.py) and the environment variables for the same values take the same types,
+and the API's document takes its duration and rate patterns from the same grammars (store/durations.py,
+RATE_PATTERN below).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
 import yaml
-from dygo.store.durations import parse_duration
+from dygo.store.durations import numbers_up_to, parse_duration
 from dygo.store.errors import ConfigError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ByteSize,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    PositiveInt,
+    SkipValidation,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+)
+from pydantic_core import ErrorDetails
 
 KEBAB_CASE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 ENVIRONMENTS = ("development", "test", "production")
@@ -33,17 +54,22 @@ class Queue:
     concurrency: int
 
 
-RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
 _KEY_PATH = re.compile(r"^meta\.([A-Za-z0-9_.-]+)$")
 LIMIT_KEYS = ("concurrency_limit", "rate_limit", "key")
-MAX_RATE_COUNT = 1_000_000_000  # a PostgreSQL integer holds it; beyond, say "N/s" instead of "N/h"
 MAX_CONCURRENCY_LIMIT = 1_000_000
+
+# The one rate grammar: a count of starts, a slash and a unit (s, m or h), with optional spaces or tabs around
+# each; the count from 1 to MAX_RATE_COUNT. `parse_rate` reads it, RATE_PATTERN is the same language as a
+# regular expression (the API's document states it), and tests/test_config.py proves the two agree.
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_RATE_COUNT = 1_000_000_000  # a PostgreSQL integer holds it; beyond, say "N/s" instead of "N/h"
+_RATE = re.compile(r"^[ \t]*([0-9]+)[ \t]*/[ \t]*([smh])[ \t]*$")
+RATE_PATTERN = rf"^[ \t]*0*{numbers_up_to(MAX_RATE_COUNT)}[ \t]*/[ \t]*[smh][ \t]*$"
 
 
 def parse_rate(value: Any) -> tuple[int, float]:
     """A rate limit such as "100/s", "600/m" or "10000/h": (starts, window in seconds)."""
-    match = _RATE.match(value) if isinstance(value, str) else None
+    match = _RATE.fullmatch(value) if isinstance(value, str) else None
     if not match:
         raise ValueError(f'rate_limit {value!r} must be a count per unit: "100/s", "600/m" or "10000/h"')
     count = int(match.group(1))
@@ -55,8 +81,10 @@ def parse_rate(value: Any) -> tuple[int, float]:
 
 
 def parse_concurrency_limit(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"concurrency_limit must be an integer greater than 0, got {value!r}")
+    try:
+        value = checked(PositiveCount, value)
+    except ValueError as exc:
+        raise ValueError(f"concurrency_limit {exc}") from None
     if value > MAX_CONCURRENCY_LIMIT:
         raise ValueError(f"concurrency_limit must be at most {MAX_CONCURRENCY_LIMIT:,}, got {value!r}")
     return value
@@ -104,84 +132,47 @@ def _limit(source: str, label: str, scope: str, name: str, entry: dict[str, Any]
     return Limit(scope, name, concurrency, rate.strip() if rate is not None else None, key)
 
 
+# --- the rules settings, flags and API fields share --------------------------------------------------
+# Each rule is an annotated type: what pydantic checks, and a Rule saying it in words. A refusal names the
+# rule with the value given ("must be an integer greater than 0, got 0"), whether the value came from
+# config/dygo.yml, a flag (dygo/cli.py) or the environment.
+
+
 @dataclass(frozen=True)
-class Settings:
-    """Everything the store, worker and service read from config, with their defaults."""
+class Rule:
+    """What a value must be, in the words every refusal of it uses."""
 
-    config_dir: Path
-    queues: dict[str, Queue]
-    env: str = "development"
-    # Cluster-wide concurrency and rate limits from config/queues.yml (queue entries and `kinds:`).
-    limits: tuple[Limit, ...] = ()
-    job_modules: tuple[str, ...] = ("jobs",)
-    lease_ttl: float = 30.0
-    max_reaps: int = 3
-    default_timeout: float = 300.0
-    default_max_attempts: int = 20
-    claim_batch_size: int = 100
-    # A worker claims beyond a queue's free slots what they would run in this many seconds at the pace of its
-    # recent jobs (worker/ahead.py); 0 claims only for free slots.
-    claim_ahead: float = 0.005
-    max_batch_size: int = 1000  # jobs in one POST /api/v1/jobs/batch
-    max_payload_bytes: int = 1024 * 1024  # request bodies above this are refused with 413
-    max_result_bytes: int = 64 * 1024  # a handler's result above this (as JSON) is stored as a note instead
-    # (role, token) pairs for the API, from config/dygo.yml and DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN.
-    # Kept out of repr so a logged Settings never shows a token.
-    api_tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    # Host header names `dygo serve` answers besides the address it is bound to (app/guard.py): from
-    # config/dygo.yml and DYGO_ALLOWED_HOSTS. `.example.com` is that domain and its subdomains; `*` any.
-    allowed_hosts: tuple[str, ...] = ()
-    # Wrong tokens from one client address within the window before it is locked out (app/throttle.py).
-    failed_token_limit: int = 5
-    failed_token_window: float = 300.0
-    data_dir: Path = field(default_factory=lambda: Path(".dygo"))
-    # Retention, in seconds; 0 keeps those rows forever. Trimmed by workers (store/maintenance.py).
-    completed_retention: float = 24 * 3600.0  # succeeded jobs, after they finished
-    dead_retention: float = 30 * 86400.0
-    cancelled_retention: float = 30 * 86400.0
-    stats_retention: float = 90 * 86400.0  # daily stats rows, by their day
-    retention_interval: float = 60.0  # how often one worker of the cluster trims
-    # Database connections each `dygo serve` process may hold for requests (its LISTEN connection for
-    # `?wait=` comes on top): DYGO_SERVE_POOL_SIZE, else serve_pool_size in dygo.yml, else this.
-    serve_pool_size: int = 10
-    cron: bool = True  # this worker fires due schedules (`cron: false` or `dygo worker --no-cron`: it does not)
-    # Per-worker caps (worker/capacity.py): the most jobs of one kind a worker process runs at once, for kinds
-    # whose @job sets no concurrency, and the most of all kinds together (--max-concurrency). None: no cap.
-    default_concurrency: int | None = None
-    max_concurrency: int | None = None
-
-    @property
-    def queue_names(self) -> list[str]:
-        return list(self.queues)
-
-    @property
-    def concurrency(self) -> dict[str, int]:
-        """Each configured queue's concurrency, in queues.yml order (what store.admin.list_queues takes)."""
-        return {name: queue.concurrency for name, queue in self.queues.items()}
+    text: str
 
 
-# Keys of config/dygo.yml: name -> (parser, rule shown when it fails)
-def _positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError("must be an integer greater than 0")
+PositiveCount = Annotated[PositiveInt, Strict(), Rule("must be an integer greater than 0")]
+MIN_SERVE_POOL_SIZE = 2  # one connection for the API's hot paths, one for everything else
+PoolSize = Annotated[
+    int, Strict(), Field(ge=MIN_SERVE_POOL_SIZE), Rule(f"must be an integer of at least {MIN_SERVE_POOL_SIZE}")
+]
+Switch = Annotated[bool, Strict(), Rule("must be true or false")]
+
+_SIZE = Rule("must be a size greater than 0: bytes, or a number with a unit such as KB, KiB, MB or MiB (e.g. '1MiB')")
+
+
+def _not_a_flag(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"{_SIZE.text}, got {value!r}")
     return value
+
+
+ByteCount = Annotated[ByteSize, BeforeValidator(_not_a_flag), Field(gt=0), AfterValidator(int), _SIZE]
+
+
+def _duration(value: Any) -> float:
+    return parse_duration(value, field="value")
 
 
 def _positive_duration(value: Any) -> float:
     seconds = parse_duration(value, field="value")
     if seconds <= 0:
-        raise ValueError("must be a duration greater than 0")
+        raise ValueError(f"must be a duration greater than 0 such as 500ms or 60s, got {value!r}")
     return seconds
-
-
-def _boolean(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError("must be true or false")
-    return value
-
-
-def _duration(value: Any) -> float:
-    return parse_duration(value, field="value")
 
 
 def _retention(value: Any) -> float:
@@ -192,32 +183,17 @@ def _retention(value: Any) -> float:
         raise ValueError(f"{exc} (a retention is a duration such as '24h' or '30d', or 0 to keep forever)") from None
 
 
+Duration = Annotated[float, PlainValidator(_duration)]  # store/durations.py's grammar: 0 to a year
+PositiveDuration = Annotated[float, PlainValidator(_positive_duration)]
+Retention = Annotated[float, PlainValidator(_retention)]
+
+
 def _module_list(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
         raise ValueError("must be a module name or a non-empty list of module names")
     return tuple(value)
-
-
-_BYTE_UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2}
-_BYTE_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$")
-
-
-def _byte_size(value: Any) -> int:
-    """Bytes: an integer, or a number with a unit (B, KB, KiB, MB, MiB), e.g. '1MiB'."""
-    if isinstance(value, bool):
-        raise ValueError("must be a size like 1048576 or '1MiB'")
-    if isinstance(value, int):
-        size = value
-    else:
-        match = _BYTE_SIZE.match(str(value).lower())
-        if not match or match.group(2) not in _BYTE_UNITS:
-            raise ValueError(f"{value!r} is not a size; use bytes or a unit: B, KB, KiB, MB, MiB (e.g. '1MiB')")
-        size = int(match.group(1)) * _BYTE_UNITS[match.group(2)]
-    if size <= 0:
-        raise ValueError("must be a size greater than 0")
-    return size
 
 
 def _token_list(value: Any, source: str) -> list[str]:
@@ -246,15 +222,6 @@ def _host_names(value: Any) -> tuple[str, ...]:
     return tuple(name.strip().lower() for name in names)
 
 
-def hosts_from_env() -> tuple[str, ...]:
-    """Host names from DYGO_ALLOWED_HOSTS, comma-separated."""
-    raw = [name.strip() for name in os.environ.get(HOSTS_ENV, "").split(",") if name.strip()]
-    try:
-        return _host_names(raw)
-    except ValueError as exc:
-        raise ConfigError(HOSTS_ENV, "environment", str(exc)) from None
-
-
 def _api_tokens(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict) or not value:
         raise ValueError("must map a role (admin, read) to a token or a list of tokens")
@@ -264,6 +231,150 @@ def _api_tokens(value: Any) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
         pairs += [(role, token) for token in _token_list(tokens, f"role {role}")]
     return tuple(pairs)
+
+
+ModuleNames = Annotated[tuple[str, ...], PlainValidator(_module_list)]
+HostNames = Annotated[tuple[str, ...], PlainValidator(_host_names)]
+# In the file: {role: token or [tokens]}; once loaded, (role, token) pairs.
+ApiTokens = Annotated[tuple[tuple[str, str], ...], PlainValidator(_api_tokens)]
+
+
+def rule_of(annotation: Any) -> Rule | None:
+    """The Rule an annotated type carries (inside `X | None` too), if any."""
+    if get_origin(annotation) is Annotated:
+        found = next((item for item in annotation.__metadata__ if isinstance(item, Rule)), None)
+        return found or rule_of(get_args(annotation)[0])
+    return next((rule for rule in map(rule_of, get_args(annotation)) if rule is not None), None)
+
+
+def rule_broken(error: ErrorDetails, rule: Rule | None) -> str:
+    """A pydantic error as the rule broken: a validator's own message, else the Rule with the value given."""
+    if error["type"] == "value_error":
+        return str(error.get("ctx", {}).get("error", error["msg"]))
+    if rule is None:
+        return error["msg"]
+    return f"{rule.text}, got {error['input']!r}"
+
+
+@functools.cache
+def _adapter(annotation: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(annotation)
+
+
+def checked(annotation: Any, value: Any) -> Any:
+    """`value` validated against an annotated type of this module, or ValueError naming the rule broken."""
+    try:
+        return _adapter(annotation).validate_python(value)
+    except ValidationError as exc:
+        raise ValueError(rule_broken(exc.errors()[0], rule_of(annotation))) from None
+
+
+def checked_text(annotation: Any, text: str) -> Any:
+    """`checked` for a value written as text (a flag, an environment variable): "5" is an integer there."""
+    try:
+        return _adapter(annotation).validate_strings(text)
+    except ValidationError as exc:
+        raise ValueError(rule_broken(exc.errors()[0], rule_of(annotation))) from None
+
+
+# --- the settings ----------------------------------------------------------------------------------
+
+
+class FileSettings(BaseModel):
+    """config/dygo.yml: each key with its rule and its default, declared once. `load_settings` checks the file
+    against it; the CLI's flags for the same values take the same types (dygo/cli.py); every key has a row in
+    docs/reference/configuration.md (tests/test_docs_reference.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    job_modules: ModuleNames = Field(("jobs",), alias="jobs")
+    lease_ttl: PositiveDuration = 30.0
+    max_reaps: PositiveCount = 3
+    default_timeout: Duration = 300.0
+    default_max_attempts: PositiveCount = 20
+    claim_batch_size: PositiveCount = 100
+    # A worker claims beyond a queue's free slots what they would run in this many seconds at the pace of its
+    # recent jobs (worker/ahead.py); 0 claims only for free slots.
+    claim_ahead: Duration = 0.005
+    max_batch_size: PositiveCount = 1000  # jobs in one POST /api/v1/jobs/batch
+    max_payload_bytes: ByteCount = 1024 * 1024  # request bodies above this are refused with 413
+    max_result_bytes: ByteCount = 64 * 1024  # a handler's result above this (as JSON) is stored as a note instead
+    # (role, token) pairs for the API, from config/dygo.yml and DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN.
+    # Kept out of repr so a logged Settings never shows a token.
+    api_tokens: ApiTokens = Field((), repr=False)
+    # Host header names `dygo serve` answers besides the address it is bound to (app/guard.py): from
+    # config/dygo.yml and DYGO_ALLOWED_HOSTS. `.example.com` is that domain and its subdomains; `*` any.
+    allowed_hosts: HostNames = ()
+    # Wrong tokens from one client address within the window before it is locked out (app/throttle.py).
+    failed_token_limit: PositiveCount = 5
+    failed_token_window: PositiveDuration = 300.0
+    # Retention, in seconds; 0 keeps those rows forever. Trimmed by workers (store/maintenance.py).
+    completed_retention: Retention = 24 * 3600.0  # succeeded jobs, after they finished
+    dead_retention: Retention = 30 * 86400.0
+    cancelled_retention: Retention = 30 * 86400.0
+    stats_retention: Retention = 90 * 86400.0  # daily stats rows, by their day
+    retention_interval: PositiveDuration = 60.0  # how often one worker of the cluster trims
+    # Database connections each `dygo serve` process may hold for requests (its LISTEN connection for
+    # `?wait=` comes on top): DYGO_SERVE_POOL_SIZE, else serve_pool_size in dygo.yml, else this.
+    serve_pool_size: PoolSize = 10
+    cron: Switch = True  # this worker fires due schedules (`cron: false` or `dygo worker --no-cron`: it does not)
+    # Per-worker caps (worker/capacity.py): the most jobs of one kind a worker process runs at once, for kinds
+    # whose @job sets no concurrency, and the most of all kinds together (--max-concurrency). None: no cap.
+    default_concurrency: PositiveCount | None = None
+    max_concurrency: PositiveCount | None = None
+
+    @classmethod
+    def from_document(cls, source: str, document: dict[Any, Any]) -> dict[str, Any]:
+        """The values a dygo.yml document sets, by field name, or ConfigError naming its first bad key."""
+        keys = {field.alias or name: name for name, field in cls.model_fields.items()}
+        for key in document:
+            if key not in keys:
+                raise ConfigError(source, str(key), f"unknown setting; known settings: {', '.join(sorted(keys))}")
+        try:
+            given = cls.model_validate(document)
+        except ValidationError as exc:
+            order = list(document)
+            error = min(exc.errors(), key=lambda e: order.index(e["loc"][0]) if e["loc"][0] in order else 0)
+            key = str(error["loc"][0])
+            field = cls.model_fields[keys[key]]
+            rule = next((item for item in field.metadata if isinstance(item, Rule)), None) or rule_of(field.annotation)
+            raise ConfigError(source, key, rule_broken(error, rule)) from None
+        return {keys[key]: getattr(given, keys[key]) for key in document}
+
+
+SETTING_KEYS = tuple(field.alias or name for name, field in FileSettings.model_fields.items())  # of dygo.yml
+
+
+class Settings(FileSettings):
+    """Everything the store, worker and service read from config, with their defaults: the file's settings,
+    and what comes from config/queues.yml, the environment and the command line."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, arbitrary_types_allowed=True)
+
+    config_dir: SkipValidation[Path]
+    queues: SkipValidation[dict[str, Queue]]
+    env: str = "development"
+    # Cluster-wide concurrency and rate limits from config/queues.yml (queue entries and `kinds:`).
+    limits: SkipValidation[tuple[Limit, ...]] = ()
+    data_dir: SkipValidation[Path] = Field(default_factory=lambda: Path(".dygo"))
+
+    @property
+    def queue_names(self) -> list[str]:
+        return list(self.queues)
+
+    @property
+    def concurrency(self) -> dict[str, int]:
+        """Each configured queue's concurrency, in queues.yml order (what store.admin.list_queues takes)."""
+        return {name: queue.concurrency for name, queue in self.queues.items()}
+
+
+def hosts_from_env() -> tuple[str, ...]:
+    """Host names from DYGO_ALLOWED_HOSTS, comma-separated."""
+    raw = [name.strip() for name in os.environ.get(HOSTS_ENV, "").split(",") if name.strip()]
+    try:
+        return _host_names(raw)
+    except ValueError as exc:
+        raise ConfigError(HOSTS_ENV, "environment", str(exc)) from None
 
 
 def tokens_from_env() -> tuple[tuple[str, str], ...]:
@@ -282,42 +393,6 @@ def tokens_from_env() -> tuple[tuple[str, str], ...]:
 
 
 POOL_SIZE_ENV = "DYGO_SERVE_POOL_SIZE"
-MIN_SERVE_POOL_SIZE = 2  # one connection for the API's hot paths, one for everything else
-
-
-def _serve_pool_size(value: Any) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_SERVE_POOL_SIZE:
-        raise ValueError(f"must be an integer of at least {MIN_SERVE_POOL_SIZE}, got {value!r}")
-    return value
-
-
-SETTING_PARSERS = {
-    "jobs": ("job_modules", _module_list),
-    "lease_ttl": ("lease_ttl", _positive_duration),
-    "max_reaps": ("max_reaps", _positive_int),
-    "default_timeout": ("default_timeout", _duration),
-    "default_max_attempts": ("default_max_attempts", _positive_int),
-    "claim_batch_size": ("claim_batch_size", _positive_int),
-    "claim_ahead": ("claim_ahead", _duration),
-    "max_batch_size": ("max_batch_size", _positive_int),
-    "max_payload_bytes": ("max_payload_bytes", _byte_size),
-    "max_result_bytes": ("max_result_bytes", _byte_size),
-    "api_tokens": ("api_tokens", _api_tokens),
-    "allowed_hosts": ("allowed_hosts", _host_names),
-    "failed_token_limit": ("failed_token_limit", _positive_int),
-    "failed_token_window": ("failed_token_window", _positive_duration),
-    "completed_retention": ("completed_retention", _retention),
-    "dead_retention": ("dead_retention", _retention),
-    "cancelled_retention": ("cancelled_retention", _retention),
-    "stats_retention": ("stats_retention", _retention),
-    "retention_interval": ("retention_interval", _positive_duration),
-    "serve_pool_size": ("serve_pool_size", _serve_pool_size),
-    "cron": ("cron", _boolean),
-    "default_concurrency": ("default_concurrency", _positive_int),
-    "max_concurrency": ("max_concurrency", _positive_int),
-}
 
 
 def default_config_dir() -> Path:
@@ -342,24 +417,19 @@ def load_settings(config_dir: Path | str | None = None, *, env: str | None = Non
         document = _read_yaml(settings_file)
         if not isinstance(document, dict):
             raise ConfigError(str(settings_file), "top level", "must be a mapping of setting: value")
-        for key, raw in document.items():
-            if key not in SETTING_PARSERS:
-                known = ", ".join(sorted(SETTING_PARSERS))
-                raise ConfigError(str(settings_file), str(key), f"unknown setting; known settings: {known}")
-            attribute, parse = SETTING_PARSERS[key]
-            try:
-                values[attribute] = parse(raw)
-            except ValueError as exc:
-                raise ConfigError(str(settings_file), str(key), str(exc)) from None
+        values.update(FileSettings.from_document(str(settings_file), document))
     data_dir = Path(os.environ.get("DYGO_DATA_DIR", ".dygo"))
     values["api_tokens"] = values.get("api_tokens", ()) + tokens_from_env()
     values["allowed_hosts"] = values.get("allowed_hosts", ()) + hosts_from_env()
     if os.environ.get(POOL_SIZE_ENV, "").strip():
         try:
-            values["serve_pool_size"] = _serve_pool_size(os.environ[POOL_SIZE_ENV].strip())
+            values["serve_pool_size"] = checked_text(PoolSize, os.environ[POOL_SIZE_ENV].strip())
         except ValueError as exc:
             raise ConfigError(POOL_SIZE_ENV, "environment", str(exc)) from None
-    return Settings(config_dir=config_dir, queues=configured, env=resolve_env(env), data_dir=data_dir, **values)
+    # Every value is checked by now: the settings are put together without checking them again.
+    return Settings.model_construct(
+        config_dir=config_dir, queues=configured, env=resolve_env(env), data_dir=data_dir, **values
+    )
 
 
 def load_queues(path: Path) -> dict[str, Queue]:
@@ -391,9 +461,10 @@ def load_queues(path: Path) -> dict[str, Queue]:
             )
         if not isinstance(name, str) or not KEBAB_CASE.match(name):
             raise ConfigError(source, label, f"name {name!r} must be kebab-case (lowercase letters, digits, dashes)")
-        concurrency = entry.get("concurrency")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency <= 0:
-            raise ConfigError(source, label, f"concurrency must be an integer greater than 0, got {concurrency!r}")
+        try:
+            concurrency = checked(PositiveCount, entry.get("concurrency"))
+        except ValueError as exc:
+            raise ConfigError(source, label, f"concurrency {exc}") from None
         if name in queues:
             raise ConfigError(source, label, f"queue name {name!r} is already used by an earlier entry")
         queues[name] = Queue(name=name, concurrency=concurrency)

@@ -25,6 +25,7 @@ from dygo.store.errors import EnqueueConflict, EnqueueError
 from dygo.store.registry import Registry, registry
 
 PRIORITY_RANGE = (-1000, 1000)
+ATTEMPTS_RANGE = (1, 1000)  # max_attempts
 MAX_KEY_LENGTH = 255
 # PostgreSQL text and jsonb cannot hold a NUL character, and UTF-8 cannot encode an unpaired surrogate:
 # refused here with the field named, instead of failing inside the driver or the server.
@@ -108,9 +109,14 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     # default) at the first lease, so a producer that does not import the kind cannot stamp the wrong one.
     max_attempts = request.max_attempts
     if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not ATTEMPTS_RANGE[0] <= max_attempts <= ATTEMPTS_RANGE[1]
     ):
-        raise EnqueueError("invalid_option", f"max_attempts must be an integer from 1 to 1000, got {max_attempts!r}")
+        raise EnqueueError(
+            "invalid_option",
+            f"max_attempts must be an integer from {ATTEMPTS_RANGE[0]} to {ATTEMPTS_RANGE[1]}, got {max_attempts!r}",
+        )
 
     if request.run_at is not None and request.delay is not None:
         raise EnqueueError("invalid_option", "give run_at or delay, not both")
@@ -430,16 +436,23 @@ def _quoted(name: str) -> str:
     return json.dumps(name)  # kinds and queues: a few distinct names, quoted once
 
 
-def _plain_rows_json(rows: list[dict[str, Any]]) -> str:
-    """The rows as the JSON array INSERT_JOBS reads; args and meta are JSON text already."""
+def rows_json(rows: list[dict[str, Any]]) -> str:
+    """Prepared rows as the JSON array INSERT_JOBS reads: the text json.dumps gives the same objects.
+
+    A row's args and meta are JSON text already (`prepare` encoded them to look for characters PostgreSQL
+    cannot store), which json.dumps cannot take as a value: it would have to parse them back and encode them
+    again. So each row is written around its values' JSON, every value's text being json.dumps's own
+    (strings and datetimes through it, ints as str(int), floats as repr(float), as it writes them).
+    bench/batch_rows.py measures it against json.dumps of the objects; tests/test_enqueue.py proves it gives
+    json.dumps's bytes for awkward values."""
     dumps = json.dumps
     return (
         "["
-        + ",".join(
-            f'{{"kind":{_quoted(r["kind"])},"queue":{_quoted(r["queue"])},"args":{r["args"]},"meta":{r["meta"]},'
-            f'"priority":{int(r["priority"])},'
-            f'"run_at":{"null" if r["run_at"] is None else dumps(r["run_at"].isoformat())},'
-            f'"delay":{float(r["delay"])!r},"max_attempts":{_json_int(r["max_attempts"])}}}'
+        + ", ".join(
+            f'{{"kind": {_quoted(r["kind"])}, "queue": {_quoted(r["queue"])}, "args": {r["args"]}, '
+            f'"meta": {r["meta"]}, "priority": {int(r["priority"])}, '
+            f'"run_at": {"null" if r["run_at"] is None else dumps(r["run_at"].isoformat())}, '
+            f'"delay": {float(r["delay"])!r}, "max_attempts": {_json_int(r["max_attempts"])}}}'
             for r in rows
         )
         + "]"
@@ -469,7 +482,7 @@ async def _aenqueue_batch(
     if not rows:
         return []
     if len(plan.plain) == len(rows) <= PLAIN_BATCH_MAX:
-        inserted = await (await conn.execute(queries.INSERT_JOBS, (_plain_rows_json(rows),))).fetchall()
+        inserted = await (await conn.execute(queries.INSERT_JOBS, (rows_json(rows),))).fetchall()
         return [Enqueued(job_id, False, run_at) for job_id, run_at in sorted(inserted)]
     async with conn.transaction():
         for i in plan.windowed:

@@ -128,7 +128,7 @@ def _environment_variables() -> set[str]:
 def test_configuration_reference_has_a_row_for_every_key_and_environment_variable() -> None:
     queues = section("configuration.md", "config/queues.yml")
     assert [key for key in (f.name for f in dataclasses.fields(config.Queue)) if f"{key}:" not in queues] == []
-    assert sorted(set(config.SETTING_PARSERS) - rows(section("configuration.md", "config/dygo.yml"))) == []
+    assert sorted(set(config.SETTING_KEYS) - rows(section("configuration.md", "config/dygo.yml"))) == []
     assert sorted(set(schedules.FILE_KEYS) - rows(section("configuration.md", "config/schedules.yml"))) == []
     read = _environment_variables()
     assert {"DATABASE_URL", "DYGO_ADMIN_TOKEN", "DYGO_LOG_LEVEL", "PORT"} <= read
@@ -136,7 +136,7 @@ def test_configuration_reference_has_a_row_for_every_key_and_environment_variabl
 
 
 def test_configuration_reference_documents_no_key_that_does_not_exist() -> None:
-    assert sorted(rows(section("configuration.md", "config/dygo.yml")) - set(config.SETTING_PARSERS)) == []
+    assert sorted(rows(section("configuration.md", "config/dygo.yml")) - set(config.SETTING_KEYS)) == []
     assert sorted(rows(section("configuration.md", "config/schedules.yml")) - set(schedules.FILE_KEYS)) == []
     documented = rows(section("configuration.md", "Environment variables"))
     assert sorted(documented - _environment_variables() - READ_BY_DEPENDENCIES) == []

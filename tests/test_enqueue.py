@@ -268,3 +268,58 @@ def test_async_batch_is_all_or_nothing(conn, db_url):
         run_async_batch(db_url, [{"kind": "test.noop"}] * 3, fail_after=True)
     assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
     assert run_async_batch(db_url, []) == []
+
+
+def _row(**values) -> dict:
+    base = {"kind": "test.noop", "queue": "default", "args": "{}", "meta": "{}", "priority": 0}
+    base.update({"run_at": None, "delay": 0.0, "max_attempts": None, "key": None, "ttl": None})
+    return {**base, **values}
+
+
+def _as_objects(rows: list[dict]) -> list[dict]:
+    """The same rows as plain objects, for json.dumps: args and meta parsed back from their JSON text."""
+    import json
+
+    return [
+        {
+            "kind": r["kind"],
+            "queue": r["queue"],
+            "args": json.loads(r["args"]),
+            "meta": json.loads(r["meta"]),
+            "priority": r["priority"],
+            "run_at": None if r["run_at"] is None else r["run_at"].isoformat(),
+            "delay": r["delay"],
+            "max_attempts": r["max_attempts"],
+        }
+        for r in rows
+    ]
+
+
+def test_a_batchs_rows_are_written_with_the_bytes_json_dumps_gives_them():
+    import json
+    from datetime import timezone
+
+    from dygo.store.enqueue import JobRequest, prepare, rows_json
+
+    awkward = 'a "quoted" \\ back\\slash, tab\t, newline\n, bell\x07, \x7f, é, 漢字, emoji 🎉, \u2028'
+    prepared = [
+        prepare(JobRequest("test.noop", {"text": awkward, awkward: [awkward, 2**70, -(2**63), 0.1, 1e-7, 1e300]})),
+        prepare(JobRequest("test.noop", {}, meta={"tenant": awkward}, priority=-1000, max_attempts=1000)),
+        prepare(JobRequest("test.noop", {}, delay="1.5s")),
+        prepare(JobRequest("test.noop", {}, delay=0.1)),
+        prepare(JobRequest("test.noop", {}, run_at=datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC))),
+        prepare(
+            JobRequest(
+                "test.noop", {}, run_at=datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))) + timedelta(days=1)
+            )
+        ),
+        prepare(JobRequest(awkward, {"a": None, "b": True, "c": False}, queue="default")),  # an unregistered kind
+    ]
+    built = [
+        _row(delay=31622400.0),  # a year, the longest
+        _row(delay=1e-9, max_attempts=2**31 - 1, priority=1000),
+        _row(run_at=datetime(2030, 6, 1, 12, 0, tzinfo=timezone(timedelta(hours=-9, minutes=-30)))),
+        _row(kind='kind "with" quotes \\', queue="q\u00e9"),
+    ]
+    for rows in (prepared, built, prepared + built, prepared[:1], []):
+        assert rows_json(rows) == json.dumps(_as_objects(rows))

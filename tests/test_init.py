@@ -123,13 +123,13 @@ def test_init_twice_refuses_the_second_time(tmp_path: Path) -> None:
 
 
 def test_generated_dygo_yml_shows_every_setting_and_each_example_parses(tmp_path: Path) -> None:
-    from dygo.store.config import SETTING_PARSERS, load_settings
+    from dygo.store.config import SETTING_KEYS, load_settings
 
     from dygo.scaffold import DYGO_YML, QUEUES_YML
 
     uncommented = "\n".join(line[2:] if re.match(r"^# ?\s*[a-z_]+:", line) else line for line in DYGO_YML.splitlines())
     (tmp_path / "dygo.yml").write_text(uncommented)
     (tmp_path / "queues.yml").write_text(QUEUES_YML)
-    assert set(yaml.safe_load(uncommented)) == set(SETTING_PARSERS)
+    assert set(yaml.safe_load(uncommented)) == set(SETTING_KEYS)
     settings = load_settings(tmp_path)
     assert settings.job_modules == ("jobs",) and settings.lease_ttl == 30.0 and len(settings.api_tokens) >= 2

@@ -57,7 +57,7 @@ class Executor:
     async def _run_handler(self, definition: JobDefinition, job: ClaimedJob) -> Outcome:
         timeout = definition.timeout if definition.timeout is not None else self.settings.default_timeout
         deadline = datetime.fromtimestamp(time.time() + timeout, UTC) if timeout else None
-        ctx = JobContext.for_run(
+        ctx = JobContext(
             id=job.id,
             kind=job.kind,
             queue=job.queue,
