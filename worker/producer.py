@@ -39,7 +39,7 @@ from dygo.store.claim import Claim, claim_jobs, claim_session
 from dygo.store.leases import ClaimedJob
 from dygo.worker.ahead import Ahead
 from dygo.worker.capacity import Capacity
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 from dygo.worker.maintainer import Recovery
 from dygo.worker.runs import Runs
 from dygo.worker.service import failure_backoff, wait_for_event
@@ -85,7 +85,7 @@ class Producer:
 
     def __init__(
         self,
-        database: Database,
+        database: WorkerConnections,
         slots: dict[str, QueueSlots],
         runs: Runs,
         recovery: Recovery,

@@ -42,7 +42,7 @@ from dygo.store.leases import ClaimedJob
 from dygo.store.outage import describe, is_outage
 from dygo.store.registry import Registry
 from dygo.worker.capacity import Capacity
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 from dygo.worker.executor import Executor
 from dygo.worker.lease_keeper import LeaseKeeper
 from dygo.worker.lifecycle import say
@@ -66,7 +66,7 @@ class Worker:
     def __init__(self, settings: Settings, jobs: Registry, options: WorkerOptions, url: str) -> None:
         self.options = options
         self.id = make_worker_id()
-        self.database = Database(url, self.id)
+        self.database = WorkerConnections(url, self.id)
         self.stats = WorkerStats()
         leased: dict[str, ClaimedJob] = {}  # worker/runs.py says who writes and reads it
         self.slots = {

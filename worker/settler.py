@@ -14,7 +14,7 @@ from collections.abc import Callable
 import psycopg
 from dygo.store import leases, limits
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 from dygo.worker.telemetry import WorkerStats, outcome_name
 
 log = logging.getLogger("dygo.worker")
@@ -27,7 +27,7 @@ class Settler:
 
     def __init__(
         self,
-        database: Database,
+        database: WorkerConnections,
         leased: dict[str, ClaimedJob],
         stats: WorkerStats,
         requeued: Callable[[str, float], None] = lambda queue, delay: None,
@@ -62,7 +62,7 @@ class Settler:
 
     async def flush(self) -> None:
         """Settle everything in the outbox; in an outage keep it and retry (leases cover it). Any other database
-        error is raised (Database.failed): the batch stays in the outbox, its leases run out, and another
+        error is raised (WorkerConnections.failed): the batch stays in the outbox, its leases run out, and another
         worker recovers its jobs."""
         async with self.flushing:
             await self._flush_outbox()
