@@ -224,7 +224,7 @@ def test_a_full_claim_says_where_in_line_it_stopped_for_each_queue(conn, db_url)
     jobs = [enqueue(conn, "test.noop", {}, run_at=start + timedelta(seconds=i)) for i in range(5)]
     claim = asyncio.run(claim_in_one_statement(db_url, {"default": 3}))
     assert [job.id for job in claim.jobs] == [job.id for job in jobs[:3]]
-    assert claim.reached == {"default": start + timedelta(seconds=2)}
+    assert claim.last_run_at == {"default": start + timedelta(seconds=2)}
 
 
 async def claim_in_one_statement(url: str, wanted: dict[str, int]):
