@@ -341,7 +341,7 @@ def test_lease_keeper_with_nothing_to_renew_does_not_report_the_database_back(db
 
 def test_recovery_looks_back_to_its_previous_pass_and_a_whole_pass_finds_older_leases(conn, db_url):
     # While VACUUM is held back, a walk from the oldest deadline visits an index entry for every lease
-    # taken since (issue 12 item 5): between whole passes, a pass only looks back to the previous one.
+    # taken since: between whole passes, a pass only looks back to the previous one.
     from dygo.worker.database import WorkerConnections
     from dygo.worker.maintainer import Recovery
 
