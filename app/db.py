@@ -1,14 +1,10 @@
 """How a request reaches the database: two bounded pools, a bounded wait, and the 503 rule.
 
-Why it is built this way (issue 12): the endpoints used to take a pooled connection from a sync
-`yield` dependency. FastAPI enters such a dependency in one threadpool thread and runs the endpoint
-in another, both from the same 40-thread anyio limit. Under 100 concurrent requests all 40 threads
-sat in `pool.getconn()` while the 10 connections were held by requests waiting for a thread to run
-their endpoint: a deadlock that only the pool's 5 s timeout broke, with a false 503 and a false
-"database connection lost" line (sampled: 40 threads in getconn, pool available 0 / waiting 40, and
-the 10 backends idle in pg_stat_activity).
-
-Now nothing holds a connection while it waits for a thread:
+A request never holds a thread while it waits for a connection, nor a connection while it waits for a
+thread. A sync `yield` dependency breaks that rule: FastAPI enters it in one threadpool thread and runs
+the endpoint in another, both from the same 40-thread anyio limit, so under load every thread can sit
+waiting for a connection held by a request that waits for a thread (a deadlock broken only by the
+pool's timeout, as a false 503 and a false "database connection lost"). So:
 
 * the hot paths (enqueue one and many, read a job, list the queues) are `async` endpoints on a
   psycopg `AsyncConnectionPool`: no thread at all, and a waiting request is an entry in the pool's
@@ -102,7 +98,7 @@ def _check(conn: psycopg.Connection) -> None:
         ConnectionPool.check_connection(conn)
 
 
-class Health:
+class PoolHealth:
     """When the database last answered this process (monotonic seconds)."""
 
     def __init__(self) -> None:
@@ -112,7 +108,7 @@ class Health:
         self.answered_at = time.monotonic()
 
 
-def _reporting(base: type, outage: OutageLog, health: Health) -> type:
+def _reporting(base: type, outage: OutageLog, health: PoolHealth) -> type:
     """`base` (psycopg's Connection or AsyncConnection) whose failed connects start a logged outage at
     once, so requests arriving meanwhile wait OUTAGE_WAIT for their 503 rather than POOL_TIMEOUT. An
     attempt that began before the database last answered is old news (a pool's retry in flight while
@@ -176,13 +172,13 @@ class Gate:
             self.semaphore.release()
 
 
-class Database:
+class ServePools:
     """The pools of one `dygo serve` process: `apool` (async, hot paths) and `pool` (sync, the rest)."""
 
     def __init__(self, url: str, size: int, outage: OutageLog) -> None:
         hot, other = split_pool(size)
         self.size, self.outage = size, outage
-        self.health = Health()
+        self.health = PoolHealth()
         kwargs = {"autocommit": True, "application_name": APPLICATION_NAME, **connect_kwargs()}
         self.apool = AsyncConnectionPool(
             url,
@@ -312,7 +308,8 @@ Conn = Annotated[psycopg.Connection, Depends(_connection)]
 SyncSlot = Annotated[None, Depends(_slot)]
 
 
-def database(request: Request) -> Database:
+def database(request: Request) -> ServePools:
+    """The process's pools (app.state.db)."""
     return request.app.state.db
 
 

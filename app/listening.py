@@ -41,7 +41,9 @@ class Subscriber(Protocol):
         """The connection is lost: notifications may be missed until the next `listening`."""
 
 
-class Listener:
+class ServeListener:
+    """The process's one LISTEN connection, routing each notification to the subscriber of its channel."""
+
     def __init__(self, database_url: str, outage: OutageLog, subscribers: list[Subscriber]) -> None:
         self.database_url = database_url
         self.outage = outage

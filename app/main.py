@@ -18,14 +18,14 @@ import psycopg
 from dygo.app.auth import BearerAuth, Tokens, check_protection
 from dygo.app.body_limit import BodyLimit
 from dygo.app.dashboard import error_page, install_dashboard, is_dashboard
-from dygo.app.db import Database, down
+from dygo.app.db import ServePools, down
 from dygo.app.docs import install_docs
 from dygo.app.errors import coded_response, error_response
 from dygo.app.fast_enqueue import FastEnqueue
 from dygo.app.guard import HostRule, Perimeter
 from dygo.app.jobs import router as jobs_router
 from dygo.app.limits import router as limits_router
-from dygo.app.listening import Listener, Subscriber
+from dygo.app.listening import ServeListener, Subscriber
 from dygo.app.metrics import install_metrics
 from dygo.app.openapi import install_openapi
 from dygo.app.queues import router as queues_router
@@ -59,7 +59,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The pools of this process (app/db.py): settings.serve_pool_size connections at most.
-        app.state.db = db = Database(database_url, settings.serve_pool_size, app.state.outage)
+        app.state.db = db = ServePools(database_url, settings.serve_pool_size, app.state.outage)
         await db.open()
         folder = StatsFolder(db.pool, app.state.outage)
         folder.start()
@@ -74,7 +74,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
         subscribers: list[Subscriber] = (
             [app.state.waiters] if unreliable else [app.state.auth_throttle, app.state.waiters]
         )
-        listener = Listener(listen_url, app.state.outage, subscribers)
+        listener = ServeListener(listen_url, app.state.outage, subscribers)
         listener.start()
         try:
             yield

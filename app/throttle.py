@@ -36,7 +36,7 @@ class AuthThrottle:
     endpoint, passes the connection its `Conn` dependency holds (`locked_until_on`, `failed_on`,
     `succeeded_on`), so no thread ever waits for a connection (app/db.py).
 
-    A subscriber of serve's Listener (app/listening.py) when notifications can be relied on."""
+    A subscriber of ServeListener (app/listening.py) when notifications can be relied on."""
 
     channels = (auth_state.AUTH_FAILURE_CHANNEL,)
 

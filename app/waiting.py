@@ -31,7 +31,7 @@ Connections = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection]]
 
 
 class ResultWaiters:
-    """A subscriber of serve's Listener (app/listening.py) on the `dygo_finished` channel."""
+    """A subscriber of ServeListener (app/listening.py) on the `dygo_finished` channel."""
 
     channels = (results.CHANNEL,)
 

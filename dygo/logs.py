@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl, quote
 FLUSH_INTERVAL = 0.2
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_FORMATS = ("text", "json")
-LIFECYCLE_LOGGER = "dygo.lifecycle"  # worker.lifecycle.say and serve's start-up lines
+LIFECYCLE_LOGGER = "dygo.lifecycle"  # worker.lifecycle.announce and serve's start-up lines
 
 
 class BufferedStderrHandler(logging.StreamHandler):

@@ -67,7 +67,9 @@ class JobFilter:
 
 
 @dataclass(frozen=True)
-class JobPage:
+class JobListPage:
+    """One page of `list_jobs`: its jobs and where the next page starts."""
+
     jobs: list[dict[str, Any]]
     # Where the next page starts (an exclusive id bound), or None at the end. A page of a scanning
     # filter can hold fewer jobs than asked for and still have a next page.
@@ -76,7 +78,7 @@ class JobPage:
 
 def list_jobs(
     conn: psycopg.Connection, where: JobFilter, *, order: Order = "newest", limit: int = 50, position: int | None = None
-) -> JobPage:
+) -> JobListPage:
     """One page of jobs, newest or oldest first, starting after `position` (keyset on id)."""
     newest = order == "newest"
     fragments, params = _filters(where, newest, position)
@@ -85,7 +87,7 @@ def list_jobs(
         size = min(SCAN_WINDOW, TEXT_SCAN_WINDOW) if where.text else SCAN_WINDOW
         window = _scan_window(conn, newest, position, size)
         if window is None:
-            return JobPage([], None)
+            return JobListPage([], None)
         bound, edge, end_of_window = window
         rows = _fetch(conn, [*fragments, queries.JOB_FILTERS[bound]], {**params, bound: edge}, newest)
         return _page(rows, limit, end_of_window)
@@ -122,10 +124,10 @@ def _fetch(
         return cursor.execute(statement, params).fetchall()
 
 
-def _page(rows: list[dict[str, Any]], limit: int, otherwise: int | None) -> JobPage:
+def _page(rows: list[dict[str, Any]], limit: int, otherwise: int | None) -> JobListPage:
     if len(rows) > limit:
-        return JobPage(rows[:limit], rows[limit - 1]["id"])
-    return JobPage(rows, otherwise)
+        return JobListPage(rows[:limit], rows[limit - 1]["id"])
+    return JobListPage(rows, otherwise)
 
 
 def _ready_page(
@@ -135,13 +137,13 @@ def _ready_page(
     newest: bool,
     position: int | None,
     limit: int,
-) -> JobPage:
+) -> JobListPage:
     """Pending or scheduled jobs: usually the newest rows, so first a bounded walk of the primary
     key from the start; when they are too sparse there (a backlog of old jobs, or few far-future
     ones), their own index, sorted: the cost is then bounded by how many are waiting."""
     window = _scan_window(conn, newest, position)
     if window is None:
-        return JobPage([], None)
+        return JobListPage([], None)
     bound, edge, _ = window
     rows = _fetch(conn, [*fragments, queries.JOB_FILTERS[bound]], {**params, bound: edge}, newest)
     if len(rows) <= limit:

@@ -382,17 +382,19 @@ def claim_rows(cursor: psycopg.AsyncCursor[Any]) -> RowMaker[ClaimRow]:
 
 @dataclass(slots=True)
 class Claim:
+    """What one claim took, and what it learnt about the queues it claimed for."""
+
     jobs: list[ClaimedJob]  # in claim order
     due_in: dict[str, float]  # queue -> seconds until its next scheduled job, for queues that came back short
     clock: datetime | None = None  # the database's now() for the claim (None: nothing was claimed for)
     # Queues a cluster-wide limit held back: seconds until worth claiming again (0: at once, there may be jobs
     # of other keys or kinds ready).
-    held: dict[str, float] = field(default_factory=dict)
+    held_back: dict[str, float] = field(default_factory=dict)
     # Queue -> run_at of the last job claimed for it (in claim order): where a backlog's next walk may start.
-    reached: dict[str, datetime] = field(default_factory=dict)
+    last_run_at: dict[str, datetime] = field(default_factory=dict)
     # A cluster-wide limit concerned the claim: it counts claimed jobs as running, walks from the head, and
     # may leave due jobs behind in a queue it held back.
-    limited: bool = False
+    under_limit: bool = False
 
 
 async def claim_jobs(
@@ -422,7 +424,7 @@ async def claim_jobs(
         rows = await _claim_limited(conn, wanted, owner, ttl, registered, concerned, kind_free or {})
     else:
         rows = await _claim_plain(conn, wanted, owner, ttl, registered, since or {}, kind_free or {})
-    return _parse(rows, limited=bool(concerned))
+    return _parse(rows, under_limit=bool(concerned))
 
 
 async def _claim_plain(
@@ -526,11 +528,11 @@ async def _claim_limited(
         raise
 
 
-def _parse(rows: list[ClaimRow], limited: bool) -> Claim:
+def _parse(rows: list[ClaimRow], under_limit: bool) -> Claim:
     jobs: list[ClaimedJob] = []
     due_in: dict[str, float] = {}
-    held: dict[str, float] = {}
-    reached: dict[str, float] = {}  # rows in claim order: the last one stays
+    held_back: dict[str, float] = {}
+    last_run_at: dict[str, float] = {}  # rows in claim order: the last one stays
     for row in rows:
         if row.id is not None:
             jobs.append(
@@ -547,19 +549,19 @@ def _parse(rows: list[ClaimRow], limited: bool) -> Claim:
                     row.waited,
                 )
             )
-            reached[row.queue] = row.run_at
+            last_run_at[row.queue] = row.run_at
             continue
         if row.due_in is not None:
             due_in[row.queue] = row.due_in
         if row.held_for is not None:
-            held[row.queue] = min(held.get(row.queue, row.held_for), row.held_for)
+            held_back[row.queue] = min(held_back.get(row.queue, row.held_for), row.held_for)
     return Claim(
         jobs,
         due_in,
         _timestamp(rows[0].clock) if rows else None,
-        held=held,
-        reached={queue: _timestamp(run_at) for queue, run_at in reached.items()},
-        limited=limited,
+        held_back=held_back,
+        last_run_at={queue: _timestamp(run_at) for queue, run_at in last_run_at.items()},
+        under_limit=under_limit,
     )
 
 

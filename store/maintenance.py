@@ -33,7 +33,7 @@ MINUTE_STATS_KEEP = 2 * 3600.0
 
 
 @dataclass(frozen=True)
-class Retention:
+class RetentionPeriods:
     """How long each kind of history is kept, in seconds; 0 keeps it forever."""
 
     succeeded: float
@@ -42,7 +42,7 @@ class Retention:
     daily_stats: float
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Retention:
+    def from_settings(cls, settings: Settings) -> RetentionPeriods:
         return cls(
             settings.completed_retention,
             settings.dead_retention,
@@ -99,23 +99,23 @@ async def retention_lock(conn: psycopg.AsyncConnection) -> AsyncIterator[bool]:
         yield (await (await conn.execute(queries.RETENTION_LOCK)).fetchone())[0]
 
 
-async def trim(connections: Connections, retention: Retention, walk: SucceededWalk) -> Trimmed | None:
+async def trim(connections: Connections, periods: RetentionPeriods, walk: SucceededWalk) -> Trimmed | None:
     """One retention pass, each batch in a transaction holding the retention lock; None if another
     worker held it at the first batch."""
     trimmed = Trimmed()
     try:
-        if retention.succeeded:
-            await _trim_succeeded(connections, retention.succeeded, walk, trimmed)
-        if retention.dead:
-            trimmed.dead = await _repeat(connections, queries.TRIM_DEAD, retention.dead, trimmed)
-        if retention.cancelled:
-            trimmed.cancelled = await _repeat(connections, queries.TRIM_CANCELLED, retention.cancelled, trimmed)
+        if periods.succeeded:
+            await _trim_succeeded(connections, periods.succeeded, walk, trimmed)
+        if periods.dead:
+            trimmed.dead = await _repeat(connections, queries.TRIM_DEAD, periods.dead, trimmed)
+        if periods.cancelled:
+            trimmed.cancelled = await _repeat(connections, queries.TRIM_CANCELLED, periods.cancelled, trimmed)
         trimmed.idempotency_keys = await _repeat(connections, queries.TRIM_EXPIRED_KEYS, 0.0, trimmed)
         trimmed.result_waiters = await _repeat(connections, queries.TRIM_EXPIRED_WAITERS, 0.0, trimmed)
         async with connections() as conn:
             await admin.afold_stats(conn)  # before trimming, so old deltas land in rows the trim then sees
-        if retention.daily_stats:
-            trimmed.daily_stats = await _repeat(connections, queries.TRIM_DAILY_STATS, retention.daily_stats, trimmed)
+        if periods.daily_stats:
+            trimmed.daily_stats = await _repeat(connections, queries.TRIM_DAILY_STATS, periods.daily_stats, trimmed)
         trimmed.minute_stats = await _repeat(connections, queries.TRIM_MINUTE_STATS, MINUTE_STATS_KEEP, trimmed)
     except LockTaken:
         return trimmed if trimmed.batches else None

@@ -30,15 +30,15 @@ def test_a_limited_claim_reports_its_jobs_and_queues_as_a_plain_claim_does(conn,
     began = datetime.now(UTC)
 
     first = claim_now(db_url, {"default": 5})  # the limit admits two: the third is held back, worth a claim at once
-    assert first.limited and [job.id for job in first.jobs] == [job.id for job in ready[:2]]
-    assert first.held == {"default": 0.0}
+    assert first.under_limit and [job.id for job in first.jobs] == [job.id for job in ready[:2]]
+    assert first.held_back == {"default": 0.0}
     second = claim_now(db_url, {"default": 5})  # the limit is full now: nothing, until a settle or the recheck
-    assert second.jobs == [] and second.held == {"default": claim.CONCURRENCY_RECHECK}
+    assert second.jobs == [] and second.held_back == {"default": claim.CONCURRENCY_RECHECK}
 
     limits.set_limit(conn, "kind", "test.noop", None, None, None, ["default"])
     limits.forget_cache()
     plain = claim_now(db_url, {"default": 5})
-    assert not plain.limited and [job.id for job in plain.jobs] == [ready[2].id] and plain.held == {}
+    assert not plain.under_limit and [job.id for job in plain.jobs] == [ready[2].id] and plain.held_back == {}
 
     for got in (first, second, plain):  # the same trailing columns, the same meaning
         assert 28 < got.due_in["default"] <= 30  # the job due in 30 s
@@ -46,7 +46,7 @@ def test_a_limited_claim_reports_its_jobs_and_queues_as_a_plain_claim_does(conn,
     for got in (first, plain):
         last = got.jobs[-1]
         run_at, token = conn.execute("SELECT run_at, lease_token FROM dygo_jobs WHERE id = %s", (last.id,)).fetchone()
-        assert got.reached == {"default": run_at}  # an epoch number in both statements, made a datetime alike
+        assert got.last_run_at == {"default": run_at}  # an epoch number in both statements, made a datetime alike
         assert uuid.UUID(last.lease_token) == token
         assert (last.kind, last.queue, last.meta, last.attempt, last.max_attempts) == (
             "test.noop",

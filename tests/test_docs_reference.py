@@ -1,6 +1,7 @@
 """The manual's reference against reality, both ways: every command and flag of the `dygo` parser, every
 config key, every environment variable the code reads, every OpenAPI operation and every metric a real
-process serves has its table row in docs/reference/, and every row there names something that exists.
+process serves has its table row in docs/reference/, and every row there names something that exists;
+docs/development.md's layout names every module.
 A flag, key, endpoint or metric added without its row (or removed with its row left behind) fails here."""
 
 from __future__ import annotations
@@ -199,3 +200,22 @@ def test_manual_builds_without_a_broken_link(tmp_path: Path) -> None:
         timeout=120,
     )
     assert built.returncode == 0, built.stdout + built.stderr
+
+
+def layout_sections() -> dict[str, str]:
+    """docs/development.md's layout block, by folder: the text from a folder's label to the next label."""
+    text = (REPO / "docs" / "development.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    parts = re.split(r"^([a-z_/]+/)", block, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_development_layout_names_every_module_of_the_packages() -> None:
+    sections = layout_sections()
+    missing = [
+        f"{folder}{module.name}"
+        for folder in ("store/", "worker/", "app/", "app/dashboard/", "dygo/")
+        for module in sorted((REPO / folder).glob("*.py"))
+        if module.name != "__init__.py" and not re.search(rf"\b{module.stem}\b", sections[folder])
+    ]
+    assert missing == [], f"docs/development.md's layout does not name {missing}"

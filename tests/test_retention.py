@@ -12,14 +12,14 @@ import pytest
 from dygo.store import admin, enqueue, maintenance, queries
 from dygo.store.config import load_settings
 from dygo.store.errors import ConfigError
-from dygo.store.maintenance import Retention, SucceededWalk, Trimmed
+from dygo.store.maintenance import RetentionPeriods, SucceededWalk, Trimmed
 
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
 from tests.twins import SIDES, Twins
 
 DAY = 86400.0
-KEEP_A_DAY = Retention(succeeded=DAY, dead=DAY, cancelled=DAY, daily_stats=DAY)
-KEEP_FOREVER = Retention(succeeded=0, dead=0, cancelled=0, daily_stats=0)
+KEEP_A_DAY = RetentionPeriods(succeeded=DAY, dead=DAY, cancelled=DAY, daily_stats=DAY)
+KEEP_FOREVER = RetentionPeriods(succeeded=0, dead=0, cancelled=0, daily_stats=0)
 
 
 def add_job(conn: psycopg.Connection, state: str, age_days: float) -> int:
@@ -36,7 +36,7 @@ def job_ids(conn: psycopg.Connection) -> set[int]:
     return {row[0] for row in conn.execute("SELECT id FROM dygo_jobs")}
 
 
-def run_trim(url: str, retention: Retention, walk: SucceededWalk | None = None) -> Trimmed | None:
+def run_trim(url: str, retention: RetentionPeriods, walk: SucceededWalk | None = None) -> Trimmed | None:
     async def go() -> Trimmed | None:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             return await maintenance.trim(lambda: nullcontext(conn), retention, walk or SucceededWalk())
@@ -78,7 +78,7 @@ def test_succeeded_backlog_is_trimmed_in_batches_across_the_walk(conn, db_url):
     late = add_job(conn, "succeeded", 2)
     kept = add_job(conn, "succeeded", 0.1)
     walk = SucceededWalk()
-    trimmed = run_trim(db_url, Retention(succeeded=DAY, dead=0, cancelled=0, daily_stats=0), walk)
+    trimmed = run_trim(db_url, RetentionPeriods(succeeded=DAY, dead=0, cancelled=0, daily_stats=0), walk)
     assert trimmed.succeeded == 2501
     assert late not in job_ids(conn) and kept in job_ids(conn)
     assert walk.after == 0  # reached the recent jobs, so the next pass starts from the oldest again

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dygo.store import admin, enqueue
 from dygo.store.leases import Unsuccessful, recover_expired, settle
-from dygo.store.maintenance import MINUTE_STATS_KEEP, Retention
+from dygo.store.maintenance import MINUTE_STATS_KEEP, RetentionPeriods
 
 from tests.test_leases import aconnect, claim_now, run
 from tests.test_retention import run_trim
 
-KEEP_FOREVER = Retention(succeeded=0, dead=0, cancelled=0, daily_stats=0)
+KEEP_FOREVER = RetentionPeriods(succeeded=0, dead=0, cancelled=0, daily_stats=0)
 
 
 def delta(conn, minutes_ago: int, succeeded: int = 0, failed: int = 0, dead: int = 0, kind: str = "a") -> None:

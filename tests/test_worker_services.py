@@ -161,7 +161,7 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
             assert len(last.jobs) == 10  # the 5 never claimed and the 5 recovered
             await asyncio.sleep(1.1)  # past a retention of 1 s: the history and the jobs settled above go
             trimmed = await maintenance.trim(
-                lambda: contextlib.nullcontext(c), maintenance.Retention(1, 1, 1, 1), maintenance.SucceededWalk()
+                lambda: contextlib.nullcontext(c), maintenance.RetentionPeriods(1, 1, 1, 1), maintenance.SucceededWalk()
             )
             assert trimmed is not None and (trimmed.succeeded, trimmed.dead) == (201, 1)
             await c.execute("SELECT pg_stat_force_next_flush()")  # this backend's counters, before we read
@@ -224,7 +224,7 @@ def test_a_full_claim_says_where_in_line_it_stopped_for_each_queue(conn, db_url)
     jobs = [enqueue(conn, "test.noop", {}, run_at=start + timedelta(seconds=i)) for i in range(5)]
     claim = asyncio.run(claim_in_one_statement(db_url, {"default": 3}))
     assert [job.id for job in claim.jobs] == [job.id for job in jobs[:3]]
-    assert claim.reached == {"default": start + timedelta(seconds=2)}
+    assert claim.last_run_at == {"default": start + timedelta(seconds=2)}
 
 
 async def claim_in_one_statement(url: str, wanted: dict[str, int]):
@@ -323,11 +323,11 @@ def test_worker_serving_five_queues_holds_at_most_three_connections(conn, db_url
 
 
 def test_lease_keeper_with_nothing_to_renew_does_not_report_the_database_back(db_url):
-    from dygo.worker.database import Database
+    from dygo.worker.database import WorkerConnections
     from dygo.worker.lease_keeper import LeaseKeeper
 
     async def go() -> bool:
-        database = Database(db_url, "test:1:abc")
+        database = WorkerConnections(db_url, "test:1:abc")
         await database.pool.open(wait=True)
         try:
             database.outage.lost("a restart under way", OSError("server closed the connection"))
@@ -341,8 +341,8 @@ def test_lease_keeper_with_nothing_to_renew_does_not_report_the_database_back(db
 
 def test_recovery_looks_back_to_its_previous_pass_and_a_whole_pass_finds_older_leases(conn, db_url):
     # While VACUUM is held back, a walk from the oldest deadline visits an index entry for every lease
-    # taken since (issue 12 item 5): between whole passes, a pass only looks back to the previous one.
-    from dygo.worker.database import Database
+    # taken since: between whole passes, a pass only looks back to the previous one.
+    from dygo.worker.database import WorkerConnections
     from dygo.worker.maintainer import Recovery
 
     recent, old = (enqueue(conn, "test.noop", {}).id for _ in range(2))
@@ -355,7 +355,7 @@ def test_recovery_looks_back_to_its_previous_pass_and_a_whole_pass_finds_older_l
         return {i for (i,) in conn.execute("SELECT id FROM dygo_jobs WHERE state = 'pending'")}
 
     async def go() -> list[set[int]]:
-        database = Database(db_url, "test:1:abc")
+        database = WorkerConnections(db_url, "test:1:abc")
         await database.pool.open(wait=True)
         try:
             recovery = Recovery(database, max_reaps=3)
@@ -379,14 +379,14 @@ def test_a_recovery_pass_that_waited_for_its_connection_still_finds_a_lease_that
     # The chaos suite once saw a killed worker's job wait 74 s for the next whole pass: a pass that waits for
     # the shared connection (a stalled server) must look back to the previous pass's clock, not further up.
     from dygo.worker import maintainer
-    from dygo.worker.database import Database
+    from dygo.worker.database import WorkerConnections
 
     monkeypatch.setattr(maintainer, "RECOVERY_MARGIN", timedelta(seconds=1))
     job_id = enqueue(conn, "test.noop", {}).id
     claim(db_url, {"default": 1})
 
     async def go() -> str:
-        database = Database(db_url, "test:1:abc")
+        database = WorkerConnections(db_url, "test:1:abc")
         await database.pool.open(wait=True)
         try:
             recovery = maintainer.Recovery(database, max_reaps=3)

@@ -1,5 +1,5 @@
 """Claiming ahead: a queue whose recent jobs were short claims beyond its free slots, and the extra jobs wait
-here, leased to this worker, until a slot frees (issue 12, item 7).
+here, leased to this worker, until a slot frees.
 
 A job of a millisecond costs a claim and a settle round trip and the statements behind them; claimed one
 free slot at a time, those cost more than the job. Claimed ahead, a freed slot starts the next job at once
@@ -31,15 +31,15 @@ SMOOTHING = 0.2  # weight of the newest job in the smoothed time per job
 LEAST_PER_JOB = 0.0002
 
 
-class Ahead:
-    """One queue's jobs claimed ahead, and how many it may hold."""
+class ClaimAhead:
+    """One queue's jobs claimed ahead, and how many it may hold (`may_hold`)."""
 
     def __init__(self, concurrency: int, window: float, most: int) -> None:
         self.concurrency = concurrency
         self.window = window  # seconds of the slots' work to hold ahead (0: off)
         self.most = most  # never more than one claim takes
         # At least a second: in a fleet that shares few cores, a busy process can go a tenth of a second without
-        # running, and a shorter wait handed back jobs its slots were about to take (12% of a 64-worker drain).
+        # running, and a shorter wait would hand back jobs its slots were about to take.
         self.hand_back_after = max(10 * window, 1.0)
         self.waiting: deque[tuple[float, ClaimedJob]] = deque()  # (monotonic time claimed, job), claim order
         self.kinds: Counter[str] = Counter()  # the waiting jobs by kind, for the per-kind caps (worker/producer.py)
@@ -50,7 +50,7 @@ class Ahead:
     def __len__(self) -> int:
         return len(self.waiting)
 
-    def count(self) -> int:
+    def may_hold(self) -> int:
         """How many jobs the queue may hold beyond its free slots now."""
         if not self.allowed or self.window <= 0 or self.per_job == math.inf:
             return 0

@@ -1,4 +1,4 @@
-"""The per-worker caps (issue 13, item 1): how many jobs of each capped kind, and of all kinds together,
+"""The per-worker caps: how many jobs of each capped kind, and of all kinds together,
 this process may still start.
 
 A kind's cap is its `@job(concurrency=N)`, else `default_concurrency`; the process cap is

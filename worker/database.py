@@ -36,7 +36,9 @@ log = logging.getLogger("dygo.worker")
 MAX_CONNECTIONS = 3
 
 
-class Database:
+class WorkerConnections:
+    """The worker's connections (the module docstring lists the three) and its one outage log."""
+
     def __init__(self, url: str, worker_id: str) -> None:
         self.url = url
         # application_name lets an operator (and the chaos suite) find this worker's backends.

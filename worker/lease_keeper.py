@@ -12,7 +12,7 @@ import logging
 import psycopg
 from dygo.store import leases
 from dygo.store.leases import ClaimedJob
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 
 log = logging.getLogger("dygo.worker")
 
@@ -20,7 +20,7 @@ log = logging.getLogger("dygo.worker")
 class LeaseKeeper:
     name = "lease-keeper"
 
-    def __init__(self, database: Database, leased: dict[str, ClaimedJob], ttl: float) -> None:
+    def __init__(self, database: WorkerConnections, leased: dict[str, ClaimedJob], ttl: float) -> None:
         self.database = database
         self.leased = leased  # read only: worker/runs.py
         self.ttl = ttl

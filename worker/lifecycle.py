@@ -8,7 +8,7 @@ import sys
 lifecycle = logging.getLogger("dygo.lifecycle")  # stdout; configured by dygo.logs
 
 
-def say(line: str, **fields: object) -> None:
+def announce(line: str, **fields: object) -> None:
     """Lifecycle lines go to stdout; everything else is a log line on stderr. The `dygo` command sets
     up the lifecycle logger (text or JSON with these fields); without it, a plain print."""
     if lifecycle.handlers:

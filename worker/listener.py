@@ -15,7 +15,7 @@ from collections.abc import Callable
 import psycopg
 from dygo.store import leases, schedules
 from dygo.store.db import notifications
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 
 RETRY_MAX = 5.0  # capped low: its reconnect is what wakes every producer once the database is back
 
@@ -25,7 +25,7 @@ class Listener:
 
     def __init__(
         self,
-        database: Database,
+        database: WorkerConnections,
         wake_queue: Callable[[str], None],
         wake_all: Callable[[], None],
         schedules_changed: asyncio.Event,

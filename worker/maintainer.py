@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 import psycopg
 from dygo.store import leases, limits, maintenance
 from dygo.store.config import Settings
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 
 log = logging.getLogger("dygo.worker")
 
@@ -27,7 +27,7 @@ STALE_AFTER = HEARTBEAT_INTERVAL * 12  # a worker silent this long is gone from 
 
 
 class Heartbeat:
-    def __init__(self, database: Database, worker_id: str, queues: dict[str, int]) -> None:
+    def __init__(self, database: WorkerConnections, worker_id: str, queues: dict[str, int]) -> None:
         self.database = database
         self.worker_id = worker_id
         self.queues = queues
@@ -57,7 +57,7 @@ class Recovery:
     """Expired leases back to their queue (or dead as poison). The producer runs a pass before its first
     claim after start and after an outage, and at most every RECOVER_INTERVAL after a claim."""
 
-    def __init__(self, database: Database, max_reaps: int) -> None:
+    def __init__(self, database: WorkerConnections, max_reaps: int) -> None:
         self.database = database
         self.max_reaps = max_reaps
         self.last = 0.0  # monotonic time of the last pass
@@ -84,7 +84,7 @@ class Recovery:
 
 
 class StaleWorkers:
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: WorkerConnections) -> None:
         self.database = database
 
     async def run_once(self) -> None:
@@ -93,9 +93,10 @@ class StaleWorkers:
 
 
 class Retention:
-    """A retention pass every `retention_interval`; each batch takes the shared connection on its own."""
+    """A retention pass (store/maintenance.py) every `retention_interval`, with the periods of the settings;
+    each batch takes the shared connection on its own."""
 
-    def __init__(self, database: Database, settings: Settings) -> None:
+    def __init__(self, database: WorkerConnections, settings: Settings) -> None:
         self.database = database
         self.settings = settings
         self.next_pass = 0.0  # monotonic time of the next pass
@@ -106,8 +107,8 @@ class Retention:
 
     async def run_once(self) -> None:
         self.next_pass = time.monotonic() + self.settings.retention_interval
-        retention = maintenance.Retention.from_settings(self.settings)
-        trimmed = await maintenance.trim(self.database.connection, retention, self.walk)
+        periods = maintenance.RetentionPeriods.from_settings(self.settings)
+        trimmed = await maintenance.trim(self.database.connection, periods, self.walk)
         async with self.database.connection() as conn:
             await limits.trim_starts(conn)  # the rate limits' start log: rows older than their window
         if trimmed is not None and trimmed.total():

@@ -2,8 +2,8 @@
 
 One loop and one connection for all queues: each claim is one statement that takes, for each queue
 with free slots, at most that many jobs in claim order (store/claim.py, whatever the limits). A queue
-is claimed for while it is *armed*: something says it may have ready jobs (a NOTIFY for it, its
-timer, a claim that came back full, the start). A claim that comes back short disarms it until a
+is claimed for while it *may have ready jobs* (`QueueSlots.may_have_ready`): a NOTIFY for it, its
+timer, a claim that came back full, the start. A claim that comes back short clears that until a
 NOTIFY or its timer: the next pending job's run_at (a retry this worker scheduled itself, a delayed
 job) or the poll interval, whichever is first.
 
@@ -13,11 +13,11 @@ here and a freed slot starts the next at once.
 The per-worker caps (worker/capacity.py) shape each claim: the process cap trims the wanted counts, and
 the capped kinds' free slots go into the statement, which skips a kind at its cap and takes no more of a
 kind than its free slots. A claim that comes back short after a kind took every free slot it was given
-leaves its queues armed (the next claim skips that kind if it is at its cap); a job of a kind that was at
-its cap arms its queue when it ends.
+leaves `may_have_ready` set on its queues (the next claim skips that kind if it is at its cap); a job of a
+kind that was at its cap sets it on its queue when it ends.
 
-After a claim that came back short, a queue's next walk of the ready index starts at that claim's
-time less LATE_COMMIT_MARGIN rather than at the head, where a held snapshot keeps an entry for every
+After a claim that came back short, a queue's next walk of the ready index starts (`walk_start`) at that
+claim's time less LATE_COMMIT_MARGIN rather than at the head, where a held snapshot keeps an entry for every
 job claimed since (store/claim.py CLAIM_JOBS); after a full claim (a backlog), at the run_at of the
 last job it took less that margin. A walk from the head comes at least once every HEAD_WALK_INTERVAL
 while the queue is busy, for jobs put back in line with an earlier run_at (and, in a backlog, older
@@ -37,9 +37,9 @@ from datetime import datetime, timedelta
 import psycopg
 from dygo.store.claim import Claim, claim_jobs, claim_session
 from dygo.store.leases import ClaimedJob
-from dygo.worker.ahead import Ahead
+from dygo.worker.ahead import ClaimAhead
 from dygo.worker.capacity import Capacity
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 from dygo.worker.maintainer import Recovery
 from dygo.worker.runs import Runs
 from dygo.worker.service import failure_backoff, wait_for_event
@@ -53,31 +53,38 @@ HEAD_WALK_INTERVAL = 1.0
 
 
 class QueueSlots:
-    """One queue's capacity in this process, and whether the producer should claim for it."""
+    """One queue's capacity in this process, and whether the producer should claim for it. Read and written
+    by the producer only: its loop, and the wake-ups it is told of, on the same event loop."""
 
     def __init__(self, name: str, concurrency: int, claim_ahead: float, most: int) -> None:
         self.name = name
         self.concurrency = concurrency
         self.running = 0
-        self.ahead = Ahead(concurrency, claim_ahead, most)  # jobs claimed beyond the free slots (worker/ahead.py)
-        self.armed = True  # it may have ready jobs: claim for it when it has free slots
-        self.due_at = math.inf  # monotonic time its timer arms it (inf: armed already, no timer)
-        self.since: datetime | None = None  # where its next walk starts (None: at the head)
-        self.head_walked = -math.inf  # monotonic time of its last walk from the head
-        self.from_head = True  # whether its last walk started at the head
+        self.ahead = ClaimAhead(concurrency, claim_ahead, most)  # jobs claimed beyond the free slots
+        # Something says it may have ready jobs (a NOTIFY, its timer, a full claim, the start): claim for it
+        # when enough is `claimable`. Cleared by a claim, set again by whatever says so next.
+        self.may_have_ready = True
+        # Monotonic time its timer sets may_have_ready (inf: no timer).
+        self.due_at = math.inf
+        # The run_at its next walk of the ready index starts at (None: at the head), past the entries a held
+        # snapshot keeps for jobs claimed since; see the module docstring.
+        self.walk_start: datetime | None = None
+        self.head_walked_at = -math.inf  # monotonic time of its last walk from the head
+        self.last_walk_from_head = True  # whether its last walk started at the head
 
     @property
     def free(self) -> int:
+        """Its slots not running a job."""
         return self.concurrency - self.running
 
     @property
-    def room(self) -> int:
+    def claimable(self) -> int:
         """How many more jobs it may claim now: its free slots, plus what it may hold ahead beyond them."""
-        return self.concurrency + self.ahead.count() - self.running - len(self.ahead)
+        return self.concurrency + self.ahead.may_hold() - self.running - len(self.ahead)
 
     def batch_threshold(self) -> int:
         # Claim in batches once saturated, not one job per freed slot.
-        return max(1, (self.concurrency + self.ahead.count()) // 4)
+        return max(1, (self.concurrency + self.ahead.may_hold()) // 4)
 
 
 class Producer:
@@ -85,7 +92,7 @@ class Producer:
 
     def __init__(
         self,
-        database: Database,
+        database: WorkerConnections,
         slots: dict[str, QueueSlots],
         runs: Runs,
         recovery: Recovery,
@@ -111,24 +118,25 @@ class Producer:
         # outage follows a recovery pass; afterwards recovery follows claims, off the wake-up path.
         self.recover_first = True
         # Queues the last claim held back on a cluster-wide limit: seconds until worth claiming again.
-        self.held: dict[str, float] = {}
+        self.held_back: dict[str, float] = {}
         # What the per-worker caps did to the last claim: some capped kind took every free slot it was given
-        # (capped_out), or had none and was skipped (skipped). Judged from what the claim was given, not from
-        # the caps after it: a job of the kind that ended during the claim had freed a slot it could not see.
-        self.capped_out = False
-        self.skipped = False
+        # (capped_kind_filled), or had none and was skipped (capped_kind_skipped). Judged from what the claim
+        # was given, not from the caps after it: a job of the kind that ended during the claim had freed a slot
+        # it could not see.
+        self.capped_kind_filled = False
+        self.capped_kind_skipped = False
 
-    # --- signals, from the listener, finished jobs and the worker ---------------------------------
+    # --- signals, from the listener, finished jobs, the settler (QueueWakeups) and the worker ---------
 
     def wake_queue(self, name: str) -> None:
         slots = self.slots.get(name)
         if slots is not None:
-            slots.armed = True
+            slots.may_have_ready = True
             self.wake.set()
 
     def wake_all(self) -> None:
         for slots in self.slots.values():
-            slots.armed, slots.since = True, None  # whatever was missed meanwhile may sit anywhere in line
+            slots.may_have_ready, slots.walk_start = True, None  # what was missed meanwhile may sit anywhere in line
         self.wake.set()
 
     def finished(self, job: ClaimedJob, took: float) -> None:
@@ -138,7 +146,7 @@ class Producer:
         claimed_ahead = self._claimed_ahead(job.kind) if job.kind in self.capacity.kind_caps else 0
         if self.capacity.finished(job.kind, claimed_ahead):
             # Its kind was skipped while at its cap: jobs of it may be waiting, anywhere in line.
-            slots.armed, slots.since = True, None
+            slots.may_have_ready, slots.walk_start = True, None
         if not self.stopping.is_set() and (waiting := slots.ahead.next()) is not None:
             self._start(waiting)  # a job claimed ahead takes the freed slot: no round trip between the two
         self.wake.set()
@@ -148,13 +156,14 @@ class Producer:
         slots = self.slots.get(name)
         if slots is not None:
             slots.due_at = min(slots.due_at, time.monotonic() + max(delay, 0.0) + 0.005)
-            slots.since = None  # a hand-back keeps its run_at: behind where the walk would start
+            slots.walk_start = None  # a hand-back keeps its run_at: behind where the walk would start
             self.wake.set()  # the idle wait takes the new timer into account
 
-    def takes_freed(self, name: str) -> bool:
+    def claims_freed_slots(self, name: str) -> bool:
         """Whether this worker claims for queue `name` as soon as it is told a settle freed a slot of a
-        limit there (refill): then the settle need not wake every worker to race for the slot under the
-        limit's lock (limits.freed_queues); the workers a limit held back still retry on their timer."""
+        limit there (limit_slots_freed): then the settle need not wake every worker to race for the slot
+        under the limit's lock (limits.freed_queues); the workers a limit held back still retry on their
+        timer."""
         slots = self.slots.get(name)
         return (
             slots is not None
@@ -163,7 +172,7 @@ class Producer:
             and self.capacity.total_free() >= self.capacity.batch_threshold()
         )
 
-    def refill(self, names: list[str]) -> None:
+    def limit_slots_freed(self, names: list[str]) -> None:
         """A settle of this worker freed slots of a limit in `names` (committed): claim for them now."""
         for name in names:
             self.wake_queue(name)
@@ -202,9 +211,9 @@ class Producer:
                 if self.recover_first or self.database.outage.down:
                     await self.recovery.run_once()
                     self.recover_first = False
-                for name in wanted:  # a NOTIFY during the claim arms it again
-                    self.slots[name].armed = False
-                claim = await self.claim(self.conn, wanted, self._walks_from(wanted))
+                for name in wanted:  # a NOTIFY during the claim sets it again
+                    self.slots[name].may_have_ready = False
+                claim = await self.claim(self.conn, wanted, self._walk_starts(wanted))
                 failures = 0
                 await self.database.back()
                 # Recovery comes right after a claim rather than before it, to keep its round trip
@@ -212,33 +221,33 @@ class Producer:
                 if time.monotonic() - self.recovery.last >= RECOVER_INTERVAL:
                     await self.recovery.run_once()
                 counts = Counter(job.queue for job in claim.jobs)
-                short = [name for name, n in wanted.items() if counts[name] < n and name not in self.held]
+                short = [name for name, n in wanted.items() if counts[name] < n and name not in self.held_back]
                 # Rows of a capped kind, or that a limit held back, may be left in line: no walk starts past them.
-                every_due_taken = not (self.capped_out or self.skipped or claim.limited)
+                every_due_taken = not (self.capped_kind_filled or self.capped_kind_skipped or claim.under_limit)
                 for name, n in wanted.items():
                     if counts[name] == n:
-                        self.slots[name].armed = True  # there may be more ready right now
-                        if name in claim.reached and every_due_taken:
+                        self.slots[name].may_have_ready = True  # there may be more ready right now
+                        if name in claim.last_run_at and every_due_taken:
                             # A backlog: the next walk starts about where this one stopped, not at the head
                             # across the entries of every job claimed since a held snapshot began.
-                            self.slots[name].since = claim.reached[name] - LATE_COMMIT_MARGIN
+                            self.slots[name].walk_start = claim.last_run_at[name] - LATE_COMMIT_MARGIN
                     elif claim.clock is not None and every_due_taken:
                         # Every job due and visible then was taken.
-                        self.slots[name].since = claim.clock - LATE_COMMIT_MARGIN
-                self._hold(self.held)
-                if short and self.capped_out:
+                        self.slots[name].walk_start = claim.clock - LATE_COMMIT_MARGIN
+                self._hold(self.held_back)
+                if short and self.capped_kind_filled:
                     # A kind took all its free slots in this claim, so rows of it may be left behind (or it
                     # took the place of others): claim again, skipping it if it is at its cap now. Not when
                     # it ended short because the kind was at its cap when it began: that kind's next end
-                    # arms the queue (`finished`), and claiming again would find it still at its cap.
+                    # marks the queue (`finished`), and claiming again would find it still at its cap.
                     for name in short:
-                        self.slots[name].armed = True
+                        self.slots[name].may_have_ready = True
                 elif short:
                     self._set_timers(short, claim.due_in)
             except (psycopg.Error, OSError) as exc:
                 self.recover_first = True
                 for name in wanted:
-                    self.slots[name].armed, self.slots[name].since = True, None
+                    self.slots[name].may_have_ready, self.slots[name].walk_start = True, None
                 if self.conn is not None:
                     await self.conn.close()
                     self.conn = None
@@ -251,37 +260,37 @@ class Producer:
                 await wait_for_event(self.stopping, failure_backoff(failures))
 
     def _wanted(self) -> dict[str, int]:
-        """How many jobs to claim per queue now: armed queues with enough free slots."""
+        """How many jobs to claim per queue now: queues that may have ready jobs and have enough room."""
         now = time.monotonic()
         wanted = {}
         for slots in self.slots.values():
             if slots.due_at <= now:
-                slots.armed, slots.due_at = True, math.inf
-            if slots.armed and slots.room >= slots.batch_threshold():
-                wanted[slots.name] = min(slots.room, self.batch_size)
+                slots.may_have_ready, slots.due_at = True, math.inf
+            if slots.may_have_ready and slots.claimable >= slots.batch_threshold():
+                wanted[slots.name] = min(slots.claimable, self.batch_size)
         return self.capacity.share(wanted) if wanted else wanted
 
-    def _walks_from(self, wanted: dict[str, int]) -> dict[str, datetime | None]:
-        """Where each queue's walk starts: its `since`, or the head when that is due."""
+    def _walk_starts(self, wanted: dict[str, int]) -> dict[str, datetime | None]:
+        """Where each queue's walk starts: its `walk_start`, or the head when a walk from there is due."""
         now = time.monotonic()
-        since = {}
+        starts = {}
         for name in wanted:
             slots = self.slots[name]
-            if slots.since is not None and now - slots.head_walked >= HEAD_WALK_INTERVAL:
-                slots.since = None
-            slots.from_head = slots.since is None
-            if slots.from_head:
-                slots.head_walked = now
-            since[name] = slots.since
-        return since
+            if slots.walk_start is not None and now - slots.head_walked_at >= HEAD_WALK_INTERVAL:
+                slots.walk_start = None
+            slots.last_walk_from_head = slots.walk_start is None
+            if slots.last_walk_from_head:
+                slots.head_walked_at = now
+            starts[name] = slots.walk_start
+        return starts
 
-    def _hold(self, held: dict[str, float]) -> None:
+    def _hold(self, held_back: dict[str, float]) -> None:
         """Queues a limit held back claim again when it may admit more (their ready jobs are due already,
         so the next-run timer would spin); a settle's NOTIFY may wake them sooner."""
         now = time.monotonic()
-        for name, wait in held.items():
+        for name, wait in held_back.items():
             if wait <= 0:
-                self.slots[name].armed = True
+                self.slots[name].may_have_ready = True
             else:
                 self.slots[name].due_at = min(self.slots[name].due_at, now + min(wait, self.poll_interval))
 
@@ -301,7 +310,7 @@ class Producer:
                 )
 
     def _set_timers(self, queues: list[str], due: dict[str, float]) -> None:
-        """Arm each queue again when its next scheduled job is due (the claim said when), or after the poll
+        """Set each queue's timer: when its next scheduled job is due (the claim said when), or after the poll
         interval."""
         now = time.monotonic()
         for name in queues:
@@ -309,25 +318,28 @@ class Producer:
             wait = self.poll_interval
             if name in due:
                 wait = min(wait, max(due[name], 0.0) + 0.005)
-            if not slots.from_head:  # this walk started past the head: one from the head follows soon
-                wait = min(wait, max(slots.head_walked + HEAD_WALK_INTERVAL - now, 0.0))
+            if not slots.last_walk_from_head:  # this walk started past the head: one from the head follows soon
+                wait = min(wait, max(slots.head_walked_at + HEAD_WALK_INTERVAL - now, 0.0))
             slots.due_at = now + wait
 
     async def claim(
-        self, conn: psycopg.AsyncConnection, wanted: dict[str, int], since: dict[str, datetime | None] | None = None
+        self,
+        conn: psycopg.AsyncConnection,
+        wanted: dict[str, int],
+        walk_starts: dict[str, datetime | None] | None = None,
     ) -> Claim:
         """Claim up to wanted[queue] jobs per queue (store/claim.py) and start them."""
         kind_free = self._kind_free() if self.capacity.capped else None
-        claim = await claim_jobs(conn, wanted, self.worker_id, self.lease_ttl, since=since, kind_free=kind_free)
-        self.held = claim.held
+        claim = await claim_jobs(conn, wanted, self.worker_id, self.lease_ttl, since=walk_starts, kind_free=kind_free)
+        self.held_back = claim.held_back
         taken = Counter(job.kind for job in claim.jobs)
         given = kind_free or {}
-        self.capped_out = any(0 < free <= taken[kind] for kind, free in given.items())
-        self.skipped = any(free <= 0 for free in given.values())
+        self.capped_kind_filled = any(0 < free <= taken[kind] for kind, free in given.items())
+        self.capped_kind_skipped = any(free <= 0 for free in given.values())
         # The process cap counts started jobs across the queues, a limit counts claimed jobs as running:
         # under either, no job waits here.
         for name in wanted:
-            self.slots[name].ahead.allowed = self.capacity.max_concurrency is None and not claim.limited
+            self.slots[name].ahead.allowed = self.capacity.max_concurrency is None and not claim.under_limit
         starting = []
         for job in claim.jobs:
             slots = self.slots[job.queue]

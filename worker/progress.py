@@ -20,7 +20,7 @@ import time
 import psycopg
 from dygo.store import leases
 from dygo.store.leases import ClaimedJob, Progress
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 
 INTERVAL = 1.0
 
@@ -28,7 +28,7 @@ INTERVAL = 1.0
 class ProgressWriter:
     name = "progress"
 
-    def __init__(self, database: Database, leased: dict[str, ClaimedJob]) -> None:
+    def __init__(self, database: WorkerConnections, leased: dict[str, ClaimedJob]) -> None:
         self.database = database  # its outage log: a failed write during an outage is not logged once per second
         self.leased = leased  # the worker's claimed-and-not-settled jobs: their lease tokens fence the write
         # The latest report of each run, by lease token like the worker's leases, kept after it is written

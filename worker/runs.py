@@ -48,7 +48,7 @@ class Runs:
     def start(self, jobs: list[ClaimedJob], finished: Callable[[ClaimedJob, float], None]) -> None:
         """Run each claimed job's handler in a task; `finished` is called when one ends, whatever happened, with
         the seconds its slot spent on it. The tasks are made on the loop's next turn: the producer's next claim
-        is on its way by then, and the server works on it while these jobs run (issue 12, item 7)."""
+        is on its way by then, and the server works on it while these jobs run."""
         self.stats.claimed_jobs(jobs)
         for job in jobs:
             self.leased[job.lease_token] = job

@@ -42,10 +42,10 @@ from dygo.store.leases import ClaimedJob
 from dygo.store.outage import describe, is_outage
 from dygo.store.registry import Registry
 from dygo.worker.capacity import Capacity
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 from dygo.worker.executor import Executor
 from dygo.worker.lease_keeper import LeaseKeeper
-from dygo.worker.lifecycle import say
+from dygo.worker.lifecycle import announce
 from dygo.worker.listener import Listener
 from dygo.worker.maintainer import Heartbeat, Maintainer, Recovery, Retention, StaleWorkers
 from dygo.worker.options import WorkerOptions, make_worker_id
@@ -63,10 +63,13 @@ EXIT_SERVICE_DIED = 1
 
 
 class Worker:
+    """One worker process: its services, built and wired once here, in the order they depend on each other."""
+
     def __init__(self, settings: Settings, jobs: Registry, options: WorkerOptions, url: str) -> None:
+        self.settings = settings
         self.options = options
         self.id = make_worker_id()
-        self.database = Database(url, self.id)
+        self.database = WorkerConnections(url, self.id)
         self.stats = WorkerStats()
         leased: dict[str, ClaimedJob] = {}  # worker/runs.py says who writes and reads it
         self.slots = {
@@ -75,19 +78,11 @@ class Worker:
         }
         self.capacity = Capacity(jobs.concurrency_caps(settings.default_concurrency), options.max_concurrency)
         self.progress = ProgressWriter(self.database, leased)
-        self.settler = Settler(
-            self.database,
-            leased,
-            self.stats,
-            requeued=lambda queue, delay: self.producer.requeued(queue, delay),
-            takes_freed=lambda queue: self.producer.takes_freed(queue),
-            refill=lambda queues: self.producer.refill(queues),
-        )
+        self.settler = Settler(self.database, leased, self.stats)
         self.runs = Runs(
             leased, Executor(settings, jobs, self.progress.report), self.settler, self.progress, self.stats
         )
         self.heartbeat = Heartbeat(self.database, self.id, options.queues)
-        self.settings = settings
         self.recovery = Recovery(self.database, settings.max_reaps)
         self.producer = Producer(
             self.database,
@@ -100,6 +95,9 @@ class Worker:
             options.poll_interval,
             self.capacity,
         )
+        # What a settle means for claiming goes to the producer (settler.QueueWakeups); set here because the
+        # producer needs the runs, which need the settler.
+        self.settler.wakeups = self.producer
         self.scheduler = Scheduler(self.database, jobs, options.poll_interval)
         self.timings = TimingsWriter(self.database, self.stats)
         self.listening = not options.poll_only and self.database.listen_url is not None
@@ -127,7 +125,7 @@ class Worker:
         self.died: list[str] = []  # services that ended on an unexpected error
         self.last_write_failed = False  # a last write of the stop failed on a database error (_last)
         self.said: set[str] = set()  # the database errors logged as a service's death: not said again at the stop
-        self.ready = False  # services running and, unless polling only, listening (Worker.Ready in the seed)
+        self.ready = False  # services running and, unless polling only, listening (_announce_ready)
 
     async def run(self) -> int:
         await self.database.wait_until_reachable()
@@ -145,7 +143,7 @@ class Worker:
                     lambda: {n: (s.running, s.concurrency, len(s.ahead)) for n, s in self.slots.items()},
                     self.is_ready,
                 )
-                say(f"dygo worker metrics: http://{self.options.metrics_host}:{bound}/metrics")
+                announce(f"dygo worker metrics: http://{self.options.metrics_host}:{bound}/metrics")
             if self.options.once:
                 return await self._run_once()
             return await self._run_forever()
@@ -169,7 +167,7 @@ class Worker:
         await asyncio.gather(progress, return_exceptions=True)
         await self.settler.flush()
         await self.timings.flush()
-        say(
+        announce(
             f"dygo worker {self.id} ran {len(claimed)} job(s) once; exiting",
             event="ran_once",
             worker=self.id,
@@ -192,7 +190,7 @@ class Worker:
         queues = ", ".join(f"{s.name}({s.concurrency})" for s in self.slots.values())
         cron = "" if self.options.cron else "; cron off"
         cap = "" if self.options.max_concurrency is None else f"at most {self.options.max_concurrency} jobs at once; "
-        say(
+        announce(
             f"dygo worker {self.id} started: queues {queues}; {cap}{self._mode()}, "
             f"poll every {self.options.poll_interval:g}s{cron}",
             event="started",
@@ -202,11 +200,11 @@ class Worker:
         tasks = [asyncio.create_task(service.run(), name=service.name) for service in self.services]
         for task in tasks:
             task.add_done_callback(self._watch)
-        announce = asyncio.create_task(self._announce_ready())
+        announcing = asyncio.create_task(self._announce_ready())
         await self.producer.stopping.wait()
         self.ready = False
-        announce.cancel()
-        say(
+        announcing.cancel()
+        announce(
             f"dygo worker {self.id} stopping: {len(self.runs.tasks)} job(s) in flight, "
             f"waiting up to {self.options.shutdown_timeout:g}s",
             event="stopping",
@@ -225,7 +223,7 @@ class Worker:
         if self.options.ready_file is not None:
             self.options.ready_file.unlink(missing_ok=True)
         if self.died:
-            say(
+            announce(
                 f"dygo worker {self.id} stopped: service {', '.join(self.died)} died (see the log); exit "
                 f"{EXIT_SERVICE_DIED}",
                 event="stopped",
@@ -234,13 +232,13 @@ class Worker:
             )
             return EXIT_SERVICE_DIED
         if self.last_write_failed:
-            say(
+            announce(
                 f"dygo worker {self.id} stopped: a last write failed (see the log); exit {EXIT_SERVICE_DIED}",
                 event="stopped",
                 worker=self.id,
             )
             return EXIT_SERVICE_DIED
-        say(f"dygo worker {self.id} stopped", event="stopped", worker=self.id)
+        announce(f"dygo worker {self.id} stopped", event="stopped", worker=self.id)
         return 0
 
     async def _announce_ready(self) -> None:
@@ -251,7 +249,7 @@ class Worker:
         self.ready = True
         if self.options.ready_file is not None:
             self.options.ready_file.write_text(f"{self.id}\n")
-        say(f"dygo worker {self.id} ready", event="ready", worker=self.id)
+        announce(f"dygo worker {self.id} ready", event="ready", worker=self.id)
 
     def is_ready(self) -> bool:
         """For the readiness probe (from the metrics thread): ready, and not in a database outage."""

@@ -13,7 +13,7 @@ import logging
 import psycopg
 from dygo.store import schedules
 from dygo.store.registry import Registry
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 from dygo.worker.service import failure_backoff, wait_for_event
 
 log = logging.getLogger("dygo.worker")
@@ -24,7 +24,7 @@ LOCKED_RETRY = 0.25  # a due schedule another worker is firing: its fire takes m
 class Scheduler:
     name = "scheduler"
 
-    def __init__(self, database: Database, jobs: Registry, poll_interval: float) -> None:
+    def __init__(self, database: WorkerConnections, jobs: Registry, poll_interval: float) -> None:
         self.database = database
         self.jobs = jobs
         self.poll_interval = poll_interval

@@ -2,6 +2,9 @@
 
 Handlers put their outcomes in the outbox (`submit`); the settler's loop settles everything waiting
 in one round trip, so at high throughput a batch per round trip, not a round trip per job.
+
+What a settle means for claiming goes to the worker's producer through `QueueWakeups`: a job put back in
+its queue (a retry or snooze, due later), and slots freed under a cluster-wide limit.
 """
 
 from __future__ import annotations
@@ -9,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
+from typing import Protocol
 
 import psycopg
 from dygo.store import leases, limits
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 from dygo.worker.telemetry import WorkerStats, outcome_name
 
 log = logging.getLogger("dygo.worker")
@@ -22,26 +25,42 @@ log = logging.getLogger("dygo.worker")
 SETTLE_BATCH = 1000
 
 
+class QueueWakeups(Protocol):
+    """What the settler tells the claiming side (worker/producer.py Producer) about the queues it settled."""
+
+    def requeued(self, queue: str, delay: float) -> None:
+        """A job of `queue` was put back in line, due in `delay` seconds (a retry, a snooze): claim for the
+        queue then (a poll-only worker gets no NOTIFY for it)."""
+
+    def claims_freed_slots(self, queue: str) -> bool:
+        """Whether this worker claims at once for `queue` when a settle frees slots of a limit there; if not,
+        the settle wakes every worker (a NOTIFY)."""
+
+    def limit_slots_freed(self, queues: list[str]) -> None:
+        """A settle freed slots of a limit in `queues` (committed), each of which `claims_freed_slots`."""
+
+
+class NoWakeups:
+    """The wake-ups of a settler not wired to a producer: nothing is claimed again, every worker is woken."""
+
+    def requeued(self, queue: str, delay: float) -> None:
+        pass
+
+    def claims_freed_slots(self, queue: str) -> bool:
+        return False
+
+    def limit_slots_freed(self, queues: list[str]) -> None:
+        pass
+
+
 class Settler:
     name = "settler"
 
-    def __init__(
-        self,
-        database: Database,
-        leased: dict[str, ClaimedJob],
-        stats: WorkerStats,
-        requeued: Callable[[str, float], None] = lambda queue, delay: None,
-        takes_freed: Callable[[str], bool] = lambda queue: False,
-        refill: Callable[[list[str]], None] = lambda queues: None,
-    ) -> None:
+    def __init__(self, database: WorkerConnections, leased: dict[str, ClaimedJob], stats: WorkerStats) -> None:
         self.database = database
-        # A queue whose limit a settle frees slots of is refilled by this worker's producer when it can take
-        # them (takes_freed: told after the commit, by refill), otherwise every worker is woken (a NOTIFY).
-        self.takes_freed = takes_freed
-        self.refill = refill
-        # Told of each job this worker put back in its queue (retry, snooze): (queue, seconds until due).
-        # The producer keeps a timer for it; a poll-only worker gets no NOTIFY for it (issue 14.3).
-        self.requeued = requeued
+        # Set to the worker's producer by worker/runtime.py once it exists (the producer needs the runs, and
+        # the runs need this settler).
+        self.wakeups: QueueWakeups = NoWakeups()
         self.leased = leased  # the worker's claimed-and-not-settled jobs (worker/runs.py): settled ones leave it
         self.stats = stats
         self.outbox: list[Outcome] = []  # finished, waiting to be settled; written by handlers and the drain
@@ -62,7 +81,7 @@ class Settler:
 
     async def flush(self) -> None:
         """Settle everything in the outbox; in an outage keep it and retry (leases cover it). Any other database
-        error is raised (Database.failed): the batch stays in the outbox, its leases run out, and another
+        error is raised (WorkerConnections.failed): the batch stays in the outbox, its leases run out, and another
         worker recovers its jobs."""
         async with self.flushing:
             await self._flush_outbox()
@@ -75,11 +94,12 @@ class Settler:
             try:
                 async with self.database.connection() as conn:
                     freed = await limits.freed_queues(conn, [o.job for o in batch])
-                    kept = [queue for queue in freed if self.takes_freed(queue)]
-                    settled = await leases.settle(conn, batch, [queue for queue in freed if queue not in kept])
+                    claimed_here = [queue for queue in freed if self.wakeups.claims_freed_slots(queue)]
+                    to_notify = [queue for queue in freed if queue not in claimed_here]  # wakes every worker
+                    settled = await leases.settle(conn, batch, to_notify)
                 del self.outbox[: len(batch)]
-                if kept:
-                    self.refill(kept)
+                if claimed_here:
+                    self.wakeups.limit_slots_freed(claimed_here)
                 await self.database.back()
             except (psycopg.Error, OSError) as exc:
                 await self.database.failed(f"settling {len(batch)} job(s)", exc)
@@ -97,7 +117,7 @@ class Settler:
                 else:
                     outcomes[outcome_name(outcome)] += 1
                     if outcome.state == "pending":
-                        self.requeued(job.queue, outcome.delay)
+                        self.wakeups.requeued(job.queue, outcome.delay)
             if succeeded:
                 outcomes["succeeded"] = succeeded
             self.stats.settled_batch(outcomes, len(batch) - outcomes.total())

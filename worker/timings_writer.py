@@ -8,7 +8,7 @@ import asyncio
 
 import psycopg
 from dygo.store import timings
-from dygo.worker.database import Database
+from dygo.worker.database import WorkerConnections
 from dygo.worker.telemetry import WorkerStats
 
 INTERVAL = 5.0
@@ -17,7 +17,7 @@ INTERVAL = 5.0
 class TimingsWriter:
     name = "timings"
 
-    def __init__(self, database: Database, stats: WorkerStats) -> None:
+    def __init__(self, database: WorkerConnections, stats: WorkerStats) -> None:
         self.database = database
         self.stats = stats
 
