@@ -19,7 +19,7 @@ class Service(Protocol):
     name: str  # the task's name, and the name a log line gives it when it dies
 
     async def run(self) -> None:
-        """The service's loop. It hands its database and OS errors to `Database.failed`: an outage is logged and
+        """The service's loop. It hands its database and OS errors to `WorkerConnections.failed`: an outage is logged and
         retried; any other error ends the loop, and the worker stops on it (worker/runtime.py)."""
 
 
