@@ -5,8 +5,8 @@ the database (store/auth_state.py), so every `dygo serve` process and a restart 
 with N processes behind a balancer an address still gets LOGIN_ATTEMPTS tries, not N times as many.
 While an address is locked out even the right token is refused: guessing must not pay off.
 
-A right token does not cost a database read (issue 12: that read was a second round trip on every
-single enqueue). Each recorded failure is notified with its address (store/auth_state.py), and every
+A right token does not cost a database read: that read would be a second round trip on every single
+enqueue. Each recorded failure is notified with its address (store/auth_state.py), and every
 serve process listens (app/listening.py): the throttle keeps the addresses with failures heard of in
 the last window, the *suspects*, and reads the table only for them. An address whose newest failure is
 older than the window cannot be locked out, so a suspect is forgotten after a window of silence, or

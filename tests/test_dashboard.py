@@ -483,7 +483,7 @@ def test_too_many_failed_sign_ins_get_a_429_page_saying_when_to_try_again(serve,
     expect(page).to_have_url(re.compile(r"/dashboard/login"))
 
 
-# --- Details a user noticed (issue 14, points 16 and 18): one `dygo serve` for these; each test makes its
+# --- Details of the job pages a user relies on: one `dygo serve` for these; each test makes its
 # own jobs and looks only at them.
 
 

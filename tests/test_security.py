@@ -1,4 +1,4 @@
-"""What a penetration test of `dygo serve` found (issue 15), each against real `dygo serve` processes.
+"""The attacks `dygo serve` must withstand, each against real `dygo serve` processes.
 
 Cross-site requests and foreign Host headers, security headers, server-side session revocation, the
 shared bearer-token throttle and weak tokens, log forging, secrets in the access log, client protocol

@@ -1,4 +1,4 @@
-"""`dygo serve` under hundreds of concurrent clients, and its 503 rule (issue 12, docs/operations/scaling-web.md).
+"""`dygo serve` under hundreds of concurrent clients, and its 503 rule (docs/operations/scaling-web.md).
 
 Real `dygo serve` processes and real concurrent HTTP clients on 127.0.0.1; no figure is timed here
 (bench/http_bench.py measures).

@@ -1,4 +1,4 @@
-"""Worker options and rules from the seed (issue 14): timers in a poll-only worker, the poll interval's
+"""Worker options and their rules: timers in a poll-only worker, the poll interval's
 floor, recovery before the first claim, cron off, readiness."""
 
 from __future__ import annotations

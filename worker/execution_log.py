@@ -1,13 +1,13 @@
 """The worker's one log line per execution (`job 12 email.send attempt 1/5 succeeded in 2ms`).
 
-A LogRecord costs ~25 µs to make, filter and format: at 10,000 no-op jobs a second that was a third
-of the worker's time. So the INFO lines of the executions that end in one turn of the event loop go
+A LogRecord per execution would be a large share of a short job's cost in the worker (the figures are
+in docs/development/decisions.md). So the INFO lines of the executions that end in one turn of the event loop go
 out as one record carrying them all (`lines`: message and fields of each); dygo's formatters write one
 line per entry (dygo.logs), and any other handler sees the lines joined by newlines. Warnings (a
 failure, a dead job) stay a record each, after the INFO lines written before them.
 
-A line's fields (the keys of a JSON line) come as a function that makes them: text lines never ask, and a
-dict per job was ~3% of a no-op job's cost in the worker (issue 12, item 7).
+A line's fields (the keys of a JSON line) come as a function that makes them: text lines never ask, so
+they never pay for building a dict per job.
 """
 
 from __future__ import annotations

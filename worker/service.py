@@ -19,8 +19,8 @@ class Service(Protocol):
     name: str  # the task's name, and the name a log line gives it when it dies
 
     async def run(self) -> None:
-        """The service's loop. It hands its database and OS errors to `WorkerConnections.failed`: an outage is logged and
-        retried; any other error ends the loop, and the worker stops on it (worker/runtime.py)."""
+        """The service's loop. It hands its database and OS errors to `WorkerConnections.failed`: an outage is
+        logged and retried; any other error ends the loop, and the worker stops on it (worker/runtime.py)."""
 
 
 async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
