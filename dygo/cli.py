@@ -8,10 +8,10 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 
@@ -598,8 +598,8 @@ def _list_jobs(conn: psycopg.Connection, args: argparse.Namespace) -> int:
     from dygo.store import admin
 
     where = admin.JobFilter(queue=args.queue, kind=args.kind, state=args.state)
-    order = "oldest" if args.oldest else "newest"
-    jobs: list[dict] = []
+    order: Literal["newest", "oldest"] = "oldest" if args.oldest else "newest"
+    jobs: list[dict[str, Any]] = []
     position = None
     while len(jobs) < args.limit:  # a filter that scans can return short pages before the end
         page = admin.list_jobs(conn, where, order=order, limit=args.limit - len(jobs), position=position)
@@ -693,7 +693,7 @@ def _utc(moment: datetime | None) -> str:
     return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _print_table(rows: list[tuple[str, ...]]) -> None:
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

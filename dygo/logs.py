@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import parse_qsl, quote
 
 FLUSH_INTERVAL = 0.2
@@ -28,7 +28,7 @@ LOG_FORMATS = ("text", "json")
 LIFECYCLE_LOGGER = "dygo.lifecycle"  # worker.lifecycle.announce and serve's start-up lines
 
 
-class BufferedStderrHandler(logging.StreamHandler):
+class BufferedStderrHandler(logging.StreamHandler[TextIO]):
     def __init__(self) -> None:
         stream = open(  # noqa: SIM115
             sys.stderr.fileno(),
@@ -195,7 +195,7 @@ def resolve_log_format(flag: str | None, env: str) -> str:
 def configure_logging(log_format: str = "text") -> None:
     # Skip what every record would otherwise collect and our format never shows: the caller's
     # frame, thread and process names. That halves the cost of a log line.
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

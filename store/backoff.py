@@ -13,4 +13,4 @@ def retry_delay(job_id: int, attempt: int, base: float) -> float:
     delay = min(base * 2 ** (attempt - 1), MAX_DELAY)
     digest = hashlib.blake2b(f"{job_id}:{attempt}".encode(), digest_size=4).digest()
     jitter = int.from_bytes(digest, "big") / 2**32 * 0.25
-    return delay * (1 + jitter)
+    return float(delay * (1 + jitter))

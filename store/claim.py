@@ -40,6 +40,7 @@ from dygo.store.leases import ClaimedJob
 from dygo.store.limits import LimitRow
 from dygo.store.registry import Registry, registry
 from psycopg.rows import RowMaker, no_result
+from psycopg.types.json import set_json_loads
 
 # A queue held back by a full concurrency limit claims again after this at the latest; a settle of a
 # limited job NOTIFYs its queue (limits.freed_queues, at the settle's commit), so normally sooner.
@@ -327,7 +328,7 @@ _claim_sessions: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet
 async def claim_session(conn: psycopg.AsyncConnection[Any]) -> None:
     """Make `conn` (a connection of its own, kept for claims) a claim session: the jobs' arguments load faster
     and, unless it goes through a transaction pooler, claims on it skip the per-transaction settings."""
-    psycopg.types.json.set_json_loads(load_json, conn)
+    set_json_loads(load_json, conn)
     if through_transaction_pooler():
         return
     await conn.execute(CLAIM_SESSION)

@@ -38,7 +38,7 @@ def plain_array(texts: Iterable[str]) -> str:
 _decode_json = json.JSONDecoder().raw_decode
 
 
-def load_json(data: bytes) -> Any:
+def load_json(data: str | bytes) -> Any:
     """A jsonb value from the server's bytes (psycopg.types.json.set_json_loads). Not for a json column: it
     keeps its input's whitespace, which this does not skip."""
-    return _decode_json(data.decode())[0]
+    return _decode_json(data if isinstance(data, str) else data.decode())[0]

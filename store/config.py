@@ -82,12 +82,12 @@ def parse_rate(value: Any) -> tuple[int, float]:
 
 def parse_concurrency_limit(value: Any) -> int:
     try:
-        value = checked(PositiveCount, value)
+        limit = int(checked(PositiveCount, value))
     except ValueError as exc:
         raise ValueError(f"concurrency_limit {exc}") from None
-    if value > MAX_CONCURRENCY_LIMIT:
+    if limit > MAX_CONCURRENCY_LIMIT:
         raise ValueError(f"concurrency_limit must be at most {MAX_CONCURRENCY_LIMIT:,}, got {value!r}")
-    return value
+    return limit
 
 
 def parse_limit_key(value: Any) -> str:
@@ -297,8 +297,10 @@ class FileSettings(BaseModel):
     # recent jobs (worker/ahead.py); 0 claims only for free slots.
     claim_ahead: Duration = 0.005
     max_batch_size: PositiveCount = 1000  # jobs in one POST /api/v1/jobs/batch
-    max_payload_bytes: ByteCount = 1024 * 1024  # request bodies above this are refused with 413
-    max_result_bytes: ByteCount = 64 * 1024  # a handler's result above this (as JSON) is stored as a note instead
+    max_payload_bytes: ByteCount = ByteSize(1024 * 1024)  # request bodies above this are refused with 413
+    max_result_bytes: ByteCount = ByteSize(
+        64 * 1024
+    )  # a handler's result above this (as JSON) is stored as a note instead
     # (role, token) pairs for the API, from config/dygo.yml and DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN.
     # Kept out of repr so a logged Settings never shows a token.
     api_tokens: ApiTokens = Field((), repr=False)

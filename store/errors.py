@@ -9,6 +9,7 @@ answers with (the body is `{"error": {"code", "message", "details"}}`, app/error
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from dygo.store.outage import describe
 
@@ -124,7 +125,7 @@ class Conflict(AdminError):
 class WaitTimeout(DygoError):
     """Waiting for a job's result ran out of time before the job reached a final state."""
 
-    def __init__(self, job_id: int, timeout: float, job: dict) -> None:
+    def __init__(self, job_id: int, timeout: float, job: dict[str, Any]) -> None:
         self.job_id, self.timeout, self.job = job_id, timeout, job
         super().__init__(f"job {job_id} is still {job['state']} after waiting {timeout:g}s for its result")
 

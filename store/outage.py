@@ -110,15 +110,20 @@ class OutageLog:
         )
         return first
 
+    def _end_outage(self) -> float | None:
+        """When the outage under way began, or None when there is none; there is none afterwards."""
+        with self.lock:
+            down_since, self.down_since = self.down_since, None
+            return down_since
+
     def back(self) -> bool:
         """Record a success; logs the outage's length when one was under way, and returns True then (once
         per outage). Cheap when none was."""
         if self.down_since is None:
             return False
-        with self.lock:
-            if self.down_since is None:
-                return False
-            lasted = time.monotonic() - self.down_since
-            self.down_since = None
+        down_since = self._end_outage()
+        if down_since is None:  # another thread logged this outage's end
+            return False
+        lasted = time.monotonic() - down_since
         self.log.warning("%s connection back after %.1fs", self.what, lasted)
         return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, get_type_hints
@@ -152,7 +152,7 @@ class Registry:
     def get(self, kind: str) -> JobDefinition | None:
         return self._definitions.get(kind)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[JobDefinition]:
         return iter(self._definitions.values())
 
     def __len__(self) -> int:

@@ -34,8 +34,8 @@ TRACER = "dygo"
 
 def active() -> bool:
     """True when OpenTelemetry is installed and the application configured a TracerProvider."""
-    if trace is None:
-        return False
+    if trace is None:  # type: ignore[comparison-overlap, unused-ignore]
+        return False  # type: ignore[unreachable, unused-ignore]
     provider = trace.get_tracer_provider()
     return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
@@ -87,7 +87,7 @@ def execution_span(job: ClaimedJob) -> Iterator[Any]:
         yield None
         return
     parent = propagate.extract(job.meta) if job.meta else None
-    attributes = {
+    attributes: dict[str, str | int] = {
         "dygo.job.id": job.id,
         "dygo.job.kind": job.kind,
         "dygo.job.queue": job.queue,

@@ -67,7 +67,7 @@ class Recovery:
     async def run_once(self) -> None:
         self.last = started = time.monotonic()
         whole = started - self.last_whole >= WHOLE_RECOVERY_INTERVAL or self.covered is None
-        since = None if whole else self.covered - RECOVERY_MARGIN
+        since = None if whole or self.covered is None else self.covered - RECOVERY_MARGIN
         async with self.database.connection() as conn:
             recovered = await leases.recover_expired(conn, self.max_reaps, since)
         # A full batch may have left expired leases behind: the next pass starts where this one did.

@@ -37,4 +37,4 @@ async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
 
 def failure_backoff(failures: int) -> float:
     """Backoff after consecutive database failures of a loop: 1 s, 2 s, 4 s ... at most 30 s."""
-    return min(30.0, 0.5 * 2**failures)
+    return min(30.0, 0.5 * 2.0**failures)

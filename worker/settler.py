@@ -16,7 +16,7 @@ from typing import Protocol
 
 import psycopg
 from dygo.store import leases, limits
-from dygo.store.leases import ClaimedJob, Outcome, Succeeded
+from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
 from dygo.worker.database import WorkerConnections
 from dygo.worker.telemetry import WorkerStats, outcome_name
 
@@ -114,7 +114,7 @@ class Settler:
                     log.warning("job %s: lease lost before settling; its outcome was discarded", job.id)
                 elif type(outcome) is Succeeded:
                     succeeded += 1
-                else:
+                elif isinstance(outcome, Unsuccessful):
                     outcomes[outcome_name(outcome)] += 1
                     if outcome.state == "pending":
                         self.wakeups.requeued(job.queue, outcome.delay)

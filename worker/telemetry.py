@@ -144,7 +144,8 @@ def serve_metrics(host: str, port: int, collector: Collector, ready: Callable[[]
             status = "200 OK" if ready() else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
             return [b"ready\n" if status.startswith("200") else b"not ready\n"]
-        return metrics(environ, start_response)
+        served: Iterable[bytes] = metrics(environ, start_response)
+        return served
 
     server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_SilentHandler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
