@@ -41,12 +41,13 @@ from run import embedded_server_url, fresh_database  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import bench_jobs  # noqa: E402, F401  (registers bench.noop)
-from dygo.store import claim, queries  # noqa: E402
+from dygo.store import claim  # noqa: E402
 from dygo.store.codecs import array, plain_array  # noqa: E402
 from dygo.store.enqueue import enqueue_many  # noqa: E402
 from dygo.store.leases import SETTLE_SETTINGS, ClaimedJob, Succeeded, settle  # noqa: E402
 from dygo.store.migrate import migrate  # noqa: E402
 from dygo.store.registry import registry  # noqa: E402
+from dygo.store.sql.leases import SETTLE_SUCCEEDED, SETTLE_UNSUCCESSFUL  # noqa: E402
 
 DATABASE = "bench_claim_encoding"
 ARGS = {"user_id": 123456, "email": "someone@example.com", "plan": "pro"}  # a job's arguments, as an example
@@ -98,7 +99,7 @@ def settle_params(jobs: list[ClaimedJob], mixed: bool, encode: bool) -> list[tup
             "fractions": None,
             "messages": None,
         }
-        statements.append((queries.SETTLE_SUCCEEDED, params))
+        statements.append((SETTLE_SUCCEEDED, params))
     if others:
         ids = ints([job.id for job in others])
         params = {
@@ -113,7 +114,7 @@ def settle_params(jobs: list[ClaimedJob], mixed: bool, encode: bool) -> list[tup
             "fractions": None,
             "messages": None,
         }
-        statements.append((queries.SETTLE_UNSUCCESSFUL, params))
+        statements.append((SETTLE_UNSUCCESSFUL, params))
     return statements
 
 

@@ -11,7 +11,7 @@ each a real process on 127.0.0.1, started the same way (uvicorn, dygo's logging,
 
 - dygo: `dygo serve` (bearer tokens configured, as in production; default serve_pool_size 10);
 - reference: bench/http_reference.py, FastAPI + psycopg AsyncConnectionPool (as many connections
-  as dygo's hot pool) + store.queries.INSERT_JOB, the statement dygo's single enqueue runs.
+  as dygo's hot pool) + store/sql/enqueue.py's INSERT_JOB, the statement dygo's single enqueue runs.
 
 For each endpoint (POST /api/v1/jobs with one job; POST /api/v1/jobs/batch with --batch jobs) and
 each concurrency, `hey` runs --seconds against each server in turn (reference, dygo, reference, dygo:

@@ -7,7 +7,7 @@ settings `dygo serve` uses (uvicorn.run(app, log_level="info", log_config=None),
 so access lines are written the same way). No auth, no validation beyond the body model, no
 tracing, no idempotency: what is left is the HTTP stack, the driver and PostgreSQL.
 
-- POST /jobs  {"kind", "args"}: store.queries.INSERT_JOB, the statement of dygo's single enqueue;
+- POST /jobs  {"kind", "args"}: store/sql/enqueue.py's INSERT_JOB, the statement of dygo's single enqueue;
 - POST /jobs/batch  {"jobs": [{"kind", "args"}, ...]}: one INSERT of all the rows (unnest of one array
   per column), one round trip: faster than 100 pipelined single INSERTs, which an earlier version of
   this reference used.
@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvicorn  # noqa: E402
-from dygo.store.queries import INSERT_JOB  # noqa: E402
+from dygo.store.sql.enqueue import INSERT_JOB  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from psycopg_pool import AsyncConnectionPool  # noqa: E402

@@ -104,18 +104,18 @@ def main() -> int:
 async def run(plan: Plan, worker_batch_size: int, max_concurrent_tasks: int) -> Result:
     connection = await asyncpg.connect(plan.url)
     refuse_other_clients(await connection.fetch(OTHER_CLIENTS), "pgqueuer")
-    queries = Queries(AsyncpgDriver(connection))
-    if not await queries.has_table("pgqueuer"):
-        await queries.install()  # `pgq install`
-        await queries.optimize_autovacuum()  # `pgq autovac`, first item of its tuning checklist
+    client = Queries(AsyncpgDriver(connection))
+    if not await client.has_table("pgqueuer"):
+        await client.install()  # `pgq install`
+        await client.optimize_autovacuum()  # `pgq autovac`, first item of its tuning checklist
     result = Result(
         system="pgqueuer",
         version=version("pgqueuer"),
         settings=f"pgq run --batch-size {worker_batch_size} --max-concurrent-tasks {max_concurrent_tasks} "
         f"(asyncpg, uvloop, durable tables, pgq autovac); Queries.enqueue lists of {plan.batch_size}",
     )
-    result.enqueue_one, result.enqueue_one_rounds = await measure_enqueue_one(plan, queries, connection)
-    result.enqueue_batched, result.enqueue_batched_rounds = await measure_enqueue_batched(plan, queries, connection)
+    result.enqueue_one, result.enqueue_one_rounds = await measure_enqueue_one(plan, client, connection)
+    result.enqueue_batched, result.enqueue_batched_rounds = await measure_enqueue_batched(plan, client, connection)
     command = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -129,11 +129,11 @@ async def run(plan: Plan, worker_batch_size: int, max_concurrent_tasks: int) -> 
     ]
     postmaster = await postmaster_pid(connection)
     with WorkerProcess(command, {"BENCH_URL": plan.url}, cwd=BENCH_DIR) as worker:
-        await warm_up(plan, queries, connection, worker)
-        result.record_latency(await measure_latency(plan, queries, connection, worker))
+        await warm_up(plan, client, connection, worker)
+        result.record_latency(await measure_latency(plan, client, connection, worker))
         await connection.execute("VACUUM ANALYZE pgqueuer, pgqueuer_log")
         for _ in range(plan.process_rounds):
-            result.rounds.append(await measure_processing(plan, queries, connection, worker, postmaster))
+            result.rounds.append(await measure_processing(plan, client, connection, worker, postmaster))
         result.processed = median_round(result.rounds)
     await connection.close()
     return result
@@ -151,33 +151,31 @@ async def postmaster_pid(connection: asyncpg.Connection) -> int:
     return parent_pid(await connection.fetchval("SELECT pg_backend_pid()"))
 
 
-async def measure_enqueue_one(
-    plan: Plan, queries: Queries, connection: asyncpg.Connection
-) -> tuple[float, list[float]]:
+async def measure_enqueue_one(plan: Plan, client: Queries, connection: asyncpg.Connection) -> tuple[float, list[float]]:
     seconds = []
     await truncate(connection)
     for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
         started = time.perf_counter()
         for _ in range(plan.one_jobs):
-            await queries.enqueue(ENTRYPOINT, None)
+            await client.enqueue(ENTRYPOINT, None)
         seconds.append(time.perf_counter() - started)
     await truncate(connection)
     return enqueue_rates("pgqueuer", "one at a time", plan.one_jobs, seconds)
 
 
-async def enqueue_batch(queries: Queries, count: int) -> None:
-    await queries.enqueue([ENTRYPOINT] * count, [None] * count, [0] * count)
+async def enqueue_batch(client: Queries, count: int) -> None:
+    await client.enqueue([ENTRYPOINT] * count, [None] * count, [0] * count)
 
 
 async def measure_enqueue_batched(
-    plan: Plan, queries: Queries, connection: asyncpg.Connection
+    plan: Plan, client: Queries, connection: asyncpg.Connection
 ) -> tuple[float, list[float]]:
     seconds = []
     await truncate(connection)
     for _ in range(plan.enqueue_rounds):  # rows accumulate over the rounds, as in a live table
         started = time.perf_counter()
         for first in range(0, plan.batched_jobs, plan.batch_size):
-            await enqueue_batch(queries, min(plan.batch_size, plan.batched_jobs - first))
+            await enqueue_batch(client, min(plan.batch_size, plan.batched_jobs - first))
         seconds.append(time.perf_counter() - started)
     await truncate(connection)
     return enqueue_rates("pgqueuer", f"in batches of {plan.batch_size}", plan.batched_jobs, seconds)
@@ -199,15 +197,15 @@ async def wait_for_successes(
         await asyncio.sleep(0.2)
 
 
-async def warm_up(plan: Plan, queries: Queries, connection: asyncpg.Connection, worker: WorkerProcess) -> None:
+async def warm_up(plan: Plan, client: Queries, connection: asyncpg.Connection, worker: WorkerProcess) -> None:
     before = await last_id(connection)
-    await queries.enqueue(ENTRYPOINT, None)
+    await client.enqueue(ENTRYPOINT, None)
     await wait_for_successes(connection, before, 1, worker, plan.timeout)
     await asyncio.sleep(0.5)
 
 
 async def measure_latency(
-    plan: Plan, queries: Queries, connection: asyncpg.Connection, worker: WorkerProcess
+    plan: Plan, client: Queries, connection: asyncpg.Connection, worker: WorkerProcess
 ) -> list[float]:
     before = await last_id(connection)
     start = time.perf_counter()
@@ -215,7 +213,7 @@ async def measure_latency(
         delay = start + i * plan.latency_interval - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        await queries.enqueue(ENTRYPOINT, None)
+        await client.enqueue(ENTRYPOINT, None)
     await wait_for_successes(connection, before, plan.latency_jobs, worker, plan.timeout)
     rows = await connection.fetch(
         """SELECT extract(epoch FROM p.created - q.created) * 1000 AS ms
@@ -227,10 +225,10 @@ async def measure_latency(
 
 
 async def measure_processing(
-    plan: Plan, queries: Queries, connection: asyncpg.Connection, worker: WorkerProcess, postmaster: int
+    plan: Plan, client: Queries, connection: asyncpg.Connection, worker: WorkerProcess, postmaster: int
 ) -> ProcessingRound:
     before = await last_id(connection)
-    await enqueue_batch(queries, plan.process_jobs)
+    await enqueue_batch(client, plan.process_jobs)
     meter = CpuMeter(worker.pid, postmaster).start()
     await wait_for_successes(connection, before, plan.process_jobs, worker, plan.timeout)
     meter.stop()

@@ -35,10 +35,12 @@ from run import embedded_server_url, fresh_database  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from dygo.store import enqueue_many, queries, results  # noqa: E402
+from dygo.store import enqueue_many, results  # noqa: E402
 from dygo.store.config import load_settings  # noqa: E402
 from dygo.store.loading import load_jobs  # noqa: E402
 from dygo.store.migrate import migrate  # noqa: E402
+from dygo.store.sql.job_reads import GET_JOB  # noqa: E402
+from dygo.store.sql.results import REGISTER_WAITER, UNREGISTER_WAITER, WAITER_TRANSACTION  # noqa: E402
 
 DATABASE = "bench_waiter_locks"
 MIGRATIONS = ROOT / "store" / "migrations" / "legacy"
@@ -61,11 +63,11 @@ def register_0014(conn: psycopg.Connection, job_id: int) -> int:
     """Migration 0014's registration: the row, committed, then the job read FOR SHARE."""
     with conn.pipeline():
         conn.execute("BEGIN")
-        conn.execute(queries.WAITER_TRANSACTION)
-        inserted = conn.execute(queries.REGISTER_WAITER, {"job_id": job_id, "seconds": 60})
+        conn.execute(WAITER_TRANSACTION)
+        inserted = conn.execute(REGISTER_WAITER, {"job_id": job_id, "seconds": 60})
         conn.execute("COMMIT")
-        conn.execute(queries.WAITER_TRANSACTION)
-        conn.execute(queries.GET_JOB + " FOR SHARE", (job_id,))
+        conn.execute(WAITER_TRANSACTION)
+        conn.execute(GET_JOB + " FOR SHARE", (job_id,))
     return inserted.fetchone()[0]
 
 
@@ -85,7 +87,7 @@ def one_round(url: str, variant: str, rate: float, jobs: int) -> tuple[float, fl
             with psycopg.connect(url, autocommit=True) as own:
                 while not stop.is_set():
                     began = time.perf_counter()
-                    own.execute(queries.UNREGISTER_WAITER, (register(own, waited),))
+                    own.execute(UNREGISTER_WAITER, (register(own, waited),))
                     registrations[0] += 1
                     time.sleep(max(0.0, 1 / rate - (time.perf_counter() - began)))
 

@@ -1,4 +1,4 @@
-"""dygo's shared core: configuration, job definitions, migrations and every SQL statement."""
+"""dygo's shared core: configuration, job definitions, migrations and every SQL statement (store/sql/)."""
 
 from dygo.store.enqueue import Enqueued, JobRequest, aenqueue, aenqueue_many, enqueue, enqueue_many
 from dygo.store.errors import Abort, ConfigError, EnqueueError, Reportable, Retry, RetryAfter, SchemaError, Snooze

@@ -2,7 +2,7 @@
 
 Sync psycopg (the admin service runs its endpoints in a thread pool); what the event loop or the worker
 also runs has an async twin beside it (`a` prefix) sharing its statement and the reading of its rows.
-Every statement lives in store/queries.py; this module picks them, runs them, and turns "no row came
+Every statement lives in store/sql/, by area; this module picks them, runs them, and turns "no row came
 back" into the right error: an unknown id (NotFound) or a job whose state does not allow the action
 (Conflict).
 """
@@ -15,9 +15,10 @@ from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
-from dygo.store import queries, results
+from dygo.store import results
 from dygo.store.errors import Conflict, NotFound
 from dygo.store.migrate import check_version, schema_version
+from dygo.store.sql import admin_jobs, admin_queues, bulk, dead_jobs, job_lists, stats, timings, workers
 from psycopg import sql
 from psycopg.rows import dict_row
 
@@ -37,12 +38,12 @@ TEXT_SCAN_WINDOW = 20_000
 
 # Which states each action starts from (the same rule is the WHERE of its statement).
 ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "retry": (queries.RETRY_JOB, ("dead", "cancelled")),
-    "cancel": (queries.CANCEL_JOB, ("pending", "scheduled", "paused")),
-    "pause": (queries.PAUSE_JOB, ("pending", "scheduled")),
-    "resume": (queries.RESUME_JOB, ("paused",)),
-    "run-now": (queries.RUN_JOB_NOW, ("scheduled",)),
-    "archive": (queries.ARCHIVE_JOB, ("pending", "scheduled")),
+    "retry": (admin_jobs.RETRY_JOB, ("dead", "cancelled")),
+    "cancel": (admin_jobs.CANCEL_JOB, ("pending", "scheduled", "paused")),
+    "pause": (admin_jobs.PAUSE_JOB, ("pending", "scheduled")),
+    "resume": (admin_jobs.RESUME_JOB, ("paused",)),
+    "run-now": (admin_jobs.RUN_JOB_NOW, ("scheduled",)),
+    "archive": (admin_jobs.ARCHIVE_JOB, ("pending", "scheduled")),
 }
 DELETABLE = tuple(state for state in STATES if state != "active")
 # Ready (not yet running) jobs have their own index, dygo_jobs_ready.
@@ -89,7 +90,7 @@ def list_jobs(
         if window is None:
             return JobListPage([], None)
         bound, edge, end_of_window = window
-        rows = _fetch(conn, [*fragments, queries.JOB_FILTERS[bound]], {**params, bound: edge}, newest)
+        rows = _fetch(conn, [*fragments, job_lists.JOB_FILTERS[bound]], {**params, bound: edge}, newest)
         return _page(rows, limit, end_of_window)
     if where.state in READY_STATES:
         return _ready_page(conn, fragments, params, newest, position, limit)
@@ -98,26 +99,26 @@ def list_jobs(
 
 def _filters(where: JobFilter, newest: bool, position: int | None) -> tuple[list[str], dict[str, Any]]:
     params: dict[str, Any] = {"queue": where.queue, "kind": where.kind}
-    fragments = [queries.JOB_FILTERS[name] for name in ("queue", "kind") if params[name] is not None]
+    fragments = [job_lists.JOB_FILTERS[name] for name in ("queue", "kind") if params[name] is not None]
     if where.state is not None:
-        fragments.append(queries.JOB_STATE_FILTERS[where.state])
+        fragments.append(job_lists.JOB_STATE_FILTERS[where.state])
     if where.text:
         params["pattern"] = f"%{_escape_like(where.text)}%"
-        fragments.append(queries.JOB_FILTERS["text"])
+        fragments.append(job_lists.JOB_FILTERS["text"])
     if position is not None:
         bound = "below" if newest else "above"
         params[bound] = position
-        fragments.append(queries.JOB_FILTERS[bound])
+        fragments.append(job_lists.JOB_FILTERS[bound])
     return fragments, params
 
 
 def _fetch(
     conn: psycopg.Connection, fragments: list[str], params: dict[str, Any], newest: bool, key: str = "by_primary_key"
 ) -> list[dict[str, Any]]:
-    statement = sql.SQL(queries.LIST_JOBS).format(
-        columns=sql.SQL(queries.JOB_SUMMARY_COLUMNS),
-        filters=sql.SQL(" AND ").join(sql.SQL(f) for f in fragments or [queries.JOB_FILTERS["everything"]]),
-        key=sql.SQL(queries.JOB_ORDER_KEYS[key]),
+    statement = sql.SQL(job_lists.LIST_JOBS).format(
+        columns=sql.SQL(job_lists.JOB_SUMMARY_COLUMNS),
+        filters=sql.SQL(" AND ").join(sql.SQL(f) for f in fragments or [job_lists.JOB_FILTERS["everything"]]),
+        key=sql.SQL(job_lists.JOB_ORDER_KEYS[key]),
         direction=sql.SQL("DESC" if newest else "ASC"),
     )
     with conn.cursor(row_factory=dict_row) as cursor:
@@ -145,7 +146,7 @@ def _ready_page(
     if window is None:
         return JobListPage([], None)
     bound, edge, _ = window
-    rows = _fetch(conn, [*fragments, queries.JOB_FILTERS[bound]], {**params, bound: edge}, newest)
+    rows = _fetch(conn, [*fragments, job_lists.JOB_FILTERS[bound]], {**params, bound: edge}, newest)
     if len(rows) <= limit:
         rows = _fetch(conn, fragments, params, newest, key="sorted")
     return _page(rows, limit, None)
@@ -157,7 +158,7 @@ def _scan_window(
     """The id bound that limits this page's scan (`size` ids, SCAN_WINDOW by default), and where the
     next page starts if it runs dry."""
     size = SCAN_WINDOW if size is None else size
-    low, high = conn.execute(queries.JOB_ID_RANGE).fetchone()
+    low, high = conn.execute(job_lists.JOB_ID_RANGE).fetchone()
     if low is None:
         return None
     if newest:
@@ -196,14 +197,14 @@ def act_on_job(conn: psycopg.Connection, action: str, job_id: int) -> dict[str, 
 
 def delete_job(conn: psycopg.Connection, job_id: int, state: str | None = None) -> None:
     """Delete a job that is not active; with `state`, only while it is in that state (else Conflict)."""
-    if conn.execute(queries.DELETE_JOB, {"id": job_id, "state": state}).fetchone() is None:
+    if conn.execute(admin_jobs.DELETE_JOB, {"id": job_id, "state": state}).fetchone() is None:
         _refuse(conn, job_id, "delete", DELETABLE if state is None else (state,))
     # Anyone waiting for its result stops waiting now rather than at their timeout.
     results.notify_deleted(conn, [job_id])
 
 
 def _refuse(conn: psycopg.Connection, job_id: int, action: str, allowed: tuple[str, ...]) -> None:
-    row = conn.execute(queries.JOB_STATE, (job_id,)).fetchone()
+    row = conn.execute(admin_jobs.JOB_STATE, (job_id,)).fetchone()
     if row is None:
         raise NotFound("job_not_found", f"no job with id {job_id}")
     state = row[0]
@@ -219,12 +220,12 @@ def _refuse(conn: psycopg.Connection, job_id: int, action: str, allowed: tuple[s
 
 def list_queues(conn: psycopg.Connection, configured: Mapping[str, int]) -> list[dict[str, Any]]:
     """Every configured queue (and any other queue that still has jobs), with its counts by state."""
-    return _queue_list(configured, conn.execute(queries.QUEUE_LIST).fetchall())
+    return _queue_list(configured, conn.execute(admin_queues.QUEUE_LIST).fetchall())
 
 
 async def alist_queues(conn: psycopg.AsyncConnection, configured: Mapping[str, int]) -> list[dict[str, Any]]:
     """`list_queues` for an AsyncConnection (the admin service's hot read)."""
-    return _queue_list(configured, await (await conn.execute(queries.QUEUE_LIST)).fetchall())
+    return _queue_list(configured, await (await conn.execute(admin_queues.QUEUE_LIST)).fetchall())
 
 
 def _queue_list(configured: Mapping[str, int], rows: list[Any]) -> list[dict[str, Any]]:
@@ -259,24 +260,24 @@ def find_queue(conn: psycopg.Connection, configured: Mapping[str, int], name: st
 
 def pause_queue(conn: psycopg.Connection, queue: str) -> datetime:
     """Workers stop claiming from the queue (jobs already running finish). Returns when it was paused."""
-    return conn.execute(queries.PAUSE_QUEUE, (queue,)).fetchone()[0]
+    return conn.execute(admin_queues.PAUSE_QUEUE, (queue,)).fetchone()[0]
 
 
 def resume_queue(conn: psycopg.Connection, queue: str) -> None:
-    conn.execute(queries.RESUME_QUEUE, (queue,))
+    conn.execute(admin_queues.RESUME_QUEUE, (queue,))
 
 
 def retry_dead(conn: psycopg.Connection, queue: str | None) -> int:
     """Every dead job of the queue (None: of every queue) back to pending now; returns how many."""
     if queue is None:
-        return len(conn.execute(queries.RETRY_ALL_DEAD_JOBS).fetchall())
-    return len(conn.execute(queries.RETRY_DEAD_JOBS, {"queue": queue}).fetchall())
+        return len(conn.execute(dead_jobs.RETRY_ALL_DEAD_JOBS).fetchall())
+    return len(conn.execute(dead_jobs.RETRY_DEAD_JOBS, {"queue": queue}).fetchall())
 
 
 def purge_queue(conn: psycopg.Connection, queue: str) -> dict[str, int]:
     """Delete the queue's pending, scheduled and dead jobs; report them and the jobs left alone."""
     with conn.transaction():
-        pending, scheduled, dead, active, paused = conn.execute(queries.PURGE_QUEUE, {"queue": queue}).fetchone()
+        pending, scheduled, dead, active, paused = conn.execute(admin_queues.PURGE_QUEUE, {"queue": queue}).fetchone()
         if pending + scheduled + dead:
             results.notify_recheck(conn)  # their waiters answer 404 now, not at their timeout
     return {"pending": pending, "scheduled": scheduled, "dead": dead, "active_left": active, "paused_left": paused}
@@ -285,19 +286,19 @@ def purge_queue(conn: psycopg.Connection, queue: str) -> dict[str, int]:
 def vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
     """Delete the queue's jobs dead for longer than `older_than` seconds; returns how many."""
     # No waiter to wake (unlike purge_queue): a request waiting for a job returns as soon as it reads it dead.
-    return conn.execute(queries.VACUUM_DEAD, {"queue": queue, "older_than": older_than}).rowcount
+    return conn.execute(dead_jobs.VACUUM_DEAD, {"queue": queue, "older_than": older_than}).rowcount
 
 
 def count_vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
     """How many jobs vacuum_dead would delete now."""
-    return conn.execute(queries.COUNT_VACUUM_DEAD, {"queue": queue, "older_than": older_than}).fetchone()[0]
+    return conn.execute(dead_jobs.COUNT_VACUUM_DEAD, {"queue": queue, "older_than": older_than}).fetchone()[0]
 
 
 # --- daily stats -------------------------------------------------------------------------------
 
 
 # Folded in one transaction under FOLD_STATS_LOCK, which another process folding holds.
-_FOLDS = (queries.FOLD_STATS, queries.FOLD_TIMINGS)
+_FOLDS = (stats.FOLD_STATS, timings.FOLD_TIMINGS)
 
 
 def _may_fold(lock: tuple[Any, ...] | None) -> bool:
@@ -308,7 +309,7 @@ def fold_stats(conn: psycopg.Connection) -> bool:
     """Fold the stats deltas into the daily and minute rollups, and the timing deltas into dygo_timings;
     False when another process is folding. `dygo serve` folds before it reads them."""
     with conn.transaction():
-        if not _may_fold(conn.execute(queries.FOLD_STATS_LOCK).fetchone()):
+        if not _may_fold(conn.execute(stats.FOLD_STATS_LOCK).fetchone()):
             return False
         for statement in _FOLDS:
             conn.execute(statement)
@@ -319,7 +320,7 @@ async def afold_stats(conn: psycopg.AsyncConnection) -> bool:
     """`fold_stats` on an AsyncConnection: the worker's retention pass folds too, so the deltas stay small
     without `dygo serve`."""
     async with conn.transaction():
-        if not _may_fold(await (await conn.execute(queries.FOLD_STATS_LOCK)).fetchone()):
+        if not _may_fold(await (await conn.execute(stats.FOLD_STATS_LOCK)).fetchone()):
             return False
         for statement in _FOLDS:
             await conn.execute(statement)
@@ -331,7 +332,7 @@ STAT_FIELDS = ("enqueued", "succeeded", "failed", "dead", "reaped")
 
 def daily_stats(conn: psycopg.Connection, queue: str | None, days: int) -> dict[str, Any]:
     """The last `days` UTC days for one queue (None: all), oldest first, zero-filled, and their totals."""
-    rows = conn.execute(queries.DAILY_STATS, {"queue": queue, "days": days}).fetchall()
+    rows = conn.execute(stats.DAILY_STATS, {"queue": queue, "days": days}).fetchall()
     daily = [{"day": row[0], **dict(zip(STAT_FIELDS, row[1:], strict=True))} for row in rows]
     totals = {name: sum(day[name] for day in daily) for name in STAT_FIELDS}
     return {"days": days, "totals": totals, "daily": daily}
@@ -339,7 +340,7 @@ def daily_stats(conn: psycopg.Connection, queue: str | None, days: int) -> dict[
 
 def minute_stats(conn: psycopg.Connection, minutes: int = 60) -> list[dict[str, Any]]:
     """The last `minutes` UTC minutes over all queues, oldest first, zero-filled (the current one included)."""
-    rows = conn.execute(queries.MINUTE_STATS, {"minutes": minutes}).fetchall()
+    rows = conn.execute(stats.MINUTE_STATS, {"minutes": minutes}).fetchall()
     return [{"minute": row[0], **dict(zip(STAT_FIELDS, row[1:], strict=True))} for row in rows]
 
 
@@ -348,7 +349,7 @@ def minute_stats(conn: psycopg.Connection, minutes: int = 60) -> list[dict[str, 
 
 def live_workers(conn: psycopg.Connection, seen_within: float) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cursor:
-        return cursor.execute(queries.LIVE_WORKERS, (seen_within,)).fetchall()
+        return cursor.execute(workers.LIVE_WORKERS, (seen_within,)).fetchall()
 
 
 def check_ready(conn: psycopg.Connection) -> int:
@@ -361,8 +362,8 @@ def check_ready(conn: psycopg.Connection) -> int:
 def nuke(conn: psycopg.Connection) -> dict[str, int]:
     """Delete every job, idempotency key, stat and queue pause. Development only (the caller checks)."""
     with conn.transaction():
-        jobs, keys, stats, queues = conn.execute(queries.NUKE).fetchone()
-        stats += conn.execute(queries.NUKE_TIMINGS).fetchone()[0]
+        jobs, keys, stats, queues = conn.execute(admin_jobs.NUKE).fetchone()
+        stats += conn.execute(timings.NUKE_TIMINGS).fetchone()[0]
         if jobs:
             results.notify_recheck(conn)
     return {"jobs": jobs, "idempotency_keys": keys, "stats_rows": stats, "queue_pauses": queues}
@@ -374,13 +375,13 @@ def nuke(conn: psycopg.Connection) -> dict[str, int]:
 def dead_letter_groups(conn: psycopg.Connection, limit: int = 100) -> list[dict[str, Any]]:
     """Dead jobs grouped by kind and error fingerprint, biggest first, each with a sample."""
     with conn.cursor(row_factory=dict_row) as cursor:
-        return cursor.execute(queries.DEAD_LETTER_GROUPS, {"limit": limit}).fetchall()
+        return cursor.execute(dead_jobs.DEAD_LETTER_GROUPS, {"limit": limit}).fetchall()
 
 
 def retry_dead_group(conn: psycopg.Connection, kind: str, fingerprint: str) -> int:
     """Every dead job of one group back to pending now; returns how many."""
     params = {"kind": kind, "fingerprint": fingerprint}
-    return len(conn.execute(queries.RETRY_DEAD_GROUP, params).fetchall())
+    return len(conn.execute(dead_jobs.RETRY_DEAD_GROUP, params).fetchall())
 
 
 # --- bulk actions and the overview's extras (the dashboard) -----------------------------------------
@@ -388,10 +389,10 @@ def retry_dead_group(conn: psycopg.Connection, kind: str, fingerprint: str) -> i
 # A bulk action by filter touches at most this many jobs (oldest ids first); run it again for more.
 BULK_LIMIT = 10_000
 BULK_ACTIONS = {
-    "retry": queries.BULK_RETRY,
-    "cancel": queries.BULK_CANCEL,
-    "archive": queries.BULK_ARCHIVE,
-    "delete": queries.BULK_DELETE,
+    "retry": bulk.BULK_RETRY,
+    "cancel": bulk.BULK_CANCEL,
+    "archive": bulk.BULK_ARCHIVE,
+    "delete": bulk.BULK_DELETE,
 }
 
 
@@ -408,16 +409,16 @@ class BulkReport:
 def _bulk_filters(where: JobFilter | None, ids: list[int] | None) -> tuple[sql.Composable, dict[str, Any]]:
     """The WHERE of a bulk statement: the ticked ids, or the same composition as list_jobs."""
     if ids is not None:
-        return sql.SQL(queries.BULK_SELECTED), {"ids": ids}
+        return sql.SQL(bulk.BULK_SELECTED), {"ids": ids}
     fragments, params = _filters(where or JobFilter(), True, None)
-    return sql.SQL(" AND ").join(sql.SQL(f) for f in fragments or [queries.JOB_FILTERS["everything"]]), params
+    return sql.SQL(" AND ").join(sql.SQL(f) for f in fragments or [job_lists.JOB_FILTERS["everything"]]), params
 
 
 def count_matching(conn: psycopg.Connection, action: str, where: JobFilter) -> tuple[int, int, bool]:
     """How many jobs the filter matches (looking at no more than BULK_LIMIT + 1), how many of those the
     action would change, and whether there are more than BULK_LIMIT (a run then takes the oldest)."""
     filters, params = _bulk_filters(where, None)
-    statement = sql.SQL(queries.BULK_COUNT).format(filters=filters, allowed=sql.SQL(queries.BULK_ALLOWED[action]))
+    statement = sql.SQL(bulk.BULK_COUNT).format(filters=filters, allowed=sql.SQL(bulk.BULK_ALLOWED[action]))
     matched, allowed = conn.execute(statement, {**params, "cap": BULK_LIMIT + 1, "limit": BULK_LIMIT}).fetchone()
     return min(matched, BULK_LIMIT), allowed, matched > BULK_LIMIT
 
@@ -446,10 +447,10 @@ def bulk_act(
 
 def queue_lag(conn: psycopg.Connection) -> dict[str, float]:
     """Per queue, seconds since the oldest due, unclaimed job became due (queues with none left out)."""
-    return dict(conn.execute(queries.QUEUE_LAG).fetchall())
+    return dict(conn.execute(admin_queues.QUEUE_LAG).fetchall())
 
 
 def failing_kinds(conn: psycopg.Connection, limit: int = 5) -> list[dict[str, Any]]:
     """The kinds with the most dead jobs and failed attempts today and yesterday (UTC)."""
     with conn.cursor(row_factory=dict_row) as cursor:
-        return cursor.execute(queries.FAILING_KINDS, {"limit": limit}).fetchall()
+        return cursor.execute(stats.FAILING_KINDS, {"limit": limit}).fetchall()

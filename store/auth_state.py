@@ -2,7 +2,7 @@
 
 Dashboard sessions that are signed in (signing out deletes one: a copied cookie dies with it), and
 failed tokens per client address (a lock-out shared by the API and the dashboard's sign-in, across
-processes and restarts). Statements in store/queries.py.
+processes and restarts). Statements in store/sql/auth.py.
 
 Each recorded failure is also sent on the `dygo_auth_failures` channel with its address (at commit), so
 a serve process that listens knows the addresses with failures on record without reading the table for
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from dygo.store import queries
+from dygo.store.sql import auth as sql
 
 AUTH_FAILURE_CHANNEL = "dygo_auth_failures"
 MAX_NOTIFIED_ADDRESS = 255  # characters; an address is an IP (or what a trusted proxy says it is)
@@ -37,19 +37,19 @@ def notified(address: str) -> bool:
 def start_session(conn: psycopg.Connection, sid: str, role: str, expires: float) -> None:
     """Record a signed-in session (expires: epoch seconds), forgetting the expired ones."""
     with conn.transaction():
-        conn.execute(queries.TRIM_DASHBOARD_SESSIONS)
-        conn.execute(queries.INSERT_DASHBOARD_SESSION, (sid, role, expires))
+        conn.execute(sql.TRIM_DASHBOARD_SESSIONS)
+        conn.execute(sql.INSERT_DASHBOARD_SESSION, (sid, role, expires))
 
 
 async def asession_role(conn: psycopg.AsyncConnection, sid: str) -> str | None:
     """The role of a signed-in, unexpired session; None once it was ended (or never started). Async only:
     the dashboard checks its session on the event loop."""
-    row = await (await conn.execute(queries.DASHBOARD_SESSION_ROLE, (sid,))).fetchone()
+    row = await (await conn.execute(sql.DASHBOARD_SESSION_ROLE, (sid,))).fetchone()
     return row[0] if row else None
 
 
 def end_session(conn: psycopg.Connection, sid: str) -> None:
-    conn.execute(queries.END_DASHBOARD_SESSION, (sid,))
+    conn.execute(sql.END_DASHBOARD_SESSION, (sid,))
 
 
 # --- failed tokens: shared by the twins below ---------------------------------------------------------
@@ -63,8 +63,8 @@ def _after_failure(address: str) -> tuple[str, ...]:
     """What runs after a failure is recorded, in its transaction: forget the addresses gone quiet, and
     name this one on AUTH_FAILURE_CHANNEL when it fits a notification."""
     if notified(address):
-        return (queries.TRIM_AUTH_FAILURES, queries.NOTIFY_AUTH_FAILURE)
-    return (queries.TRIM_AUTH_FAILURES,)
+        return (sql.TRIM_AUTH_FAILURES, sql.NOTIFY_AUTH_FAILURE)
+    return (sql.TRIM_AUTH_FAILURES,)
 
 
 def _until(recorded: tuple[Any, ...] | None) -> float | None:
@@ -85,7 +85,7 @@ def failed_attempt(conn: psycopg.Connection, address: str, attempts: int, window
     """Count a wrong token from this address; when it may try again (epoch seconds) if it is now locked out."""
     params = _window(address, attempts, window)
     with conn.transaction():
-        recorded = conn.execute(queries.RECORD_AUTH_FAILURE, params).fetchone()
+        recorded = conn.execute(sql.RECORD_AUTH_FAILURE, params).fetchone()
         for statement in _after_failure(address):
             conn.execute(statement, params)
     return _until(recorded)
@@ -95,7 +95,7 @@ async def afailed_attempt(conn: psycopg.AsyncConnection, address: str, attempts:
     """`failed_attempt` on an AsyncConnection."""
     params = _window(address, attempts, window)
     async with conn.transaction():
-        recorded = await (await conn.execute(queries.RECORD_AUTH_FAILURE, params)).fetchone()
+        recorded = await (await conn.execute(sql.RECORD_AUTH_FAILURE, params)).fetchone()
         for statement in _after_failure(address):
             await conn.execute(statement, params)
     return _until(recorded)
@@ -103,26 +103,26 @@ async def afailed_attempt(conn: psycopg.AsyncConnection, address: str, attempts:
 
 def locked_until(conn: psycopg.Connection, address: str, attempts: int, window: float) -> tuple[bool, float | None]:
     """(whether the address has failures on record, when it may try again if it is locked out now)."""
-    return _lock(conn.execute(queries.AUTH_LOCKED_UNTIL, _window(address, attempts, window)).fetchone())
+    return _lock(conn.execute(sql.AUTH_LOCKED_UNTIL, _window(address, attempts, window)).fetchone())
 
 
 async def alocked_until(
     conn: psycopg.AsyncConnection, address: str, attempts: int, window: float
 ) -> tuple[bool, float | None]:
     """`locked_until` on an AsyncConnection."""
-    return _lock(await (await conn.execute(queries.AUTH_LOCKED_UNTIL, _window(address, attempts, window))).fetchone())
+    return _lock(await (await conn.execute(sql.AUTH_LOCKED_UNTIL, _window(address, attempts, window))).fetchone())
 
 
 def clear_failures(conn: psycopg.Connection, address: str) -> None:
-    conn.execute(queries.CLEAR_AUTH_FAILURES, (address,))
+    conn.execute(sql.CLEAR_AUTH_FAILURES, (address,))
 
 
 async def aclear_failures(conn: psycopg.AsyncConnection, address: str) -> None:
-    await conn.execute(queries.CLEAR_AUTH_FAILURES, (address,))
+    await conn.execute(sql.CLEAR_AUTH_FAILURES, (address,))
 
 
 async def alisten_for_failures(conn: psycopg.AsyncConnection) -> list[str]:
     """Subscribe `conn` (autocommit) to AUTH_FAILURE_CHANNEL, then return the addresses with failures on
     record: in that order, so a failure is either in the list or notified (or both), never missed."""
-    await conn.execute(queries.LISTEN_FOR_AUTH_FAILURES)
-    return [address for (address,) in await (await conn.execute(queries.AUTH_FAILURE_ADDRESSES)).fetchall()]
+    await conn.execute(sql.LISTEN_FOR_AUTH_FAILURES)
+    return [address for (address,) in await (await conn.execute(sql.AUTH_FAILURE_ADDRESSES)).fetchall()]

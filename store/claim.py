@@ -69,7 +69,7 @@ CONCURRENCY_RECHECK = 0.5
 # made on a freshly migrated, empty table would otherwise scan the whole table (cheapest there) and keep
 # doing so while the table grows, until an ANALYZE invalidates it. Planned afresh, the UPDATE's lookup by id
 # is also a sequential scan while the table has a few pages, so every claim runs with
-# queries.INDEX_SCANS_ONLY (or its session's setting).
+# store/sql/leases.py's INDEX_SCANS_ONLY (or its session's setting).
 # Per-worker kind caps (worker/capacity.py): the walk skips the kinds at their cap in this worker
 # (%(full_kinds)s, empty when none), so they hold up no other kind of the queue. CLAIM_JOBS takes every
 # picked row. CLAIM_JOBS_CAPPED, sent when a capped kind has fewer free slots than the claim could take
@@ -305,7 +305,7 @@ ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 # --- The claim's transaction and session settings ------------------------------------------------
 
-# A claim's own transaction, in one statement: sequential scans priced out (queries.INDEX_SCANS_ONLY), a commit
+# A claim's own transaction, in one statement: sequential scans priced out (as by INDEX_SCANS_ONLY), a commit
 # that does not wait for the WAL flush, and one generic plan for the prepared claim rather than a custom plan
 # per call (what the server would otherwise pick for it: a plan per call is the planning the prepare is there
 # to save). All three end with the transaction.

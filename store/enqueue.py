@@ -18,11 +18,12 @@ from types import MappingProxyType
 from typing import Any
 
 import psycopg
-from dygo.store import queries, tracing
+from dygo.store import tracing
 from dygo.store.config import KEBAB_CASE
 from dygo.store.durations import parse_duration
 from dygo.store.errors import EnqueueConflict, EnqueueError
 from dygo.store.registry import Registry, registry
+from dygo.store.sql import enqueue as sql
 
 PRIORITY_RANGE = (-1000, 1000)
 ATTEMPTS_RANGE = (1, 1000)  # max_attempts
@@ -270,10 +271,10 @@ def _requests(jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[JobRequest
 def _single_statement(row: dict[str, Any]) -> tuple[str, str | None]:
     """The insert for one row, and the lookup that finds the job a deduplicated insert met."""
     if row["ttl"] is not None:
-        return queries.INSERT_JOB_UNLESS_WINDOW_KEY, queries.JOB_BY_WINDOW_KEY
+        return sql.INSERT_JOB_UNLESS_WINDOW_KEY, sql.JOB_BY_WINDOW_KEY
     if row["key"] is not None:
-        return queries.INSERT_JOB_UNLESS_LIVE_KEY, queries.LIVE_JOB_BY_KEY
-    return queries.INSERT_JOB, None
+        return sql.INSERT_JOB_UNLESS_LIVE_KEY, sql.LIVE_JOB_BY_KEY
+    return sql.INSERT_JOB, None
 
 
 def _copy_row(job_id: int, row: dict[str, Any], db_now: datetime) -> tuple[Any, ...]:
@@ -384,17 +385,17 @@ def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping
     with conn.transaction():
         for i in plan.windowed:
             results[i] = _insert_one(conn, rows[i])
-        db_now, ids = conn.execute(queries.RESERVE_JOB_IDS, (plan.reserved,)).fetchone()
+        db_now, ids = conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,)).fetchone()
         if plan.plain:
-            with conn.cursor().copy(queries.COPY_JOBS) as copy:
+            with conn.cursor().copy(sql.COPY_JOBS) as copy:
                 for job_id, i in zip(ids, plan.plain, strict=False):
                     values = _copy_row(job_id, rows[i], db_now)
                     copy.write_row(values)
                     results[i] = Enqueued(job_id, False, values[6])
         if plan.keyed:
             params = plan.keyed_params(ids, db_now)
-            inserted = {r[0] for r in conn.execute(queries.INSERT_JOBS_UNLESS_LIVE_KEY, params)}
-            holders = dict(conn.execute(queries.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],)).fetchall())
+            inserted = {r[0] for r in conn.execute(sql.INSERT_JOBS_UNLESS_LIVE_KEY, params)}
+            holders = dict(conn.execute(sql.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],)).fetchall())
             plan.keyed_results(ids, params, inserted, holders, results)
     return [results[i] for i in range(len(rows))]
 
@@ -482,23 +483,23 @@ async def _aenqueue_batch(
     if not rows:
         return []
     if len(plan.plain) == len(rows) <= PLAIN_BATCH_MAX:
-        inserted = await (await conn.execute(queries.INSERT_JOBS, (rows_json(rows),))).fetchall()
+        inserted = await (await conn.execute(sql.INSERT_JOBS, (rows_json(rows),))).fetchall()
         return [Enqueued(job_id, False, run_at) for job_id, run_at in sorted(inserted)]
     async with conn.transaction():
         for i in plan.windowed:
             results[i] = await _ainsert_one(conn, rows[i])
-        db_now, ids = await (await conn.execute(queries.RESERVE_JOB_IDS, (plan.reserved,))).fetchone()
+        db_now, ids = await (await conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,))).fetchone()
         if plan.plain:
-            async with conn.cursor().copy(queries.COPY_JOBS) as copy:
+            async with conn.cursor().copy(sql.COPY_JOBS) as copy:
                 for job_id, i in zip(ids, plan.plain, strict=False):
                     values = _copy_row(job_id, rows[i], db_now)
                     await copy.write_row(values)
                     results[i] = Enqueued(job_id, False, values[6])
         if plan.keyed:
             params = plan.keyed_params(ids, db_now)
-            cursor = await conn.execute(queries.INSERT_JOBS_UNLESS_LIVE_KEY, params)
+            cursor = await conn.execute(sql.INSERT_JOBS_UNLESS_LIVE_KEY, params)
             inserted = {r[0] for r in await cursor.fetchall()}
-            cursor = await conn.execute(queries.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],))
+            cursor = await conn.execute(sql.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],))
             holders = dict(await cursor.fetchall())
             plan.keyed_results(ids, params, inserted, holders, results)
     return [results[i] for i in range(len(rows))]

@@ -14,10 +14,11 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from dygo.store import queries
 from dygo.store.codecs import array, plain_array
 from dygo.store.db import aroll_back
 from dygo.store.migrate import check_version
+from dygo.store.sql import leases as sql
+from dygo.store.sql import schema, workers
 from psycopg.rows import AsyncRowFactory, tuple_row
 
 
@@ -62,14 +63,14 @@ Outcome = Succeeded | Unsuccessful
 
 
 async def check_schema(conn: psycopg.AsyncConnection) -> None:
-    exists = (await (await conn.execute(queries.HAS_MIGRATIONS_TABLE)).fetchone())[0]
-    version = (await (await conn.execute(queries.SCHEMA_VERSION)).fetchone())[0] if exists else None
+    exists = (await (await conn.execute(schema.HAS_MIGRATIONS_TABLE)).fetchone())[0]
+    version = (await (await conn.execute(schema.SCHEMA_VERSION)).fetchone())[0] if exists else None
     check_version(version)
 
 
 async def listen(conn: psycopg.AsyncConnection) -> None:
     """Subscribe `conn` to the queue names of jobs that become pending."""
-    await conn.execute(queries.LISTEN_FOR_JOBS)
+    await conn.execute(sql.LISTEN_FOR_JOBS)
 
 
 # A claim's and a settle's transactions, each sent in one pipeline: one round trip where BEGIN, the
@@ -93,12 +94,12 @@ async def on_indexes(
     params: Mapping[str, Any],
     row_factory: AsyncRowFactory[Any] = tuple_row,
 ) -> psycopg.AsyncCursor[Any]:
-    """Run `query` after queries.INDEX_SCANS_ONLY, in one string and one round trip: the parameters are bound
+    """Run `query` after sql.INDEX_SCANS_ONLY, in one string and one round trip: the parameters are bound
     client-side (a string of several statements cannot take server-side parameters), so the statement is
     planned on every call against the table as it is. Returns the cursor on the query's result, its rows made
     by `row_factory`."""
     cursor = psycopg.AsyncClientCursor(conn, row_factory=row_factory)
-    await cursor.execute(";\n".join([queries.INDEX_SCANS_ONLY, query]), params, prepare=False)
+    await cursor.execute(";\n".join([sql.INDEX_SCANS_ONLY, query]), params, prepare=False)
     cursor.nextset()
     return cursor
 
@@ -108,7 +109,7 @@ async def renew(conn: psycopg.AsyncConnection, jobs: list[ClaimedJob], ttl: floa
     if not jobs:
         return set()
     params = {"ids": [j.id for j in jobs], "tokens": [j.lease_token for j in jobs], "ttl": ttl}
-    return {row[0] for row in await (await on_indexes(conn, queries.RENEW_LEASES, params)).fetchall()}
+    return {row[0] for row in await (await on_indexes(conn, sql.RENEW_LEASES, params)).fetchall()}
 
 
 async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify: list[str] | None = None) -> set[int]:
@@ -118,7 +119,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
     successes = [o for o in outcomes if isinstance(o, Succeeded)]
     others = [o for o in outcomes if isinstance(o, Unsuccessful)]
     cursors = []
-    # The first statement locks every row of the batch, in id order (queries._LOCKED): the second's rows
+    # The first statement locks every row of the batch, in id order (its `locked` CTE): the second's rows
     # are then held already, and this transaction never holds one row while waiting for a lower one.
     batch = [o.job.id for o in outcomes]
     # One data statement (the usual batch: successes only) needs no BEGIN and COMMIT: the pipeline's implicit
@@ -140,7 +141,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
                     "results": array(o.result for o in successes),
                     **_progress_params(successes),
                 }
-                cursors.append(await conn.execute(queries.SETTLE_SUCCEEDED, params))
+                cursors.append(await conn.execute(sql.SETTLE_SUCCEEDED, params))
             if others:
                 ids = plain_array([str(o.job.id) for o in others])
                 params = {
@@ -154,9 +155,9 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
                     "tracebacks": array(o.traceback for o in others),
                     **_progress_params(others),
                 }
-                cursors.append(await conn.execute(queries.SETTLE_UNSUCCESSFUL, params))
+                cursors.append(await conn.execute(sql.SETTLE_UNSUCCESSFUL, params))
             if notify:
-                await conn.execute(queries.NOTIFY_QUEUES, {"queues": notify})
+                await conn.execute(sql.NOTIFY_QUEUES, {"queues": notify})
             if explicit:
                 await conn.execute(COMMIT)
     except BaseException:
@@ -189,7 +190,7 @@ async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int, since: 
     """Put back (or kill as poison) the jobs whose lease expired at `since` or later (None: whenever), at most
     RECOVER_BATCH of them."""
     cursor = await on_indexes(
-        conn, queries.RECOVER_EXPIRED_LEASES, {"max_reaps": max_reaps, "since": since, "batch": RECOVER_BATCH}
+        conn, sql.RECOVER_EXPIRED_LEASES, {"max_reaps": max_reaps, "since": since, "batch": RECOVER_BATCH}
     )
     clock, ids, states = await cursor.fetchone()
     return Recovered(list(zip(ids, states, strict=True)), clock)
@@ -199,15 +200,15 @@ async def heartbeat(
     conn: psycopg.AsyncConnection, worker_id: str, hostname: str, pid: int, queues: dict[str, int]
 ) -> None:
     params = {"id": worker_id, "hostname": hostname, "pid": pid, "queues": json.dumps(queues)}
-    await conn.execute(queries.WORKER_HEARTBEAT, params)
+    await conn.execute(workers.WORKER_HEARTBEAT, params)
 
 
 async def forget_stale_workers(conn: psycopg.AsyncConnection, older_than: float) -> None:
-    await conn.execute(queries.FORGET_STALE_WORKERS, (older_than,))
+    await conn.execute(workers.FORGET_STALE_WORKERS, (older_than,))
 
 
 async def worker_gone(conn: psycopg.AsyncConnection, worker_id: str) -> None:
-    await conn.execute(queries.WORKER_GONE, (worker_id,))
+    await conn.execute(workers.WORKER_GONE, (worker_id,))
 
 
 async def report_progress(conn: psycopg.AsyncConnection, reports: list[tuple[ClaimedJob, Progress]]) -> set[int]:
@@ -218,4 +219,4 @@ async def report_progress(conn: psycopg.AsyncConnection, reports: list[tuple[Cla
         "fractions": [fraction for _, (fraction, _) in reports],
         "messages": [message for _, (_, message) in reports],
     }
-    return {row[0] for row in await (await on_indexes(conn, queries.REPORT_PROGRESS, params)).fetchall()}
+    return {row[0] for row in await (await on_indexes(conn, sql.REPORT_PROGRESS, params)).fetchall()}

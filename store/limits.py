@@ -5,6 +5,7 @@ their sync from config/queues.yml, their use for the API, and the queues a settl
 The claim enforces them, in its own transaction (store/claim.py): a claim for queues that no limit
 concerns takes no lock; under a limit it locks each limit concerned (LimitRow.lock_key) and counts its
 use before it admits a job, and logs each start of a rate-limited job (dygo_limit_starts, trimmed here).
+The statements this module runs are in store/sql/limits.py.
 """
 
 from __future__ import annotations
@@ -16,24 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from dygo.store import queries
 from dygo.store.config import Limit, parse_concurrency_limit, parse_limit_key, parse_rate
 from dygo.store.errors import ConfigError
 from dygo.store.leases import ClaimedJob
 from dygo.store.registry import Registry
+from dygo.store.sql import limits as sql
+from dygo.store.sql.leases import NOTIFY_QUEUES
 
 # How long a process trusts the limits it read: a change made through the API reaches every claim
 # within this (plus the claim that follows it).
 CACHE_TTL = 0.25
-
-LIMITS = """
-SELECT scope, name, key, concurrency_limit, rate_count, rate_window FROM dygo_limits
-WHERE concurrency_limit IS NOT NULL OR rate_count IS NOT NULL"""
-
-TRIM_STARTS = """
-DELETE FROM dygo_limit_starts s
-WHERE s.at < now() - make_interval(secs => coalesce(
-    (SELECT max(rate_window) FROM dygo_limits l WHERE l.scope = s.scope AND l.name = s.name), 0))"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +70,7 @@ async def current(conn: psycopg.AsyncConnection) -> list[LimitRow]:
     cached = _cache.get(key)
     if cached is not None and time.monotonic() - cached[0] < CACHE_TTL:
         return cached[1]
-    rows = [LimitRow(*row) for row in await (await conn.execute(LIMITS)).fetchall()]
+    rows = [LimitRow(*row) for row in await (await conn.execute(sql.LIMITS)).fetchall()]
     _cache[key] = (time.monotonic(), rows)
     return rows
 
@@ -95,42 +88,10 @@ async def freed_queues(conn: psycopg.AsyncConnection, jobs: Iterable[ClaimedJob]
 
 async def trim_starts(conn: psycopg.AsyncConnection) -> None:
     """Delete start-log rows older than their limit's window (all rows of a limit no longer rated)."""
-    await conn.execute(TRIM_STARTS)
+    await conn.execute(sql.TRIM_STARTS)
 
 
 # --- config/queues.yml -> dygo_limits ------------------------------------------------------------
-
-# One statement per sync, safe when many workers start at once. For each declared limit: a new row,
-# or, when the file's value differs from the one stored at the last sync, the file's value; otherwise
-# the limit in force stays (a change made through the API survives restarts). A limit the file no
-# longer declares is removed if it came from the file.
-SYNC_LIMITS = """
-WITH declared AS (
-    SELECT * FROM unnest(%(scopes)s::text[], %(names)s::text[], %(keys)s::text[], %(concurrency)s::integer[],
-                         %(rates)s::text[], %(counts)s::integer[], %(windows)s::float8[])
-        AS d(scope, name, key, concurrency, rate, count, win)
-), upserted AS (
-    INSERT INTO dygo_limits AS l (scope, name, key, concurrency_limit, rate_count, rate_window,
-                                  in_file, file_concurrency, file_rate, file_key)
-    SELECT scope, name, key, concurrency, count, win, true, concurrency, rate, key FROM declared
-    ON CONFLICT (scope, name) DO UPDATE SET
-        concurrency_limit = CASE WHEN l.file_concurrency IS DISTINCT FROM excluded.file_concurrency
-                                   OR NOT l.in_file THEN excluded.concurrency_limit ELSE l.concurrency_limit END,
-        rate_count = CASE WHEN l.file_rate IS DISTINCT FROM excluded.file_rate OR NOT l.in_file
-                          THEN excluded.rate_count ELSE l.rate_count END,
-        rate_window = CASE WHEN l.file_rate IS DISTINCT FROM excluded.file_rate OR NOT l.in_file
-                           THEN excluded.rate_window ELSE l.rate_window END,
-        key = CASE WHEN l.file_key IS DISTINCT FROM excluded.file_key OR NOT l.in_file
-                   THEN excluded.key ELSE l.key END,
-        in_file = true, file_concurrency = excluded.file_concurrency, file_rate = excluded.file_rate,
-        file_key = excluded.file_key,
-        updated_at = CASE WHEN (l.file_concurrency, l.file_rate, l.file_key, l.in_file)
-                               IS DISTINCT FROM (excluded.file_concurrency, excluded.file_rate, excluded.file_key, true)
-                          THEN now() ELSE l.updated_at END
-    RETURNING l.scope, l.name
-)
-DELETE FROM dygo_limits l
-WHERE l.in_file AND NOT EXISTS (SELECT 1 FROM declared d WHERE d.scope = l.scope AND d.name = l.name)"""
 
 
 async def sync(conn: psycopg.AsyncConnection, limits: Sequence[Limit]) -> None:
@@ -145,7 +106,7 @@ async def sync(conn: psycopg.AsyncConnection, limits: Sequence[Limit]) -> None:
         "counts": [r[0] if r else None for r in rates],
         "windows": [r[1] if r else None for r in rates],
     }
-    await conn.execute(SYNC_LIMITS, params)
+    await conn.execute(sql.SYNC_LIMITS, params)
     forget_cache()
 
 
@@ -207,31 +168,6 @@ def format_rate(count: int | None, window: float | None) -> str | None:
     return f"{count}/{unit}" if unit else f"{count}/{window:g}s"
 
 
-# Each limit in force with its use per key: active jobs, starts in the window, ready pending jobs.
-# For the API, the dashboard, /metrics and `dygo status` (not the claim: it counts under its lock).
-USE_ALL = """
-WITH l AS (
-    SELECT scope, name, key, concurrency_limit, rate_count, rate_window FROM dygo_limits
-    WHERE concurrency_limit IS NOT NULL OR rate_count IS NOT NULL
-)
-SELECT l.scope, l.name, l.key, l.concurrency_limit, l.rate_count, l.rate_window,
-       coalesce((SELECT jsonb_object_agg(k, n) FROM (
-           SELECT coalesce(j.meta ->> l.key, '') AS k, count(*) AS n FROM dygo_jobs j
-           WHERE j.state = 'active' AND l.name = CASE l.scope WHEN 'queue' THEN j.queue ELSE j.kind END
-           GROUP BY 1) a), '{}'::jsonb),
-       coalesce((SELECT jsonb_object_agg(k, n) FROM (
-           SELECT s.key AS k, sum(s.n) AS n FROM dygo_limit_starts s
-           WHERE s.scope = l.scope AND s.name = l.name AND l.rate_window IS NOT NULL
-             AND s.at > clock_timestamp() - make_interval(secs => l.rate_window)
-           GROUP BY 1) r), '{}'::jsonb),
-       coalesce((SELECT jsonb_object_agg(k, n) FROM (
-           SELECT coalesce(j.meta ->> l.key, '') AS k, count(*) AS n FROM dygo_jobs j
-           WHERE j.state = 'pending' AND j.run_at <= now()
-             AND l.name = CASE l.scope WHEN 'queue' THEN j.queue ELSE j.kind END
-           GROUP BY 1) p), '{}'::jsonb)
-FROM l ORDER BY l.scope DESC, l.name"""
-
-
 def _use(row: tuple[Any, ...]) -> LimitUse:
     scope, name, key, concurrency, count, window, active, started, ready = row
     return LimitUse(
@@ -248,19 +184,11 @@ def _use(row: tuple[Any, ...]) -> LimitUse:
 
 
 def limits_in_use(conn: psycopg.Connection) -> list[LimitUse]:
-    return [_use(row) for row in conn.execute(USE_ALL).fetchall()]
+    return [_use(row) for row in conn.execute(sql.USE_ALL).fetchall()]
 
 
 async def alimits_in_use(conn: psycopg.AsyncConnection) -> list[LimitUse]:
-    return [_use(row) for row in await (await conn.execute(USE_ALL)).fetchall()]
-
-
-SET_LIMIT = """
-INSERT INTO dygo_limits AS l (scope, name, key, concurrency_limit, rate_count, rate_window)
-VALUES (%(scope)s, %(name)s, %(key)s, %(concurrency)s, %(count)s, %(window)s)
-ON CONFLICT (scope, name) DO UPDATE SET
-    concurrency_limit = excluded.concurrency_limit, rate_count = excluded.rate_count,
-    rate_window = excluded.rate_window, key = excluded.key, updated_at = now()"""
+    return [_use(row) for row in await (await conn.execute(sql.USE_ALL)).fetchall()]
 
 
 def set_limit(
@@ -290,5 +218,5 @@ def set_limit(
         "window": window,
     }
     with conn.transaction():
-        conn.execute(SET_LIMIT, params)
-        conn.execute(queries.NOTIFY_QUEUES, {"queues": list(queues)})
+        conn.execute(sql.SET_LIMIT, params)
+        conn.execute(NOTIFY_QUEUES, {"queues": list(queues)})

@@ -4,7 +4,7 @@ A pass deletes succeeded, dead and cancelled jobs older than their retention, ex
 keys, the expired rows of result waiters that died waiting (store/results.py) and old daily and minute
 stats, in batches that each commit on their own (no long row locks, no long transaction holding back
 vacuum), and a bounded number of batches per kind so one pass never runs long. What is left over is
-taken by the next pass. Every statement lives in store/queries.py.
+taken by the next pass. Every statement lives in store/sql/retention.py.
 
 Each batch takes the cluster-wide retention lock in its own transaction (a transaction-level advisory
 lock, so it works through PgBouncer in transaction mode, where a session lock would stay with a server
@@ -21,8 +21,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, fields
 
 import psycopg
-from dygo.store import admin, queries
+from dygo.store import admin
 from dygo.store.config import Settings
+from dygo.store.sql import retention as sql
+from dygo.store.sql.leases import INDEX_SCANS_ONLY
 
 BATCH = 1000  # rows per delete statement
 MAX_BATCHES = 100  # per kind and pass: at most 100k rows of each kind a pass
@@ -96,7 +98,7 @@ async def retention_lock(conn: psycopg.AsyncConnection) -> AsyncIterator[bool]:
     connection closing if this process dies.
     """
     async with conn.transaction():
-        yield (await (await conn.execute(queries.RETENTION_LOCK)).fetchone())[0]
+        yield (await (await conn.execute(sql.RETENTION_LOCK)).fetchone())[0]
 
 
 async def trim(connections: Connections, periods: RetentionPeriods, walk: SucceededWalk) -> Trimmed | None:
@@ -107,16 +109,16 @@ async def trim(connections: Connections, periods: RetentionPeriods, walk: Succee
         if periods.succeeded:
             await _trim_succeeded(connections, periods.succeeded, walk, trimmed)
         if periods.dead:
-            trimmed.dead = await _repeat(connections, queries.TRIM_DEAD, periods.dead, trimmed)
+            trimmed.dead = await _repeat(connections, sql.TRIM_DEAD, periods.dead, trimmed)
         if periods.cancelled:
-            trimmed.cancelled = await _repeat(connections, queries.TRIM_CANCELLED, periods.cancelled, trimmed)
-        trimmed.idempotency_keys = await _repeat(connections, queries.TRIM_EXPIRED_KEYS, 0.0, trimmed)
-        trimmed.result_waiters = await _repeat(connections, queries.TRIM_EXPIRED_WAITERS, 0.0, trimmed)
+            trimmed.cancelled = await _repeat(connections, sql.TRIM_CANCELLED, periods.cancelled, trimmed)
+        trimmed.idempotency_keys = await _repeat(connections, sql.TRIM_EXPIRED_KEYS, 0.0, trimmed)
+        trimmed.result_waiters = await _repeat(connections, sql.TRIM_EXPIRED_WAITERS, 0.0, trimmed)
         async with connections() as conn:
             await admin.afold_stats(conn)  # before trimming, so old deltas land in rows the trim then sees
         if periods.daily_stats:
-            trimmed.daily_stats = await _repeat(connections, queries.TRIM_DAILY_STATS, periods.daily_stats, trimmed)
-        trimmed.minute_stats = await _repeat(connections, queries.TRIM_MINUTE_STATS, MINUTE_STATS_KEEP, trimmed)
+            trimmed.daily_stats = await _repeat(connections, sql.TRIM_DAILY_STATS, periods.daily_stats, trimmed)
+        trimmed.minute_stats = await _repeat(connections, sql.TRIM_MINUTE_STATS, MINUTE_STATS_KEEP, trimmed)
     except LockTaken:
         return trimmed if trimmed.batches else None
     return trimmed
@@ -127,10 +129,10 @@ async def _locked_batch(
 ) -> tuple[int, int | None]:
     """One batch under the retention lock, committed on its own; raises LockTaken when another has it."""
     async with connections() as conn, conn.transaction():
-        if not (await (await conn.execute(queries.RETENTION_LOCK)).fetchone())[0]:
+        if not (await (await conn.execute(sql.RETENTION_LOCK)).fetchone())[0]:
             raise LockTaken
-        # A trim deletes by id: on a small table the planner would read it whole (queries.INDEX_SCANS_ONLY).
-        await conn.execute(queries.INDEX_SCANS_ONLY)
+        # A trim deletes by id: on a small table the planner would read it whole (INDEX_SCANS_ONLY).
+        await conn.execute(INDEX_SCANS_ONLY)
         row = await (await conn.execute(statement, params)).fetchone()
     trimmed.batches += 1
     return row[0], (row[1] if len(row) > 1 else None)
@@ -150,7 +152,7 @@ async def _repeat(connections: Connections, statement: str, keep: float, trimmed
 async def _trim_succeeded(connections: Connections, keep: float, walk: SucceededWalk, trimmed: Trimmed) -> None:
     for _ in range(MAX_WALK_STEPS):
         params = {"keep": keep, "after": walk.after, "window": WALK_WINDOW}
-        deleted, next_after = await _locked_batch(connections, queries.TRIM_SUCCEEDED_RANGE, params, trimmed)
+        deleted, next_after = await _locked_batch(connections, sql.TRIM_SUCCEEDED_RANGE, params, trimmed)
         trimmed.succeeded += deleted
         if next_after is None:
             walk.after = 0  # reached recent jobs: the next pass starts again from the oldest

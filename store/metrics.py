@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from dygo.store import admin, limits, queries, timings
+from dygo.store import admin, limits, timings
+from dygo.store.sql.stats import METRICS_STAT_TOTALS
+from dygo.store.sql.workers import METRICS_BUSY_SLOTS
 
 
 @dataclass
@@ -29,13 +31,13 @@ def stat_totals(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """Totals per queue and kind over every day the stats still keep (rollups plus unfolded deltas)."""
     return [
         {"queue": row[0], "kind": row[1], **dict(zip(admin.STAT_FIELDS, row[2:], strict=True))}
-        for row in conn.execute(queries.METRICS_STAT_TOTALS)
+        for row in conn.execute(METRICS_STAT_TOTALS)
     ]
 
 
 def busy_slots(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
     """Jobs running now per worker id and queue (from the active rows' lease owners)."""
-    return {(worker, queue): n for worker, queue, n in conn.execute(queries.METRICS_BUSY_SLOTS)}
+    return {(worker, queue): n for worker, queue, n in conn.execute(METRICS_BUSY_SLOTS)}
 
 
 def snapshot(conn: psycopg.Connection, configured: Mapping[str, int], seen_within: float) -> Snapshot:

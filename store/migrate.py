@@ -20,15 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from dygo.store import queries
 from dygo.store.errors import SchemaError
+from dygo.store.sql import schema as sql
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 LEGACY_DIR = MIGRATIONS_DIR / "legacy"
 BASELINE = 16  # 0016_baseline: every legacy version is below it
-
-APPLIED_VERSIONS = "SELECT version, name FROM dygo_migrations ORDER BY version"
-FORGET_MIGRATION = "DELETE FROM dygo_migrations WHERE version = %s"
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,7 @@ def migrate(conn: psycopg.Connection, target: int | None = None, directory: Path
                 continue
             with conn.transaction():
                 conn.execute(migration.path.read_text(encoding="utf-8"))
-                conn.execute(queries.RECORD_MIGRATION, (migration.version, migration.name))
+                conn.execute(sql.RECORD_MIGRATION, (migration.version, migration.name))
             applied.append(migration)
     return applied
 
@@ -98,19 +95,19 @@ def revert(conn: psycopg.Connection, target: int, directory: Path = MIGRATIONS_D
         for migration, down in steps:
             with conn.transaction():
                 conn.execute(down.read_text(encoding="utf-8"))
-                conn.execute(FORGET_MIGRATION, (migration.version,))
+                conn.execute(sql.FORGET_MIGRATION, (migration.version,))
             reverted.append(migration)
     return reverted
 
 
 def _lock_and_read(conn: psycopg.Connection) -> dict[int, str]:
-    conn.execute(queries.MIGRATIONS_LOCK)
-    conn.execute(queries.MIGRATIONS_TABLE)
+    conn.execute(sql.MIGRATIONS_LOCK)
+    conn.execute(sql.MIGRATIONS_TABLE)
     return _applied(conn)
 
 
 def _applied(conn: psycopg.Connection) -> dict[int, str]:
-    return {version: name for version, name in conn.execute(APPLIED_VERSIONS)}
+    return {version: name for version, name in conn.execute(sql.APPLIED_VERSIONS)}
 
 
 def _finish_legacy(conn: psycopg.Connection, done: dict[int, str], directory: Path) -> list[Migration]:
@@ -130,15 +127,15 @@ def _finish_legacy(conn: psycopg.Connection, done: dict[int, str], directory: Pa
             continue
         with conn.transaction():
             conn.execute(migration.path.read_text(encoding="utf-8"))
-            conn.execute(queries.RECORD_MIGRATION, (migration.version, migration.name))
+            conn.execute(sql.RECORD_MIGRATION, (migration.version, migration.name))
         applied.append(migration)
     baseline = next(m for m in available_migrations(directory) if m.version == BASELINE)
-    conn.execute(queries.RECORD_MIGRATION, (baseline.version, baseline.name))
+    conn.execute(sql.RECORD_MIGRATION, (baseline.version, baseline.name))
     return [*applied, baseline]
 
 
 def check_version(version: int | None) -> None:
-    """Raise SchemaError unless `version` (from queries.SCHEMA_VERSION) is the latest migration."""
+    """Raise SchemaError unless `version` (from sql.SCHEMA_VERSION) is the latest migration."""
     latest = latest_version()
     if version is None or version == 0:
         raise SchemaError("the database has no dygo schema yet: run `dygo migrate`")
@@ -150,10 +147,10 @@ def check_version(version: int | None) -> None:
 
 def schema_version(conn: psycopg.Connection) -> int | None:
     """The latest applied migration, or None when dygo never migrated this database."""
-    (exists,) = conn.execute(queries.HAS_MIGRATIONS_TABLE).fetchall()[0]
+    (exists,) = conn.execute(sql.HAS_MIGRATIONS_TABLE).fetchall()[0]
     if not exists:
         return None
-    (version,) = conn.execute(queries.SCHEMA_VERSION).fetchall()[0]
+    (version,) = conn.execute(sql.SCHEMA_VERSION).fetchall()[0]
     return int(version)
 
 

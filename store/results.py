@@ -34,13 +34,14 @@ from collections.abc import Coroutine
 from typing import Any
 
 import psycopg
-from dygo.store import queries
 from dygo.store.config import load_settings
 from dygo.store.db import aroll_back, database_url, direct_url, roll_back, usable
 from dygo.store.durations import parse_duration
 from dygo.store.errors import NotFound, WaitTimeout
 from dygo.store.job_reads import aget_job, get_job
 from dygo.store.leases import BEGIN, COMMIT
+from dygo.store.sql import results as sql
+from dygo.store.sql.job_reads import GET_JOB
 from psycopg.rows import dict_row
 
 CHANNEL = "dygo_finished"
@@ -73,19 +74,19 @@ def wakes(payload: str, job_id: int) -> bool:
 
 def listen(conn: psycopg.Connection) -> None:
     """Subscribe `conn` (autocommit) to the ids of jobs that reach a final state."""
-    conn.execute(queries.LISTEN_FOR_FINISHED)
+    conn.execute(sql.LISTEN_FOR_FINISHED)
 
 
 async def alisten(conn: psycopg.AsyncConnection) -> None:
     """`listen` on an AsyncConnection."""
-    await conn.execute(queries.LISTEN_FOR_FINISHED)
+    await conn.execute(sql.LISTEN_FOR_FINISHED)
 
 
 # --- a waiter's registration ------------------------------------------------------------------------
 
 # What opens a registration's transaction, pipelined with the rest. BEGIN is explicit: the pipeline's
 # implicit transaction would commit what went before a statement psycopg failed to send.
-_REGISTRATION_OPENS = (BEGIN, queries.WAITER_TRANSACTION, queries.RESULT_WAITERS_LOCK)
+_REGISTRATION_OPENS = (BEGIN, sql.WAITER_TRANSACTION, sql.RESULT_WAITERS_LOCK)
 
 
 def _expiry(job_id: int, seconds: float) -> dict[str, Any]:
@@ -111,9 +112,9 @@ def register(conn: psycopg.Connection, job_id: int, seconds: float) -> tuple[int
         with conn.pipeline():
             for statement in _REGISTRATION_OPENS:
                 conn.execute(statement)
-            inserted = conn.execute(queries.REGISTER_WAITER, _expiry(job_id, seconds))
+            inserted = conn.execute(sql.REGISTER_WAITER, _expiry(job_id, seconds))
             read = conn.cursor(row_factory=dict_row)
-            read.execute(queries.GET_JOB, (job_id,))  # its own statement: a snapshot after the lock
+            read.execute(GET_JOB, (job_id,))  # its own statement: a snapshot after the lock
             conn.execute(COMMIT)
     except BaseException:
         roll_back(conn)
@@ -127,9 +128,9 @@ async def aregister(conn: psycopg.AsyncConnection, job_id: int, seconds: float) 
         async with conn.pipeline():
             for statement in _REGISTRATION_OPENS:
                 await conn.execute(statement)
-            inserted = await conn.execute(queries.REGISTER_WAITER, _expiry(job_id, seconds))
+            inserted = await conn.execute(sql.REGISTER_WAITER, _expiry(job_id, seconds))
             read = conn.cursor(row_factory=dict_row)
-            await read.execute(queries.GET_JOB, (job_id,))
+            await read.execute(GET_JOB, (job_id,))
             await conn.execute(COMMIT)
     except BaseException:
         await aroll_back(conn)
@@ -139,20 +140,20 @@ async def aregister(conn: psycopg.AsyncConnection, job_id: int, seconds: float) 
 
 def refresh(conn: psycopg.Connection, waiter: int, seconds: float) -> bool:
     """Move a registration's expiry on (a wait longer than WAITER_LIFETIME); False if it is gone."""
-    return conn.execute(queries.REFRESH_WAITER, _renewal(waiter, seconds)).rowcount == 1
+    return conn.execute(sql.REFRESH_WAITER, _renewal(waiter, seconds)).rowcount == 1
 
 
 async def arefresh(conn: psycopg.AsyncConnection, waiter: int, seconds: float) -> bool:
     """`refresh` on an AsyncConnection."""
-    return (await conn.execute(queries.REFRESH_WAITER, _renewal(waiter, seconds))).rowcount == 1
+    return (await conn.execute(sql.REFRESH_WAITER, _renewal(waiter, seconds))).rowcount == 1
 
 
 def unregister(conn: psycopg.Connection, waiter: int) -> None:
-    conn.execute(queries.UNREGISTER_WAITER, (waiter,))
+    conn.execute(sql.UNREGISTER_WAITER, (waiter,))
 
 
 async def aunregister(conn: psycopg.AsyncConnection, waiter: int) -> None:
-    await conn.execute(queries.UNREGISTER_WAITER, (waiter,))
+    await conn.execute(sql.UNREGISTER_WAITER, (waiter,))
 
 
 # --- waking waiters of deleted jobs (the admin's statements run in its sync transactions) -------------
@@ -162,13 +163,13 @@ def notify_deleted(conn: psycopg.Connection, job_ids: list[int]) -> None:
     """Wake the waiters of deleted jobs (the trigger only sees updates); they then find the job gone."""
     for start in range(0, len(job_ids), NOTIFY_IDS_MAX):
         chunk = job_ids[start : start + NOTIFY_IDS_MAX]
-        conn.execute(queries.NOTIFY_FINISHED, (",".join(str(i) for i in chunk),))
+        conn.execute(sql.NOTIFY_FINISHED, (",".join(str(i) for i in chunk),))
 
 
 def notify_recheck(conn: psycopg.Connection) -> None:
     """Wake every waiter to re-read its job once: after a statement that deleted jobs in bulk, whose ids
     are not worth sending (a purge may delete millions). Delivered when `conn`'s transaction commits."""
-    conn.execute(queries.NOTIFY_RECHECK)
+    conn.execute(sql.NOTIFY_RECHECK)
 
 
 # --- waiting from Python ----------------------------------------------------------------------------

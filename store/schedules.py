@@ -22,11 +22,12 @@ from typing import Any
 
 import psycopg
 from croniter import CroniterError
-from dygo.store import cron, queries, tracing
+from dygo.store import cron, tracing
 from dygo.store.config import Settings, _read_yaml
 from dygo.store.enqueue import PRIORITY_RANGE, Enqueued, aenqueue, enqueue
 from dygo.store.errors import ConfigError, Conflict, EnqueueError, NotFound
 from dygo.store.registry import KIND_PATTERN, Registry
+from dygo.store.sql import schedules as sql
 from psycopg.rows import dict_row
 
 MISSED_POLICIES = ("once", "skip")
@@ -233,19 +234,19 @@ async def sync(
     added: list[str] = []
     updated: list[str] = []
     async with conn.transaction():
-        await conn.execute(queries.SCHEDULES_SYNC_LOCK)
-        now = now or (await (await conn.execute(queries.DATABASE_NOW)).fetchone())[0]
-        stored = {row[0]: row[1:] for row in await (await conn.execute(queries.STORED_SCHEDULES)).fetchall()}
+        await conn.execute(sql.SCHEDULES_SYNC_LOCK)
+        now = now or (await (await conn.execute(sql.DATABASE_NOW)).fetchone())[0]
+        stored = {row[0]: row[1:] for row in await (await conn.execute(sql.STORED_SCHEDULES)).fetchall()}
         for declaration in declared:
             params = _row(declaration, now)
             current = stored.get(declaration.name)
             if current is None:
-                await conn.execute(queries.INSERT_SCHEDULE, params)
+                await conn.execute(sql.INSERT_SCHEDULE, params)
                 added.append(declaration.name)
             elif current != _comparable(declaration):
-                await conn.execute(queries.UPDATE_SCHEDULE_DEFINITION, params)
+                await conn.execute(sql.UPDATE_SCHEDULE_DEFINITION, params)
                 updated.append(declaration.name)
-        cursor = await conn.execute(queries.DISABLE_UNDECLARED_SCHEDULES, ([d.name for d in declared],))
+        cursor = await conn.execute(sql.DISABLE_UNDECLARED_SCHEDULES, ([d.name for d in declared],))
         disabled = sorted(row[0] for row in await cursor.fetchall())
     return SyncResult(added, updated, disabled)
 
@@ -317,7 +318,7 @@ async def fire_due(conn: psycopg.AsyncConnection, *, now: datetime | None = None
     fired: list[Fired] = []
     for _ in range(limit):
         async with conn.transaction():
-            row = await (await conn.execute(queries.LOCK_DUE_SCHEDULE, {"now": now})).fetchone()
+            row = await (await conn.execute(sql.LOCK_DUE_SCHEDULE, {"now": now})).fetchone()
             if row is None:
                 break
             fired.append(await _fire(conn, _Due(*row)))
@@ -365,7 +366,7 @@ async def _fire_occurrence(conn: psycopg.AsyncConnection, due: _Due) -> Fired:
 
 async def _advance(conn: psycopg.AsyncConnection, fired: Fired, now: datetime) -> Fired:
     await conn.execute(
-        queries.ADVANCE_SCHEDULE,
+        sql.ADVANCE_SCHEDULE,
         {"name": fired.name, "next_run_at": fired.next_run_at, "job_id": fired.job_id, "fired_at": now},
     )
     return fired
@@ -391,13 +392,13 @@ def _job_options(
 
 async def seconds_to_next_fire(conn: psycopg.AsyncConnection) -> float | None:
     """How long until the next schedule falls due; None when none will."""
-    row = await (await conn.execute(queries.SECONDS_TO_NEXT_FIRE)).fetchone()
+    row = await (await conn.execute(sql.SECONDS_TO_NEXT_FIRE)).fetchone()
     return row[0] if row else None
 
 
 async def listen(conn: psycopg.AsyncConnection) -> None:
     """Subscribe `conn` to the names of schedules that may fall due sooner than planned."""
-    await conn.execute(queries.LISTEN_FOR_SCHEDULES)
+    await conn.execute(sql.LISTEN_FOR_SCHEDULES)
 
 
 # --- the admin side (sync): inspect, pause, resume, trigger -----------------------------------------
@@ -405,13 +406,13 @@ async def listen(conn: psycopg.AsyncConnection) -> None:
 
 def list_schedules(conn: psycopg.Connection) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cursor:
-        return [view(row) for row in cursor.execute(queries.LIST_SCHEDULES)]
+        return [view(row) for row in cursor.execute(sql.LIST_SCHEDULES)]
 
 
 def get_schedule(conn: psycopg.Connection, name: str) -> dict[str, Any] | None:
     """The schedule's view, or None (the admin operations raise NotFound instead)."""
     with conn.cursor(row_factory=dict_row) as cursor:
-        row = cursor.execute(queries.GET_SCHEDULE, (name,)).fetchone()
+        row = cursor.execute(sql.GET_SCHEDULE, (name,)).fetchone()
     return view(row) if row else None
 
 
@@ -442,17 +443,17 @@ def view(row: dict[str, Any]) -> dict[str, Any]:
 
 def pause(conn: psycopg.Connection, name: str) -> dict[str, Any]:
     """Hold the schedule: no occurrence fires until it is resumed. Survives deploys and syncs."""
-    conn.execute(queries.PAUSE_SCHEDULE, (name,))
+    conn.execute(sql.PAUSE_SCHEDULE, (name,))
     return existing(conn, name)
 
 
 def resume(conn: psycopg.Connection, name: str) -> dict[str, Any]:
     """Fire again from the next occurrence after now; occurrences while paused are not made up."""
     with conn.transaction():
-        row = conn.execute(queries.LOCK_SCHEDULE, (name,)).fetchone()
+        row = conn.execute(sql.LOCK_SCHEDULE, (name,)).fetchone()
         if row is not None and row[9]:  # paused
             next_run_at = cron.next_fire(row[1], row[2], row[10])
-            conn.execute(queries.RESUME_SCHEDULE, {"name": name, "next_run_at": next_run_at})
+            conn.execute(sql.RESUME_SCHEDULE, {"name": name, "next_run_at": next_run_at})
     return existing(conn, name)
 
 
@@ -461,14 +462,14 @@ def trigger(conn: psycopg.Connection, name: str) -> tuple[Enqueued, dict[str, An
 
     Works on a paused schedule too (an operator asked for it); not on a removed one."""
     with conn.transaction():
-        row = conn.execute(queries.LOCK_SCHEDULE, (name,)).fetchone()
+        row = conn.execute(sql.LOCK_SCHEDULE, (name,)).fetchone()
         if row is None:
             raise NotFound("schedule_not_found", f"no schedule named {name!r}")
         _, _, _, kind, args, queue, priority, max_attempts, enabled, _, _ = row
         if not enabled:
             raise Conflict("schedule_removed", f"schedule {name!r} is no longer declared; it cannot fire")
         job = enqueue(conn, kind, args, **_job_options(name, queue, priority, max_attempts, None))
-        conn.execute(queries.RECORD_MANUAL_FIRE, {"name": name, "job_id": job.id})
+        conn.execute(sql.RECORD_MANUAL_FIRE, {"name": name, "job_id": job.id})
     return job, existing(conn, name)
 
 

@@ -18,7 +18,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import psycopg
-from dygo.store import queries
+from dygo.store.sql import timings as sql
 
 # Upper bounds in seconds (Prometheus `le`); an observation equal to a bound counts in that bucket.
 BOUNDS: tuple[float, ...] = (
@@ -136,7 +136,7 @@ async def record(conn: psycopg.AsyncConnection, deltas: dict[Key, Histogram]) ->
         return
     keys = list(deltas)
     await conn.execute(
-        queries.RECORD_TIMINGS,
+        sql.RECORD_TIMINGS,
         {
             "queues": [k[0] for k in keys],
             "kinds": [k[1] for k in keys],
@@ -151,7 +151,7 @@ async def record(conn: psycopg.AsyncConnection, deltas: dict[Key, Histogram]) ->
 def totals(conn: psycopg.Connection) -> dict[Key, Histogram]:
     """Every histogram kept: folded rows plus deltas not folded yet."""
     result = {}
-    for queue, kind, measure, buckets, total, count in conn.execute(queries.METRICS_TIMINGS):
+    for queue, kind, measure, buckets, total, count in conn.execute(sql.METRICS_TIMINGS):
         if len(buckets) == len(BOUNDS) + 1:  # rows written with other bounds cannot be merged; skipped
             result[(queue, kind, measure)] = Histogram(list(buckets), total, count)
     return result

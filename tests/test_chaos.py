@@ -96,7 +96,7 @@ def test_a_job_reclaimed_by_the_same_worker_during_its_first_run_leaves_the_work
     job = enqueue(conn, "test.slow_first_briefly", {"seconds": 3})
     runs = "SELECT count(*) FROM test_runs WHERE job_id = %s"
     wait_until(lambda: conn.execute(runs, (job.id,)).fetchone()[0] == 1, message="the first run")
-    # What lease recovery does to a job whose lease ran out (store/queries.py RECOVER_EXPIRED_LEASES).
+    # What lease recovery does to a job whose lease ran out (store/sql/leases.py RECOVER_EXPIRED_LEASES).
     conn.execute(
         "UPDATE dygo_jobs SET state = 'pending', lease_owner = NULL, lease_token = NULL, "
         "lease_deadline = NULL, attempt = attempt - 1, reap_count = reap_count + 1 WHERE id = %s",

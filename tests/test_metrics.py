@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from dygo.store import admin, enqueue, queries
+from dygo.store import admin, enqueue
+from dygo.store.sql.workers import WORKER_HEARTBEAT
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.test_api_queues import fill_default_queue
@@ -27,7 +28,7 @@ def value(samples, name: str, **labels: str) -> float:
 
 
 def heartbeat(conn, worker_id: str, queues: dict[str, int], seconds_ago: float = 0) -> None:
-    conn.execute(queries.WORKER_HEARTBEAT, {"id": worker_id, "hostname": "box", "pid": 1, "queues": json.dumps(queues)})
+    conn.execute(WORKER_HEARTBEAT, {"id": worker_id, "hostname": "box", "pid": 1, "queues": json.dumps(queues)})
     conn.execute(
         "UPDATE dygo_workers SET last_seen_at = now() - make_interval(secs => %s) WHERE id = %s",
         (seconds_ago, worker_id),

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from dygo.store import admin, enqueue, maintenance, queries
+from dygo.store import admin, enqueue, maintenance
 from dygo.store.config import load_settings
 from dygo.store.errors import ConfigError
 from dygo.store.maintenance import RetentionPeriods, SucceededWalk, Trimmed
+from dygo.store.sql.stats import FOLD_STATS_LOCK
 
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
 from tests.twins import SIDES, Twins
@@ -115,7 +116,7 @@ def test_the_fold_moves_stats_and_timing_deltas_into_their_rollups_unless_anothe
     folder = Twins(admin, db_url, side)
     try:
         with psycopg.connect(db_url) as other:  # another process folding holds the fold's lock
-            other.execute(queries.FOLD_STATS_LOCK)
+            other.execute(FOLD_STATS_LOCK)
             assert folder.fold_stats() is False
             assert conn.execute(deltas).fetchone() == (1, 1)
         assert folder.fold_stats() is True

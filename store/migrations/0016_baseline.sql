@@ -129,7 +129,7 @@ CREATE TABLE dygo_result_waiters (
 CREATE INDEX dygo_result_waiters_job ON dygo_result_waiters (job_id);
 CREATE INDEX dygo_result_waiters_expires ON dygo_result_waiters (expires_at);
 
--- The lock orders this trigger against a waiter's registration (store/queries.py RESULT_WAITERS_LOCK,
+-- The lock orders this trigger against a waiter's registration (store/sql/results.py RESULT_WAITERS_LOCK,
 -- taken EXCLUSIVE there), so no settle is missed. The chunk size is store.results.NOTIFY_IDS_MAX too.
 CREATE FUNCTION dygo_notify_finished() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -137,7 +137,7 @@ BEGIN
     IF NOT EXISTS (SELECT FROM new_rows WHERE state IN ('succeeded', 'dead', 'cancelled')) THEN
         RETURN NULL;
     END IF;
-    -- The key is store/queries.py's RESULT_WAITERS_LOCK (two int4 keys: apart from dygo's one-bigint locks).
+    -- The key is store/sql/results.py's RESULT_WAITERS_LOCK (two int4 keys: apart from dygo's one-bigint locks).
     PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
     -- A later statement: its snapshot sees every waiter committed before the lock was granted.
     -- At most 390 ids per notification (20 bytes each at most) to stay under the 8000-byte limit.

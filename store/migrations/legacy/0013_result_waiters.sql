@@ -14,7 +14,7 @@ BEGIN
     IF NOT EXISTS (SELECT FROM new_rows WHERE state IN ('succeeded', 'dead', 'cancelled')) THEN
         RETURN NULL;
     END IF;
-    -- The key is store/queries.py's RESULT_WAITERS_LOCK (two int4 keys: apart from dygo's one-bigint locks).
+    -- The key is store/sql/results.py's RESULT_WAITERS_LOCK (two int4 keys: apart from dygo's one-bigint locks).
     PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
     -- A later statement: its snapshot sees every waiter committed before the lock was granted.
     -- At most 390 ids per notification (20 bytes each at most) to stay under the 8000-byte limit.
