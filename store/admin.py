@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import psycopg
 from dygo.store import results
+from dygo.store.db import one
 from dygo.store.errors import Conflict, NotFound
 from dygo.store.migrate import check_version, schema_version
 from dygo.store.sql import admin_jobs, admin_queues, bulk, dead_jobs, job_lists, stats, timings, workers
@@ -158,7 +159,7 @@ def _scan_window(
     """The id bound that limits this page's scan (`size` ids, SCAN_WINDOW by default), and where the
     next page starts if it runs dry."""
     size = SCAN_WINDOW if size is None else size
-    low, high = conn.execute(job_lists.JOB_ID_RANGE).fetchone()
+    low, high = one(conn.execute(job_lists.JOB_ID_RANGE).fetchone())
     if low is None:
         return None
     if newest:
@@ -203,7 +204,7 @@ def delete_job(conn: psycopg.Connection, job_id: int, state: str | None = None) 
     results.notify_deleted(conn, [job_id])
 
 
-def _refuse(conn: psycopg.Connection, job_id: int, action: str, allowed: tuple[str, ...]) -> None:
+def _refuse(conn: psycopg.Connection, job_id: int, action: str, allowed: tuple[str, ...]) -> NoReturn:
     row = conn.execute(admin_jobs.JOB_STATE, (job_id,)).fetchone()
     if row is None:
         raise NotFound("job_not_found", f"no job with id {job_id}")
@@ -260,7 +261,8 @@ def find_queue(conn: psycopg.Connection, configured: Mapping[str, int], name: st
 
 def pause_queue(conn: psycopg.Connection, queue: str) -> datetime:
     """Workers stop claiming from the queue (jobs already running finish). Returns when it was paused."""
-    return conn.execute(admin_queues.PAUSE_QUEUE, (queue,)).fetchone()[0]
+    paused: datetime = one(conn.execute(admin_queues.PAUSE_QUEUE, (queue,)).fetchone())[0]
+    return paused
 
 
 def resume_queue(conn: psycopg.Connection, queue: str) -> None:
@@ -277,7 +279,9 @@ def retry_dead(conn: psycopg.Connection, queue: str | None) -> int:
 def purge_queue(conn: psycopg.Connection, queue: str) -> dict[str, int]:
     """Delete the queue's pending, scheduled and dead jobs; report them and the jobs left alone."""
     with conn.transaction():
-        pending, scheduled, dead, active, paused = conn.execute(admin_queues.PURGE_QUEUE, {"queue": queue}).fetchone()
+        pending, scheduled, dead, active, paused = one(
+            conn.execute(admin_queues.PURGE_QUEUE, {"queue": queue}).fetchone()
+        )
         if pending + scheduled + dead:
             results.notify_recheck(conn)  # their waiters answer 404 now, not at their timeout
     return {"pending": pending, "scheduled": scheduled, "dead": dead, "active_left": active, "paused_left": paused}
@@ -291,7 +295,10 @@ def vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
 
 def count_vacuum_dead(conn: psycopg.Connection, queue: str, older_than: float) -> int:
     """How many jobs vacuum_dead would delete now."""
-    return conn.execute(dead_jobs.COUNT_VACUUM_DEAD, {"queue": queue, "older_than": older_than}).fetchone()[0]
+    count: int = one(conn.execute(dead_jobs.COUNT_VACUUM_DEAD, {"queue": queue, "older_than": older_than}).fetchone())[
+        0
+    ]
+    return count
 
 
 # --- daily stats -------------------------------------------------------------------------------
@@ -362,8 +369,8 @@ def check_ready(conn: psycopg.Connection) -> int:
 def nuke(conn: psycopg.Connection) -> dict[str, int]:
     """Delete every job, idempotency key, stat and queue pause. Development only (the caller checks)."""
     with conn.transaction():
-        jobs, keys, stats, queues = conn.execute(admin_jobs.NUKE).fetchone()
-        stats += conn.execute(timings.NUKE_TIMINGS).fetchone()[0]
+        jobs, keys, stats, queues = one(conn.execute(admin_jobs.NUKE).fetchone())
+        stats += one(conn.execute(timings.NUKE_TIMINGS).fetchone())[0]
         if jobs:
             results.notify_recheck(conn)
     return {"jobs": jobs, "idempotency_keys": keys, "stats_rows": stats, "queue_pauses": queues}
@@ -419,7 +426,7 @@ def count_matching(conn: psycopg.Connection, action: str, where: JobFilter) -> t
     action would change, and whether there are more than BULK_LIMIT (a run then takes the oldest)."""
     filters, params = _bulk_filters(where, None)
     statement = sql.SQL(bulk.BULK_COUNT).format(filters=filters, allowed=sql.SQL(bulk.BULK_ALLOWED[action]))
-    matched, allowed = conn.execute(statement, {**params, "cap": BULK_LIMIT + 1, "limit": BULK_LIMIT}).fetchone()
+    matched, allowed = one(conn.execute(statement, {**params, "cap": BULK_LIMIT + 1, "limit": BULK_LIMIT}).fetchone())
     return min(matched, BULK_LIMIT), allowed, matched > BULK_LIMIT
 
 
@@ -432,7 +439,7 @@ def bulk_act(
     statement = sql.SQL(BULK_ACTIONS[action]).format(filters=filters)
     try:
         with conn.transaction():
-            matched, changed = conn.execute(statement, {**params, "cap": BULK_LIMIT}).fetchone()
+            matched, changed = one(conn.execute(statement, {**params, "cap": BULK_LIMIT}).fetchone())
             if action == "delete" and changed:
                 results.notify_recheck(conn)  # cancel and archive are seen by the trigger
     except psycopg.errors.UniqueViolation:

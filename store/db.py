@@ -7,12 +7,15 @@ import contextlib
 import os
 import re
 from collections.abc import AsyncIterator
+from typing import TypeVar
 from urllib.parse import unquote
 
 import psycopg
 from dygo.store.config import Settings
 from dygo.store.errors import ConfigError, DatabaseUnavailable
 from psycopg.conninfo import conninfo_to_dict
+
+Row = TypeVar("Row")
 
 
 def database_url(settings: Settings) -> str:
@@ -121,3 +124,11 @@ async def aroll_back(conn: psycopg.AsyncConnection) -> None:
     if usable(conn):
         with contextlib.suppress(psycopg.Error, OSError):
             await conn.rollback()
+
+
+def one(row: Row | None) -> Row:
+    """The row of a statement that always returns one (an aggregate, a lock function, a RETURNING of the row
+    it wrote); None there means the statement is not the one the caller thinks it runs."""
+    if row is None:
+        raise RuntimeError("a statement that always returns a row returned none")
+    return row

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
+from dygo.store.db import one
 from dygo.store.sql import embedded as sql
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ def _restrict_access(pgdata: Path, postmaster: PostmasterInfo) -> None:
 def _tune(url: str) -> None:
     """Server-wide settings dygo wants on a server it owns (see store/sql/embedded.py)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        if conn.execute(sql.AUTOVACUUM_NAPTIME).fetchone()[0] != sql.EMBEDDED_NAPTIME:
+        if one(conn.execute(sql.AUTOVACUUM_NAPTIME).fetchone())[0] != sql.EMBEDDED_NAPTIME:
             conn.execute(sql.SET_AUTOVACUUM_NAPTIME)
             conn.execute(sql.RELOAD_CONFIGURATION)
 

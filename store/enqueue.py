@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from dygo.store import tracing
 from dygo.store.config import KEBAB_CASE
+from dygo.store.db import one
 from dygo.store.durations import parse_duration
 from dygo.store.errors import EnqueueConflict, EnqueueError
 from dygo.store.registry import Registry, registry
@@ -67,11 +68,10 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
         # The usual job (a registered kind without an args model, its args a dict, no option set): the row
         # the general path below gives it, without walking the options it does not have.
         context = tracing.carrier() if trace is None else trace
-        queue = definition.queue_name
-        _check_queue(queue, jobs)
+        _check_queue(definition.queue_name, jobs)
         return {
             "kind": request.kind,
-            "queue": queue,
+            "queue": definition.queue_name,
             "args": _dump("args", request.args),
             "meta": _meta_json(None, context) if context else "{}",
             "priority": _priority(definition.priority),
@@ -130,7 +130,7 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
             run_at = run_at.astimezone(UTC)
         except OverflowError:
             raise EnqueueError(
-                "invalid_timestamp", f"run_at {request.run_at.isoformat()} is outside years 1 to 9999 in UTC"
+                "invalid_timestamp", f"run_at {run_at.isoformat()} is outside years 1 to 9999 in UTC"
             ) from None
     delay = _seconds(request.delay, "delay") if request.delay is not None else 0.0
 
@@ -385,7 +385,7 @@ def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping
     with conn.transaction():
         for i in plan.windowed:
             results[i] = _insert_one(conn, rows[i])
-        db_now, ids = conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,)).fetchone()
+        db_now, ids = one(conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,)).fetchone())
         if plan.plain:
             with conn.cursor().copy(sql.COPY_JOBS) as copy:
                 for job_id, i in zip(ids, plan.plain, strict=False):
@@ -395,7 +395,9 @@ def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping
         if plan.keyed:
             params = plan.keyed_params(ids, db_now)
             inserted = {r[0] for r in conn.execute(sql.INSERT_JOBS_UNLESS_LIVE_KEY, params)}
-            holders = dict(conn.execute(sql.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],)).fetchall())
+            holders: dict[str, int] = dict(
+                conn.execute(sql.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],)).fetchall()
+            )
             plan.keyed_results(ids, params, inserted, holders, results)
     return [results[i] for i in range(len(rows))]
 
@@ -488,7 +490,7 @@ async def _aenqueue_batch(
     async with conn.transaction():
         for i in plan.windowed:
             results[i] = await _ainsert_one(conn, rows[i])
-        db_now, ids = await (await conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,))).fetchone()
+        db_now, ids = one(await (await conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,))).fetchone())
         if plan.plain:
             async with conn.cursor().copy(sql.COPY_JOBS) as copy:
                 for job_id, i in zip(ids, plan.plain, strict=False):
@@ -498,8 +500,8 @@ async def _aenqueue_batch(
         if plan.keyed:
             params = plan.keyed_params(ids, db_now)
             cursor = await conn.execute(sql.INSERT_JOBS_UNLESS_LIVE_KEY, params)
-            inserted = {r[0] for r in await cursor.fetchall()}
+            inserted_ids = {r[0] for r in await cursor.fetchall()}
             cursor = await conn.execute(sql.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],))
-            holders = dict(await cursor.fetchall())
-            plan.keyed_results(ids, params, inserted, holders, results)
+            holders: dict[str, int] = dict(await cursor.fetchall())
+            plan.keyed_results(ids, params, inserted_ids, holders, results)
     return [results[i] for i in range(len(rows))]

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 from dygo.store.codecs import array, plain_array
-from dygo.store.db import aroll_back
+from dygo.store.db import aroll_back, one
 from dygo.store.migrate import check_version
 from dygo.store.sql import leases as sql
 from dygo.store.sql import schema, workers
@@ -63,8 +63,8 @@ Outcome = Succeeded | Unsuccessful
 
 
 async def check_schema(conn: psycopg.AsyncConnection) -> None:
-    exists = (await (await conn.execute(schema.HAS_MIGRATIONS_TABLE)).fetchone())[0]
-    version = (await (await conn.execute(schema.SCHEMA_VERSION)).fetchone())[0] if exists else None
+    exists = one(await (await conn.execute(schema.HAS_MIGRATIONS_TABLE)).fetchone())[0]
+    version = one(await (await conn.execute(schema.SCHEMA_VERSION)).fetchone())[0] if exists else None
     check_version(version)
 
 
@@ -166,7 +166,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
     return {row[0] for cursor in cursors for row in await cursor.fetchall()}
 
 
-def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str, list[Any] | None]:
+def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str, str | None]:
     """The settle's progress columns: NULL arrays (nothing to store, nothing sent per job) unless a job
     of the batch has a report; then one fraction and message per job, None where it has none."""
     if all(o.progress is None for o in outcomes):
@@ -192,7 +192,7 @@ async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int, since: 
     cursor = await on_indexes(
         conn, sql.RECOVER_EXPIRED_LEASES, {"max_reaps": max_reaps, "since": since, "batch": RECOVER_BATCH}
     )
-    clock, ids, states = await cursor.fetchone()
+    clock, ids, states = one(await cursor.fetchone())
     return Recovered(list(zip(ids, states, strict=True)), clock)
 
 

@@ -16,13 +16,14 @@ loses it between two batches stops there.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, fields
 
 import psycopg
 from dygo.store import admin
 from dygo.store.config import Settings
+from dygo.store.db import one
 from dygo.store.sql import retention as sql
 from dygo.store.sql.leases import INDEX_SCANS_ONLY
 
@@ -98,7 +99,7 @@ async def retention_lock(conn: psycopg.AsyncConnection) -> AsyncIterator[bool]:
     connection closing if this process dies.
     """
     async with conn.transaction():
-        yield (await (await conn.execute(sql.RETENTION_LOCK)).fetchone())[0]
+        yield one(await (await conn.execute(sql.RETENTION_LOCK)).fetchone())[0]
 
 
 async def trim(connections: Connections, periods: RetentionPeriods, walk: SucceededWalk) -> Trimmed | None:
@@ -125,15 +126,15 @@ async def trim(connections: Connections, periods: RetentionPeriods, walk: Succee
 
 
 async def _locked_batch(
-    connections: Connections, statement: str, params: dict[str, object], trimmed: Trimmed
+    connections: Connections, statement: str, params: Mapping[str, object], trimmed: Trimmed
 ) -> tuple[int, int | None]:
     """One batch under the retention lock, committed on its own; raises LockTaken when another has it."""
     async with connections() as conn, conn.transaction():
-        if not (await (await conn.execute(sql.RETENTION_LOCK)).fetchone())[0]:
+        if not one(await (await conn.execute(sql.RETENTION_LOCK)).fetchone())[0]:
             raise LockTaken
         # A trim deletes by id: on a small table the planner would read it whole (INDEX_SCANS_ONLY).
         await conn.execute(INDEX_SCANS_ONLY)
-        row = await (await conn.execute(statement, params)).fetchone()
+        row = one(await (await conn.execute(statement, params)).fetchone())
     trimmed.batches += 1
     return row[0], (row[1] if len(row) > 1 else None)
 

@@ -24,6 +24,7 @@ import psycopg
 from croniter import CroniterError
 from dygo.store import cron, tracing
 from dygo.store.config import Settings, _read_yaml
+from dygo.store.db import one
 from dygo.store.enqueue import PRIORITY_RANGE, Enqueued, aenqueue, enqueue
 from dygo.store.errors import ConfigError, Conflict, EnqueueError, NotFound
 from dygo.store.registry import KIND_PATTERN, Registry
@@ -235,7 +236,7 @@ async def sync(
     updated: list[str] = []
     async with conn.transaction():
         await conn.execute(sql.SCHEDULES_SYNC_LOCK)
-        now = now or (await (await conn.execute(sql.DATABASE_NOW)).fetchone())[0]
+        now = now or one(await (await conn.execute(sql.DATABASE_NOW)).fetchone())[0]
         stored = {row[0]: row[1:] for row in await (await conn.execute(sql.STORED_SCHEDULES)).fetchall()}
         for declaration in declared:
             params = _row(declaration, now)
