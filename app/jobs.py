@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from dygo.app.db import Conn, database
 from dygo.app.errors import ApiError, documented
+from dygo.app.quick_route import quick_body, quick_route
 from dygo.app.schemas import (
     DURATION_PATTERN,
     POSITIVE_DURATION_PATTERN,
@@ -23,13 +24,12 @@ from dygo.app.schemas import (
 )
 from dygo.store import admin, inspect, tracing
 from dygo.store.durations import parse_duration
+from dygo.store.enqueue import MAX_KEY_LENGTH, JobRequest, aenqueue, aenqueue_many
 from dygo.store.enqueue import Enqueued as EnqueueResult
-from dygo.store.enqueue import JobRequest, aenqueue, aenqueue_many
 from dygo.store.errors import EnqueueError
 from dygo.store.registry import Registry
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=documented(401, 403, 413, 503))
 
@@ -38,6 +38,7 @@ router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=documented(401, 40
 CURSOR_PATTERN = "^[1-9][0-9]{0,17}$"
 MAX_JOB_ID = 2**63 - 1
 JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="The job's id")]
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 def api_duration(value: str, field: str, pattern: str = DURATION_PATTERN) -> str:
@@ -67,42 +68,85 @@ def _strict_args(jobs: Registry, body: EnqueueRequest) -> None:
         raise EnqueueError("invalid_args", f"args for kind {body.kind!r} are invalid", details) from None
 
 
-_OPTIONS = tuple(name for name in EnqueueRequest.model_fields if name not in ("kind", "args"))
 _NO_OPTIONS = frozenset({"kind", "args"})
 
 
 def _options(body: EnqueueRequest) -> dict[str, Any]:
-    """The options given (not None), as model_dump(exclude={"kind", "args"}, exclude_none=True) would return
-    them for these flat fields, at a fifth of its cost: a batch asks this once per job. A job that sets
-    none (the usual batch entry: pydantic knows which fields the JSON had) costs one set comparison."""
+    """The options the request set (null counts as not set), as the store's enqueue takes them. A request
+    that set none (the usual batch entry: pydantic knows which fields the JSON had) needs no dump."""
     if body.model_fields_set <= _NO_OPTIONS:
         return {}
-    options = {name: value for name in _OPTIONS if (value := getattr(body, name)) is not None}
+    options = body.model_dump(exclude=_NO_OPTIONS, exclude_unset=True, exclude_none=True)
     for field, pattern in (("delay", DURATION_PATTERN), ("idempotency_ttl", POSITIVE_DURATION_PATTERN)):
         if isinstance(options.get(field), str):
             api_duration(options[field], field, pattern)
     return options
 
 
-def _enqueued(result: EnqueueResult, formatted: dict[datetime, str] | None = None) -> dict[str, Any]:
-    """The Enqueued model's JSON, built directly: a pydantic model per job (and FastAPI validating a batch's
-    list against the response model again) cost more than a batch's COPY. `formatted`: run_at texts already
-    written for this answer (a batch's jobs mostly share one run_at, the statement's now())."""
-    run_at = result.run_at
-    if run_at is not None:
-        text = formatted.get(run_at) if formatted is not None else None
-        if text is None:
-            text = run_at.isoformat()
-            if text.endswith("+00:00"):
-                text = text[:-6] + "Z"  # as pydantic writes a UTC datetime
-            if formatted is not None:
-                formatted[run_at] = text
-        run_at = text
-    return {"id": result.id, "deduplicated": result.deduplicated, "run_at": run_at}
+@dataclass(frozen=True, slots=True)
+class _BatchResult:
+    jobs: list[EnqueueResult]
 
 
-@router.post(
+# The answers are the store's results as pydantic writes them: their fields and types are those of the
+# response models (Enqueued, BatchEnqueued), which the document shows. Serialising the results directly
+# spares validating what the store made into a model per job.
+_ENQUEUED = TypeAdapter(EnqueueResult)
+_BATCH_ENQUEUED = TypeAdapter(_BatchResult)
+
+
+def _json(content: bytes, status: int) -> Response:
+    return Response(content, status_code=status, media_type="application/json")
+
+
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias=IDEMPOTENCY_HEADER,
+        min_length=1,
+        max_length=MAX_KEY_LENGTH,
+        description=f"Same as the body's idempotency_key (1 to {MAX_KEY_LENGTH} characters)",
+    ),
+]
+
+
+async def quick_enqueue_job(request: Request) -> Response | None:
+    """POST /jobs for a well-formed request (app/quick_route.py): its body and header read as FastAPI would."""
+    body = await quick_body(request, EnqueueRequest)
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if body is None or (key is not None and not 1 <= len(key) <= MAX_KEY_LENGTH):  # IdempotencyKeyHeader
+        return None
+    return await enqueue_job(body, request, key)
+
+
+async def enqueue_job(
+    body: EnqueueRequest, request: Request, idempotency_header: IdempotencyKeyHeader = None
+) -> Response:
+    state = request.app.state
+    # The caller's traceparent, if any, parents the enqueue span.
+    with tracing.incoming(request.headers):
+        _strict_args(state.jobs, body)
+        options = _options(body)
+        if idempotency_header is not None:
+            if options.get("idempotency_key", idempotency_header) != idempotency_header:
+                # 409, not 422: each is well formed on its own (the document cannot relate a header to a body field).
+                raise ApiError(
+                    409,
+                    "idempotency_key_mismatch",
+                    "the Idempotency-Key header and the body's idempotency_key differ; send one, or the same",
+                )
+            options["idempotency_key"] = idempotency_header
+        # Async on the hot pool (app/db.py): no thread hop, and a waiting request holds no thread.
+        async with state.db.connection() as conn:
+            result = await aenqueue(conn, body.kind, body.args, **options)
+    return _json(_ENQUEUED.dump_json(result), 200 if result.deduplicated else 201)
+
+
+router.add_api_route(
     "/jobs",
+    enqueue_job,
+    methods=["POST"],
+    route_class_override=quick_route(quick_enqueue_job),
     status_code=201,
     response_model=Enqueued,
     summary="Enqueue a job",
@@ -111,84 +155,50 @@ def _enqueued(result: EnqueueResult, formatted: dict[datetime, str] | None = Non
         **documented(400, 409, 422),
     },
 )
-async def enqueue_job(
-    body: EnqueueRequest,
-    request: Request,
-    idempotency_header: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            min_length=1,
-            max_length=255,
-            description="Same as the body's idempotency_key (1 to 255 characters)",
-        ),
-    ] = None,
-) -> JSONResponse:
-    # The caller's traceparent, if any, parents the enqueue span.
+
+
+async def quick_enqueue_batch(request: Request) -> Response | None:
+    """POST /jobs/batch for a well-formed request (app/quick_route.py): its body read as FastAPI would."""
+    body = await quick_body(request, BatchRequest)
+    return None if body is None else await enqueue_batch(body, request)
+
+
+async def enqueue_batch(body: BatchRequest, request: Request) -> Response:
+    state = request.app.state
+    most = state.settings.max_batch_size
+    if len(body.jobs) > most:
+        raise ApiError(
+            422,
+            "batch_too_large",
+            f"a batch holds at most {most} jobs (max_batch_size), got {len(body.jobs)}",
+            {"max": most, "got": len(body.jobs)},
+        )
     with tracing.incoming(request.headers):
-        return await enqueue_one(request.app.state, body, idempotency_header)
+        requests = []
+        for index, job in enumerate(body.jobs):
+            try:
+                _strict_args(state.jobs, job)
+                requests.append(JobRequest(job.kind, job.args, **_options(job)))
+            except (EnqueueError, ApiError) as exc:
+                message = str(exc) if isinstance(exc, EnqueueError) else exc.message
+                raise EnqueueError(
+                    exc.code, f"jobs[{index}]: {message}", {"index": index, "errors": exc.details}
+                ) from None
+        async with state.db.connection() as conn:
+            results = await aenqueue_many(conn, requests)
+    return _json(_BATCH_ENQUEUED.dump_json(_BatchResult(results)), 201)
 
 
-async def enqueue_one(state: Any, body: EnqueueRequest, idempotency_header: str | None) -> JSONResponse:
-    """The answer to one enqueue whose body and header are valid: the route's, and app/fast_enqueue.py's."""
-    _strict_args(state.jobs, body)
-    options = _options(body)
-    if idempotency_header is not None:
-        if options.get("idempotency_key", idempotency_header) != idempotency_header:
-            # 409, not 422: each is well formed on its own (the document cannot relate a header to a body field).
-            raise ApiError(
-                409,
-                "idempotency_key_mismatch",
-                "the Idempotency-Key header and the body's idempotency_key differ; send one, or the same",
-            )
-        options["idempotency_key"] = idempotency_header
-    # Async on the hot pool (app/db.py): no thread hop, and a waiting request holds no thread.
-    async with state.db.connection() as conn:
-        result = await aenqueue(conn, body.kind, body.args, **options)
-    return JSONResponse(_enqueued(result), status_code=200 if result.deduplicated else 201)
-
-
-@router.post(
+router.add_api_route(
     "/jobs/batch",
+    enqueue_batch,
+    methods=["POST"],
+    route_class_override=quick_route(quick_enqueue_batch),
     status_code=201,
     response_model=BatchEnqueued,
     summary="Enqueue many jobs, all or nothing",
     responses=documented(400, 409, 422),
 )
-async def enqueue_batch(body: BatchRequest, request: Request) -> JSONResponse:
-    with tracing.incoming(request.headers):
-        return await enqueue_many(request.app.state, body.jobs)
-
-
-async def enqueue_many(state: Any, jobs: list[EnqueueRequest] | list[JobRequest]) -> JSONResponse:
-    """The answer to a batch whose entries are valid request models, or already JobRequests (app/fast_enqueue.py
-    makes one of a plain entry, `{"kind", "args"}` only, without the model)."""
-    most = state.settings.max_batch_size
-    if len(jobs) > most:
-        raise ApiError(
-            422,
-            "batch_too_large",
-            f"a batch holds at most {most} jobs (max_batch_size), got {len(jobs)}",
-            {"max": most, "got": len(jobs)},
-        )
-    requests = []
-    registry = state.jobs
-    for index, job in enumerate(jobs):
-        if isinstance(job, JobRequest):
-            requests.append(job)
-            continue
-        try:
-            _strict_args(registry, job)
-            requests.append(JobRequest(job.kind, job.args, **_options(job)))
-        except (EnqueueError, ApiError) as exc:
-            code = exc.code
-            message = str(exc) if isinstance(exc, EnqueueError) else exc.message
-            details = exc.details
-            raise EnqueueError(code, f"jobs[{index}]: {message}", {"index": index, "errors": details}) from None
-    async with state.db.connection() as conn:
-        results = await aenqueue_many(conn, requests)
-    formatted: dict[datetime, str] = {}
-    return JSONResponse({"jobs": [_enqueued(result, formatted) for result in results]}, status_code=201)
 
 
 @router.get(

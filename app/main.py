@@ -20,7 +20,6 @@ from dygo.app.dashboard import error_page, install_dashboard, is_dashboard
 from dygo.app.db import RETRY_AFTER_DOWN, Database, DatabaseUnavailable, unavailable_response
 from dygo.app.docs import install_docs
 from dygo.app.errors import ApiError, error_response
-from dygo.app.fast_enqueue import FastEnqueue
 from dygo.app.flow import router as flow_router
 from dygo.app.guard import HostRule, Perimeter
 from dygo.app.jobs import router as jobs_router
@@ -40,6 +39,7 @@ from dygo.store.outage import OutageLog
 from dygo.store.registry import Registry
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware import Middleware
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -91,18 +91,17 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
         redoc_url=None,
         description="Durable background jobs on PostgreSQL: the admin API. "
         'Errors are `{"error": {"code", "message", "details"}}`.',
+        # Outermost first: the perimeter (Host, Origin, headers), bearer auth, then the body limit.
+        middleware=[
+            Middleware(Perimeter, hosts=HostRule(host, settings.allowed_hosts)),
+            Middleware(BearerAuth, tokens=Tokens(settings.api_tokens)),
+            Middleware(BodyLimit, max_bytes=settings.max_payload_bytes),
+        ],
     )
     app.state.settings = settings
     app.state.jobs = jobs
     app.state.outage = OutageLog(log)
     install_error_handlers(app)
-    # The last middleware added runs first: the perimeter (Host, Origin, headers), auth, then the body
-    # limit, then well-formed enqueues (app/fast_enqueue.py), then the routes.
-    app.add_middleware(FastEnqueue)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_payload_bytes)
-    app.add_middleware(BearerAuth, tokens=Tokens(settings.api_tokens))
-    app.add_middleware(Perimeter, hosts=HostRule(host, settings.allowed_hosts))
-
     app.include_router(jobs_router)
     app.include_router(queues_router)
     app.include_router(flow_router)
