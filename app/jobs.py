@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from dygo.app.db import Conn, database
@@ -28,7 +29,7 @@ from dygo.store.enqueue import MAX_KEY_LENGTH, JobRequest, aenqueue, aenqueue_ma
 from dygo.store.enqueue import Enqueued as EnqueueResult
 from dygo.store.errors import EnqueueError
 from dygo.store.registry import Registry
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Header, Path, Query, Request, Response
 from pydantic import TypeAdapter, ValidationError
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=documented(401, 403, 413, 503))
@@ -95,6 +96,16 @@ _ENQUEUED = TypeAdapter(EnqueueResult)
 _BATCH_ENQUEUED = TypeAdapter(_BatchResult)
 
 
+def enqueued_body(result: EnqueueResult) -> bytes:
+    """The Enqueued answer's JSON (the bytes of Enqueued.model_dump_json)."""
+    return _ENQUEUED.dump_json(result)
+
+
+def batch_enqueued_body(results: list[EnqueueResult]) -> bytes:
+    """The BatchEnqueued answer's JSON (the bytes of BatchEnqueued.model_dump_json)."""
+    return _BATCH_ENQUEUED.dump_json(_BatchResult(results))
+
+
 def _json(content: bytes, status: int) -> Response:
     return Response(content, status_code=status, media_type="application/json")
 
@@ -139,22 +150,7 @@ async def enqueue_job(
         # Async on the hot pool (app/db.py): no thread hop, and a waiting request holds no thread.
         async with state.db.connection() as conn:
             result = await aenqueue(conn, body.kind, body.args, **options)
-    return _json(_ENQUEUED.dump_json(result), 200 if result.deduplicated else 201)
-
-
-router.add_api_route(
-    "/jobs",
-    enqueue_job,
-    methods=["POST"],
-    route_class_override=quick_route(quick_enqueue_job),
-    status_code=201,
-    response_model=Enqueued,
-    summary="Enqueue a job",
-    responses={
-        200: {"model": Enqueued, "description": "Deduplicated: a live job already holds the key"},
-        **documented(400, 409, 422),
-    },
-)
+    return _json(enqueued_body(result), 200 if result.deduplicated else 201)
 
 
 async def quick_enqueue_batch(request: Request) -> Response | None:
@@ -175,9 +171,10 @@ async def enqueue_batch(body: BatchRequest, request: Request) -> Response:
         )
     with tracing.incoming(request.headers):
         requests = []
+        registry = state.jobs
         for index, job in enumerate(body.jobs):
             try:
-                _strict_args(state.jobs, job)
+                _strict_args(registry, job)
                 requests.append(JobRequest(job.kind, job.args, **_options(job)))
             except (EnqueueError, ApiError) as exc:
                 message = str(exc) if isinstance(exc, EnqueueError) else exc.message
@@ -186,19 +183,35 @@ async def enqueue_batch(body: BatchRequest, request: Request) -> Response:
                 ) from None
         async with state.db.connection() as conn:
             results = await aenqueue_many(conn, requests)
-    return _json(_BATCH_ENQUEUED.dump_json(_BatchResult(results)), 201)
+    return _json(batch_enqueued_body(results), 201)
 
 
-router.add_api_route(
-    "/jobs/batch",
-    enqueue_batch,
-    methods=["POST"],
-    route_class_override=quick_route(quick_enqueue_batch),
-    status_code=201,
-    response_model=BatchEnqueued,
-    summary="Enqueue many jobs, all or nothing",
-    responses=documented(400, 409, 422),
-)
+def add_enqueue_routes(app: FastAPI) -> None:
+    """POST /jobs and /jobs/batch, on the app's own router: create_app adds them ahead of the included
+    routers, so the API's busiest routes are matched first, by one pattern each, and not through an
+    included router (which matches a request once to choose it and again to run it). They have this
+    router's prefix, tags and error responses, as its own routes do."""
+    post = partial(app.router.add_api_route, methods=["POST"], status_code=201, tags=router.tags)
+    post(
+        router.prefix + "/jobs",
+        enqueue_job,
+        route_class_override=quick_route(quick_enqueue_job),
+        response_model=Enqueued,
+        summary="Enqueue a job",
+        responses={
+            **router.responses,
+            200: {"model": Enqueued, "description": "Deduplicated: a live job already holds the key"},
+            **documented(400, 409, 422),
+        },
+    )
+    post(
+        router.prefix + "/jobs/batch",
+        enqueue_batch,
+        route_class_override=quick_route(quick_enqueue_batch),
+        response_model=BatchEnqueued,
+        summary="Enqueue many jobs, all or nothing",
+        responses={**router.responses, **documented(400, 409, 422)},
+    )
 
 
 @router.get(

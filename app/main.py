@@ -22,6 +22,7 @@ from dygo.app.docs import install_docs
 from dygo.app.errors import ApiError, error_response
 from dygo.app.flow import router as flow_router
 from dygo.app.guard import HostRule, Perimeter
+from dygo.app.jobs import add_enqueue_routes
 from dygo.app.jobs import router as jobs_router
 from dygo.app.limits import BodyLimit
 from dygo.app.listening import Listener, Subscriber
@@ -102,6 +103,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
     app.state.jobs = jobs
     app.state.outage = OutageLog(log)
     install_error_handlers(app)
+    add_enqueue_routes(app)  # first: the busiest routes
     app.include_router(jobs_router)
     app.include_router(queues_router)
     app.include_router(flow_router)

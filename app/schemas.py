@@ -7,6 +7,7 @@ from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
 from dygo.store.config import parse_rate
+from dygo.store.enqueue import MAX_KEY_LENGTH
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -123,8 +124,8 @@ class EnqueueOptions(BaseModel):
         None,
         description="While a live job (pending, scheduled, active, paused) "
         "holds this key, the enqueue returns that job instead (200, deduplicated). "
-        "1 to 255 characters",
-        json_schema_extra=_documented_length(1, 255),
+        f"1 to {MAX_KEY_LENGTH} characters",
+        json_schema_extra=_documented_length(1, MAX_KEY_LENGTH),
     )
     idempotency_ttl: StrictStr | StrictInt | StrictFloat | None = Field(
         None,

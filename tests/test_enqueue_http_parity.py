@@ -20,7 +20,6 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from dygo.app import jobs
 from dygo.app.main import create_app
 from dygo.store.config import load_settings
 from dygo.store.enqueue import MAX_KEY_LENGTH
@@ -250,7 +249,7 @@ def tracing_on() -> Iterator[InMemorySpanExporter]:
 def with_standard_enqueue_routes(app: FastAPI) -> FastAPI:
     """The app, its enqueue routes answered by FastAPI's standard handling of the same endpoints: plain
     FastAPI routes, ahead of the app's own in its route table."""
-    for route in jobs.router.routes:
+    for route in list(app.router.routes):
         if isinstance(route, APIRoute) and route.path in (ONE, BATCH) and "POST" in route.methods:
             twin = APIRoute(route.path, route.endpoint, methods=["POST"], status_code=route.status_code)
             app.router.routes.insert(0, twin)
