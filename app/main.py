@@ -42,9 +42,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware import Middleware
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import compile_path
 
 log = logging.getLogger("dygo.serve")
 
@@ -194,13 +193,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def allowed_methods(request: Request) -> str:
-    """The methods of every documented route whose path matches the request's (for a 405's Allow header)."""
+    """The methods the OpenAPI document gives every path that matches the request's (for a 405's Allow
+    header): the document lists each route's, whether the route is the app's own or an included router's."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        if isinstance(route, APIRoute) and route.include_in_schema and route.methods:
-            match, _ = route.matches(request.scope)
-            if match != Match.NONE:
-                methods |= route.methods
+    for path, operations in request.app.openapi()["paths"].items():
+        if compile_path(path)[0].match(request.url.path):
+            methods |= {method.upper() for method in operations}
     return ", ".join(sorted(methods))
 
 

@@ -312,3 +312,19 @@ def test_the_options_given_to_the_store_are_the_request_models_dump(body):
     dumped = request.model_dump(exclude={"kind", "args"}, exclude_unset=True, exclude_none=True)
     assert _options(request) == dumped
     assert set(dumped) == {name for name, value in body.items() if value is not None} - {"kind", "args"}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PUT", "/api/v1/jobs", "GET, POST"),
+        ("OPTIONS", "/api/v1/jobs", "GET, POST"),
+        ("GET", "/api/v1/jobs/batch", "POST"),
+        ("PUT", "/api/v1/jobs/5", "DELETE, GET"),
+        ("GET", "/api/v1/jobs/5/retry", "POST"),
+    ],
+)
+def test_a_method_the_path_does_not_take_is_405_naming_every_documented_method(module_api, method, path, allow):
+    response = module_api.admin.request(method, path)
+    assert response.status_code == 405 and response.json()["error"]["code"] == "method_not_allowed"
+    assert response.headers["allow"] == allow
