@@ -6,7 +6,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from dygo.app.db import Conn, database
 from dygo.app.errors import ApiError, documented
@@ -30,7 +30,8 @@ from dygo.store.enqueue import Enqueued as EnqueueResult
 from dygo.store.errors import EnqueueError
 from dygo.store.registry import Registry
 from fastapi import APIRouter, FastAPI, Header, Path, Query, Request, Response
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict  # typing.TypedDict only from Python 3.12 for pydantic
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=documented(401, 403, 413, 503))
 
@@ -56,17 +57,17 @@ def api_duration(value: str, field: str, pattern: str = DURATION_PATTERN) -> str
     return value
 
 
-def _strict_args(jobs: Registry, body: EnqueueRequest) -> None:
+def _strict_args(jobs: Registry, kind: str, args: dict[str, Any]) -> None:
     """A registered kind's args as its model's JSON schema (in the OpenAPI document) describes them: strict
     JSON, so `false` is not a number and "5" not an integer (the store's lax check would convert both)."""
-    definition = jobs.get(body.kind)
+    definition = jobs.get(kind)
     if definition is None or definition.args_model is None:
         return
     try:
-        definition.args_model.model_validate_json(json.dumps(body.args), strict=True)
+        definition.args_model.model_validate_json(json.dumps(args), strict=True)
     except ValidationError as exc:
         details = exc.errors(include_url=False, include_context=False, include_input=False)
-        raise EnqueueError("invalid_args", f"args for kind {body.kind!r} are invalid", details) from None
+        raise EnqueueError("invalid_args", f"args for kind {kind!r} are invalid", details) from None
 
 
 _NO_OPTIONS = frozenset({"kind", "args"})
@@ -123,9 +124,9 @@ IdempotencyKeyHeader = Annotated[
 
 async def quick_enqueue_job(request: Request) -> Response | None:
     """POST /jobs for a well-formed request (app/quick_route.py): its body and header read as FastAPI would."""
-    body = await quick_body(request, EnqueueRequest)
+    body = await quick_body(request, _ENQUEUE_REQUEST)
     key = request.headers.get(IDEMPOTENCY_HEADER)
-    if body is None or (key is not None and not 1 <= len(key) <= MAX_KEY_LENGTH):  # IdempotencyKeyHeader
+    if body is None or (key is not None and not 1 <= len(key) <= MAX_KEY_LENGTH):  # IdempotencyKeyHeader's rule
         return None
     return await enqueue_job(body, request, key)
 
@@ -136,7 +137,7 @@ async def enqueue_job(
     state = request.app.state
     # The caller's traceparent, if any, parents the enqueue span.
     with tracing.incoming(request.headers):
-        _strict_args(state.jobs, body)
+        _strict_args(state.jobs, body.kind, body.args)
         options = _options(body)
         if idempotency_header is not None:
             if options.get("idempotency_key", idempotency_header) != idempotency_header:
@@ -153,35 +154,78 @@ async def enqueue_job(
     return _json(enqueued_body(result), 200 if result.deduplicated else 201)
 
 
+@with_config(ConfigDict(extra="forbid"))
+class _PlainEntry(TypedDict):
+    """A batch entry that sets no option: EnqueueRequest's `kind` and `args` only."""
+
+    kind: str
+    args: NotRequired[dict[str, Any]]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class _PlainBatch(TypedDict):
+    """A BatchRequest of plain entries."""
+
+    jobs: list[_PlainEntry]
+
+
+# What the quick handlers validate a body with. A batch of plain entries (the usual batch) is read into
+# dicts, not a ten-field model per entry: those models, alive together for a whole batch, are enough
+# allocations to run the garbage collector on most batches. A body it refuses is read as a BatchRequest.
+_ENQUEUE_REQUEST = TypeAdapter(EnqueueRequest)
+_BATCH_REQUEST = TypeAdapter(BatchRequest)
+_PLAIN_BATCH = TypeAdapter(_PlainBatch)
+
+
 async def quick_enqueue_batch(request: Request) -> Response | None:
     """POST /jobs/batch for a well-formed request (app/quick_route.py): its body read as FastAPI would."""
-    body = await quick_body(request, BatchRequest)
-    return None if body is None else await enqueue_batch(body, request)
+    plain = await quick_body(request, _PLAIN_BATCH)
+    if plain is None:
+        body = await quick_body(request, _BATCH_REQUEST)
+        return None if body is None else await enqueue_batch(body, request)
+    _check_batch_size(request, len(plain["jobs"]))
+    registry = request.app.state.jobs
+    requests = [
+        _job_request(registry, index, entry["kind"], entry.get("args", {}), None)
+        for index, entry in enumerate(plain["jobs"])
+    ]
+    return await _enqueue_many(request, requests)
 
 
 async def enqueue_batch(body: BatchRequest, request: Request) -> Response:
-    state = request.app.state
-    most = state.settings.max_batch_size
-    if len(body.jobs) > most:
+    _check_batch_size(request, len(body.jobs))
+    registry = request.app.state.jobs
+    requests = [_job_request(registry, index, job.kind, job.args, job) for index, job in enumerate(body.jobs)]
+    return await _enqueue_many(request, requests)
+
+
+def _check_batch_size(request: Request, size: int) -> None:
+    most = request.app.state.settings.max_batch_size
+    if size > most:
         raise ApiError(
             422,
             "batch_too_large",
-            f"a batch holds at most {most} jobs (max_batch_size), got {len(body.jobs)}",
-            {"max": most, "got": len(body.jobs)},
+            f"a batch holds at most {most} jobs (max_batch_size), got {size}",
+            {"max": most, "got": size},
         )
+
+
+def _job_request(
+    registry: Registry, index: int, kind: str, args: dict[str, Any], options: EnqueueRequest | None
+) -> JobRequest:
+    """Entry `index` of a batch as the store takes it (`options`: its request model, None for a plain entry);
+    an error names the entry."""
+    try:
+        _strict_args(registry, kind, args)
+        return JobRequest(kind, args) if options is None else JobRequest(kind, args, **_options(options))
+    except (EnqueueError, ApiError) as exc:
+        message = str(exc) if isinstance(exc, EnqueueError) else exc.message
+        raise EnqueueError(exc.code, f"jobs[{index}]: {message}", {"index": index, "errors": exc.details}) from None
+
+
+async def _enqueue_many(request: Request, requests: list[JobRequest]) -> Response:
     with tracing.incoming(request.headers):
-        requests = []
-        registry = state.jobs
-        for index, job in enumerate(body.jobs):
-            try:
-                _strict_args(registry, job)
-                requests.append(JobRequest(job.kind, job.args, **_options(job)))
-            except (EnqueueError, ApiError) as exc:
-                message = str(exc) if isinstance(exc, EnqueueError) else exc.message
-                raise EnqueueError(
-                    exc.code, f"jobs[{index}]: {message}", {"index": index, "errors": exc.details}
-                ) from None
-        async with state.db.connection() as conn:
+        async with request.app.state.db.connection() as conn:
             results = await aenqueue_many(conn, requests)
     return _json(batch_enqueued_body(results), 201)
 

@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-Model = TypeVar("Model", bound=BaseModel)
+Body = TypeVar("Body")
 QuickHandler = Callable[[Request], Awaitable[Response | None]]
 
 # The one content type the quick handlers read; FastAPI's standard handling reads every JSON type.
@@ -45,12 +45,14 @@ def quick_route(quick: QuickHandler) -> type[APIRoute]:
     return QuickRoute
 
 
-async def quick_body(request: Request, model: type[Model]) -> Model | None:
-    """The request's body as `model`, when it is sent as `application/json` and the model takes it;
-    None otherwise (FastAPI's standard handling then reads it, or names what is wrong)."""
+async def quick_body(request: Request, body: TypeAdapter[Body]) -> Body | None:
+    """The request's body as `body` validates it, when it is sent as `application/json` and valid; None
+    otherwise (FastAPI's standard handling then reads it, or names what is wrong). Pydantic reads the JSON
+    text itself (its JSON mode: no Python objects in between), to the values FastAPI's parse-then-validate
+    gives; text its parser refuses and Python's takes (a lone surrogate) is declined."""
     if request.headers.get("content-type") != JSON_TYPE:
         return None
     try:
-        return model.model_validate_json(await request.body())
+        return body.validate_json(await request.body())
     except ValidationError:
         return None

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from dygo.app.jobs import _options, batch_enqueued_body, enqueued_body
-from dygo.app.schemas import BatchEnqueued, Enqueued, EnqueueRequest
+from dygo.app.jobs import _options, _PlainBatch, _PlainEntry, batch_enqueued_body, enqueued_body
+from dygo.app.schemas import BatchEnqueued, BatchRequest, Enqueued, EnqueueRequest
 from dygo.store.enqueue import Enqueued as Result
+from pydantic import TypeAdapter
 
 
 def count_jobs(conn) -> int:
@@ -328,3 +330,16 @@ def test_a_method_the_path_does_not_take_is_405_naming_every_documented_method(m
     response = module_api.admin.request(method, path)
     assert response.status_code == 405 and response.json()["error"]["code"] == "method_not_allowed"
     assert response.headers["allow"] == allow
+
+
+def test_a_plain_batch_entry_is_the_request_models_kind_and_args_only():
+    """The quick handler reads a batch of plain entries into dicts (app/jobs.py _PlainBatch): the same fields,
+    types and refusal of other keys as the request models, so it takes nothing they refuse."""
+    fields = EnqueueRequest.model_fields
+    assert typing.get_type_hints(_PlainEntry) == {name: fields[name].annotation for name in ("kind", "args")}
+    required = TypeAdapter(_PlainEntry).json_schema()["required"]
+    assert required == [name for name in ("kind", "args") if fields[name].is_required()]
+    batch = BatchRequest.model_fields
+    assert list(typing.get_type_hints(_PlainBatch)) == list(batch) and batch["jobs"].annotation == list[EnqueueRequest]
+    for typed_dict, model in ((_PlainEntry, EnqueueRequest), (_PlainBatch, BatchRequest)):
+        assert typed_dict.__pydantic_config__["extra"] == model.model_config["extra"] == "forbid"

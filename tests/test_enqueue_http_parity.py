@@ -74,6 +74,7 @@ EVERY_OPTION = {
 }
 PLAIN = {"kind": "test.noop", "args": {"n": 1}}
 PLAIN_TEXT = json.dumps(PLAIN).encode()
+RECORD = {"kind": "test.record", "args": {"seconds": 1}}  # a kind with an args model
 BATCH_TEXT = json.dumps({"jobs": [PLAIN]}).encode()
 
 CORPUS = [
@@ -128,6 +129,11 @@ CORPUS = [
     case("good batch", BATCH, {"jobs": [PLAIN, {"kind": "test.noop"}, {**PLAIN, "queue": "other", "delay": "1h"}]}),
     case("batch with options", BATCH, {"jobs": [EVERY_OPTION, {**EVERY_OPTION, "idempotency_key": "order-2"}]}),
     case("batch with a duplicate key", BATCH, {"jobs": [{**PLAIN, "idempotency_key": "b"}] * 2}),
+    case(
+        "batch, plain entries of a kind with an args model",
+        BATCH,
+        {"jobs": [{"kind": "test.record", "args": {"seconds": 1}}]},
+    ),
     case("empty batch", BATCH, {"jobs": []}),
     case("batch at the maximum", BATCH, {"jobs": [PLAIN] * 1000}),
     typed("batch, charset content type", BATCH, BATCH_TEXT, "application/json; charset=utf-8"),
@@ -141,6 +147,10 @@ CORPUS = [
     case("batch of a non-object", BATCH, {"jobs": ["test.noop"]}),
     case("too-large batch", BATCH, {"jobs": [PLAIN] * 1001}),
     case("batch, entry with an extra field", BATCH, {"jobs": [PLAIN, {**PLAIN, "colour": "red"}]}),
+    case("batch, entry with args not an object", BATCH, {"jobs": [PLAIN, {"kind": "test.noop", "args": [1]}]}),
+    case(
+        "batch, plain entry with lax args", BATCH, {"jobs": [PLAIN, {"kind": "test.record", "args": {"seconds": "5"}}]}
+    ),
     case("batch, entry of an unknown kind", BATCH, {"jobs": [PLAIN, {"kind": "no.such"}]}),
     case("batch, entry with bad args", BATCH, {"jobs": [PLAIN, {"kind": "test.record", "args": {"seconds": "x"}}]}),
     case("batch, entry with a bad duration", BATCH, {"jobs": [PLAIN, {**PLAIN, "delay": "soon"}]}),
@@ -172,6 +182,7 @@ DECLINED = {
     "batch of a non-list",
     "batch of a non-object",
     "batch, entry with an extra field",
+    "batch, entry with args not an object",
     "batch, bad JSON",
 }
 
@@ -369,6 +380,8 @@ def test_every_request_gets_the_same_answer_traced_or_not_and_from_the_standard_
         "too-large body": (413, "payload_too_large"),
         "batch, too-large body": (413, "payload_too_large"),
         "batch, entry of an unknown kind": (422, "unknown_kind"),
+        "batch, entry with args not an object": (422, "invalid_request"),
+        "batch, plain entry with lax args": (422, "invalid_args"),
     }
     assert {name: (by_name[name].status, by_name[name].body["error"]["code"]) for name in errors} == errors
     # With tracing on, every enqueue is in a dygo.enqueue span, within FastAPI's request span, or a child of the
