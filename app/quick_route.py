@@ -1,8 +1,8 @@
 """A FastAPI route whose well-formed requests skip FastAPI's request machinery.
 
-The enqueue routes are the API's hot paths: on them, FastAPI's dependency solving (reading the body
-and each parameter into the endpoint's arguments) costs about as much server CPU as dygo's own
-work. A QuickRoute is one route in the app's route table, documented by FastAPI from its endpoint
+The enqueue routes are the API's hot paths, and on them FastAPI's dependency solving (reading the
+body and each parameter into the endpoint's arguments) is a large part of each request's cost.
+A QuickRoute is one route in the app's route table, documented by FastAPI from its endpoint
 like any other. Its `quick` handler does that dependency solving for the request every client
 sends (a JSON body the endpoint's model takes, well-formed headers) and calls the endpoint with the
 result; it declines (None) anything else, which FastAPI's standard handling of the same endpoint
