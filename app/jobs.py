@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from functools import partial
+from typing import Annotated, Any, Literal, NotRequired
 
 from dygo.app.db import Conn, database
 from dygo.app.errors import ApiError, documented
+from dygo.app.quick_route import quick_body, quick_route
 from dygo.app.schemas import (
     DURATION_PATTERN,
     POSITIVE_DURATION_PATTERN,
@@ -23,13 +25,13 @@ from dygo.app.schemas import (
 )
 from dygo.store import admin, job_reads, tracing
 from dygo.store.durations import parse_duration
+from dygo.store.enqueue import MAX_KEY_LENGTH, JobRequest, aenqueue, aenqueue_many
 from dygo.store.enqueue import Enqueued as EnqueueResult
-from dygo.store.enqueue import JobRequest, aenqueue, aenqueue_many
 from dygo.store.errors import EnqueueError
 from dygo.store.registry import Registry
-from fastapi import APIRouter, Header, Path, Query, Request, Response
-from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from fastapi import APIRouter, FastAPI, Header, Path, Query, Request, Response
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict  # typing.TypedDict only from Python 3.12 for pydantic
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=documented(401, 403, 413, 503))
 
@@ -38,6 +40,7 @@ router = APIRouter(prefix="/api/v1", tags=["jobs"], responses=documented(401, 40
 CURSOR_PATTERN = "^[1-9][0-9]{0,17}$"
 MAX_JOB_ID = 2**63 - 1
 JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="The job's id")]
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 def api_duration(value: str, field: str, pattern: str = DURATION_PATTERN) -> str:
@@ -54,141 +57,205 @@ def api_duration(value: str, field: str, pattern: str = DURATION_PATTERN) -> str
     return value
 
 
-def _strict_args(jobs: Registry, body: EnqueueRequest) -> None:
+def _strict_args(jobs: Registry, kind: str, args: dict[str, Any]) -> None:
     """A registered kind's args as its model's JSON schema (in the OpenAPI document) describes them: strict
     JSON, so `false` is not a number and "5" not an integer (the store's lax check would convert both)."""
-    definition = jobs.get(body.kind)
+    definition = jobs.get(kind)
     if definition is None or definition.args_model is None:
         return
     try:
-        definition.args_model.model_validate_json(json.dumps(body.args), strict=True)
+        definition.args_model.model_validate_json(json.dumps(args), strict=True)
     except ValidationError as exc:
         details = exc.errors(include_url=False, include_context=False, include_input=False)
-        raise EnqueueError("invalid_args", f"args for kind {body.kind!r} are invalid", details) from None
+        raise EnqueueError("invalid_args", f"args for kind {kind!r} are invalid", details) from None
 
 
-_OPTIONS = tuple(name for name in EnqueueRequest.model_fields if name not in ("kind", "args"))
 _NO_OPTIONS = frozenset({"kind", "args"})
 
 
 def _options(body: EnqueueRequest) -> dict[str, Any]:
-    """The options given (not None), as model_dump(exclude={"kind", "args"}, exclude_none=True) would return
-    them for these flat fields, at a fifth of its cost: a batch asks this once per job. A job that sets
-    none (the usual batch entry: pydantic knows which fields the JSON had) costs one set comparison."""
+    """The options the request set (null counts as not set), as the store's enqueue takes them. A request
+    that set none (the usual batch entry: pydantic knows which fields the JSON had) needs no dump."""
     if body.model_fields_set <= _NO_OPTIONS:
         return {}
-    options = {name: value for name in _OPTIONS if (value := getattr(body, name)) is not None}
+    options = body.model_dump(exclude=_NO_OPTIONS, exclude_unset=True, exclude_none=True)
     for field, pattern in (("delay", DURATION_PATTERN), ("idempotency_ttl", POSITIVE_DURATION_PATTERN)):
         if isinstance(options.get(field), str):
             api_duration(options[field], field, pattern)
     return options
 
 
-def _enqueued(result: EnqueueResult, formatted: dict[datetime, str] | None = None) -> dict[str, Any]:
-    """The Enqueued model's JSON, built directly: a pydantic model per job (and FastAPI validating a batch's
-    list against the response model again) cost more than a batch's COPY. `formatted`: run_at texts already
-    written for this answer (a batch's jobs mostly share one run_at, the statement's now())."""
-    run_at = result.run_at
-    if run_at is not None:
-        text = formatted.get(run_at) if formatted is not None else None
-        if text is None:
-            text = run_at.isoformat()
-            if text.endswith("+00:00"):
-                text = text[:-6] + "Z"  # as pydantic writes a UTC datetime
-            if formatted is not None:
-                formatted[run_at] = text
-        run_at = text
-    return {"id": result.id, "deduplicated": result.deduplicated, "run_at": run_at}
+@dataclass(frozen=True, slots=True)
+class _BatchResult:
+    jobs: list[EnqueueResult]
 
 
-@router.post(
-    "/jobs",
-    status_code=201,
-    response_model=Enqueued,
-    summary="Enqueue a job",
-    responses={
-        200: {"model": Enqueued, "description": "Deduplicated: a live job already holds the key"},
-        **documented(400, 409, 422),
-    },
-)
+# The answers are the store's results as pydantic writes them: their fields and types are those of the
+# response models (Enqueued, BatchEnqueued), which the document shows. Serialising the results directly
+# spares validating what the store made into a model per job.
+_ENQUEUED = TypeAdapter(EnqueueResult)
+_BATCH_ENQUEUED = TypeAdapter(_BatchResult)
+
+
+def enqueued_body(result: EnqueueResult) -> bytes:
+    """The Enqueued answer's JSON (the bytes of Enqueued.model_dump_json)."""
+    return _ENQUEUED.dump_json(result)
+
+
+def batch_enqueued_body(results: list[EnqueueResult]) -> bytes:
+    """The BatchEnqueued answer's JSON (the bytes of BatchEnqueued.model_dump_json)."""
+    return _BATCH_ENQUEUED.dump_json(_BatchResult(results))
+
+
+def _json(content: bytes, status: int) -> Response:
+    return Response(content, status_code=status, media_type="application/json")
+
+
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias=IDEMPOTENCY_HEADER,
+        min_length=1,
+        max_length=MAX_KEY_LENGTH,
+        description=f"Same as the body's idempotency_key (1 to {MAX_KEY_LENGTH} characters)",
+    ),
+]
+
+
+async def quick_enqueue_job(request: Request) -> Response | None:
+    """POST /jobs for a well-formed request (app/quick_route.py): its body and header read as FastAPI would."""
+    body = await quick_body(request, _ENQUEUE_REQUEST)
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if body is None or (key is not None and not 1 <= len(key) <= MAX_KEY_LENGTH):  # IdempotencyKeyHeader's rule
+        return None
+    return await enqueue_job(body, request, key)
+
+
 async def enqueue_job(
-    body: EnqueueRequest,
-    request: Request,
-    idempotency_header: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            min_length=1,
-            max_length=255,
-            description="Same as the body's idempotency_key (1 to 255 characters)",
-        ),
-    ] = None,
-) -> JSONResponse:
+    body: EnqueueRequest, request: Request, idempotency_header: IdempotencyKeyHeader = None
+) -> Response:
+    state = request.app.state
     # The caller's traceparent, if any, parents the enqueue span.
     with tracing.incoming(request.headers):
-        return await enqueue_one(request.app.state, body, idempotency_header)
+        _strict_args(state.jobs, body.kind, body.args)
+        options = _options(body)
+        if idempotency_header is not None:
+            if options.get("idempotency_key", idempotency_header) != idempotency_header:
+                # 409, not 422: each is well formed on its own (the document cannot relate a header to a body field).
+                raise ApiError(
+                    409,
+                    "idempotency_key_mismatch",
+                    "the Idempotency-Key header and the body's idempotency_key differ; send one, or the same",
+                )
+            options["idempotency_key"] = idempotency_header
+        # Async on the hot pool (app/db.py): no thread hop, and a waiting request holds no thread.
+        async with state.db.connection() as conn:
+            result = await aenqueue(conn, body.kind, body.args, **options)
+    return _json(enqueued_body(result), 200 if result.deduplicated else 201)
 
 
-async def enqueue_one(state: Any, body: EnqueueRequest, idempotency_header: str | None) -> JSONResponse:
-    """The answer to one enqueue whose body and header are valid: the route's, and app/fast_enqueue.py's."""
-    _strict_args(state.jobs, body)
-    options = _options(body)
-    if idempotency_header is not None:
-        if options.get("idempotency_key", idempotency_header) != idempotency_header:
-            # 409, not 422: each is well formed on its own (the document cannot relate a header to a body field).
-            raise ApiError(
-                409,
-                "idempotency_key_mismatch",
-                "the Idempotency-Key header and the body's idempotency_key differ; send one, or the same",
-            )
-        options["idempotency_key"] = idempotency_header
-    # Async on the hot pool (app/db.py): no thread hop, and a waiting request holds no thread.
-    async with state.db.connection() as conn:
-        result = await aenqueue(conn, body.kind, body.args, **options)
-    return JSONResponse(_enqueued(result), status_code=200 if result.deduplicated else 201)
+@with_config(ConfigDict(extra="forbid"))
+class _PlainEntry(TypedDict):
+    """A batch entry that sets no option: EnqueueRequest's `kind` and `args` only."""
+
+    kind: str
+    args: NotRequired[dict[str, Any]]
 
 
-@router.post(
-    "/jobs/batch",
-    status_code=201,
-    response_model=BatchEnqueued,
-    summary="Enqueue many jobs, all or nothing",
-    responses=documented(400, 409, 422),
-)
-async def enqueue_batch(body: BatchRequest, request: Request) -> JSONResponse:
-    with tracing.incoming(request.headers):
-        return await enqueue_many(request.app.state, body.jobs)
+@with_config(ConfigDict(extra="forbid"))
+class _PlainBatch(TypedDict):
+    """A BatchRequest of plain entries."""
+
+    jobs: list[_PlainEntry]
 
 
-async def enqueue_many(state: Any, jobs: list[EnqueueRequest] | list[JobRequest]) -> JSONResponse:
-    """The answer to a batch whose entries are valid request models, or already JobRequests (app/fast_enqueue.py
-    makes one of a plain entry, `{"kind", "args"}` only, without the model)."""
-    most = state.settings.max_batch_size
-    if len(jobs) > most:
+# What the quick handlers validate a body with. A batch of plain entries (the usual batch) is read into
+# dicts, not a ten-field model per entry: those models, alive together for a whole batch, are enough
+# allocations to run the garbage collector on most batches. A body it refuses is read as a BatchRequest.
+_ENQUEUE_REQUEST = TypeAdapter(EnqueueRequest)
+_BATCH_REQUEST = TypeAdapter(BatchRequest)
+_PLAIN_BATCH = TypeAdapter(_PlainBatch)
+
+
+async def quick_enqueue_batch(request: Request) -> Response | None:
+    """POST /jobs/batch for a well-formed request (app/quick_route.py): its body read as FastAPI would."""
+    plain = await quick_body(request, _PLAIN_BATCH)
+    if plain is None:
+        body = await quick_body(request, _BATCH_REQUEST)
+        return None if body is None else await enqueue_batch(body, request)
+    _check_batch_size(request, len(plain["jobs"]))
+    registry = request.app.state.jobs
+    requests = [
+        _job_request(registry, index, entry["kind"], entry.get("args", {}), None)
+        for index, entry in enumerate(plain["jobs"])
+    ]
+    return await _enqueue_many(request, requests)
+
+
+async def enqueue_batch(body: BatchRequest, request: Request) -> Response:
+    _check_batch_size(request, len(body.jobs))
+    registry = request.app.state.jobs
+    requests = [_job_request(registry, index, job.kind, job.args, job) for index, job in enumerate(body.jobs)]
+    return await _enqueue_many(request, requests)
+
+
+def _check_batch_size(request: Request, size: int) -> None:
+    most = request.app.state.settings.max_batch_size
+    if size > most:
         raise ApiError(
             422,
             "batch_too_large",
-            f"a batch holds at most {most} jobs (max_batch_size), got {len(jobs)}",
-            {"max": most, "got": len(jobs)},
+            f"a batch holds at most {most} jobs (max_batch_size), got {size}",
+            {"max": most, "got": size},
         )
-    requests = []
-    registry = state.jobs
-    for index, job in enumerate(jobs):
-        if isinstance(job, JobRequest):
-            requests.append(job)
-            continue
-        try:
-            _strict_args(registry, job)
-            requests.append(JobRequest(job.kind, job.args, **_options(job)))
-        except (EnqueueError, ApiError) as exc:
-            code = exc.code
-            message = str(exc) if isinstance(exc, EnqueueError) else exc.message
-            details = exc.details
-            raise EnqueueError(code, f"jobs[{index}]: {message}", {"index": index, "errors": details}) from None
-    async with state.db.connection() as conn:
-        results = await aenqueue_many(conn, requests)
-    formatted: dict[datetime, str] = {}
-    return JSONResponse({"jobs": [_enqueued(result, formatted) for result in results]}, status_code=201)
+
+
+def _job_request(
+    registry: Registry, index: int, kind: str, args: dict[str, Any], options: EnqueueRequest | None
+) -> JobRequest:
+    """Entry `index` of a batch as the store takes it (`options`: its request model, None for a plain entry);
+    an error names the entry."""
+    try:
+        _strict_args(registry, kind, args)
+        return JobRequest(kind, args) if options is None else JobRequest(kind, args, **_options(options))
+    except (EnqueueError, ApiError) as exc:
+        message = str(exc) if isinstance(exc, EnqueueError) else exc.message
+        raise EnqueueError(exc.code, f"jobs[{index}]: {message}", {"index": index, "errors": exc.details}) from None
+
+
+async def _enqueue_many(request: Request, requests: list[JobRequest]) -> Response:
+    with tracing.incoming(request.headers):
+        async with request.app.state.db.connection() as conn:
+            results = await aenqueue_many(conn, requests)
+    return _json(batch_enqueued_body(results), 201)
+
+
+def add_enqueue_routes(app: FastAPI) -> None:
+    """POST /jobs and /jobs/batch, on the app's own router: create_app adds them ahead of the included
+    routers, so the API's busiest routes are matched first, by one pattern each, and not through an
+    included router (which matches a request once to choose it and again to run it). They have this
+    router's prefix, tags and error responses, as its own routes do."""
+    post = partial(app.router.add_api_route, methods=["POST"], status_code=201, tags=router.tags)
+    post(
+        router.prefix + "/jobs",
+        enqueue_job,
+        route_class_override=quick_route(quick_enqueue_job),
+        response_model=Enqueued,
+        summary="Enqueue a job",
+        responses={
+            **router.responses,
+            200: {"model": Enqueued, "description": "Deduplicated: a live job already holds the key"},
+            **documented(400, 409, 422),
+        },
+    )
+    post(
+        router.prefix + "/jobs/batch",
+        enqueue_batch,
+        route_class_override=quick_route(quick_enqueue_batch),
+        response_model=BatchEnqueued,
+        summary="Enqueue many jobs, all or nothing",
+        responses={**router.responses, **documented(400, 409, 422)},
+    )
 
 
 @router.get(

@@ -21,8 +21,8 @@ from dygo.app.dashboard import error_page, install_dashboard, is_dashboard
 from dygo.app.db import ServePools, down
 from dygo.app.docs import install_docs
 from dygo.app.errors import coded_response, error_response
-from dygo.app.fast_enqueue import FastEnqueue
 from dygo.app.guard import HostRule, Perimeter
+from dygo.app.jobs import add_enqueue_routes
 from dygo.app.jobs import router as jobs_router
 from dygo.app.limits import router as limits_router
 from dygo.app.listening import ServeListener, Subscriber
@@ -40,10 +40,10 @@ from dygo.store.outage import OutageLog, describe, is_outage
 from dygo.store.registry import Registry
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware import Middleware
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import compile_path
 
 log = logging.getLogger("dygo.serve")
 
@@ -91,18 +91,18 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
         redoc_url=None,
         description="Durable background jobs on PostgreSQL: the admin API. "
         'Errors are `{"error": {"code", "message", "details"}}`.',
+        # Outermost first: the perimeter (Host, Origin, headers), bearer auth, then the body limit.
+        middleware=[
+            Middleware(Perimeter, hosts=HostRule(host, settings.allowed_hosts)),
+            Middleware(BearerAuth, tokens=Tokens(settings.api_tokens)),
+            Middleware(BodyLimit, max_bytes=settings.max_payload_bytes),
+        ],
     )
     app.state.settings = settings
     app.state.jobs = jobs
     app.state.outage = OutageLog(log)
     install_error_handlers(app)
-    # The last middleware added runs first: the perimeter (Host, Origin, headers), auth, then the body
-    # limit, then well-formed enqueues (app/fast_enqueue.py), then the routes.
-    app.add_middleware(FastEnqueue)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_payload_bytes)
-    app.add_middleware(BearerAuth, tokens=Tokens(settings.api_tokens))
-    app.add_middleware(Perimeter, hosts=HostRule(host, settings.allowed_hosts))
-
+    add_enqueue_routes(app)  # first: the busiest routes
     app.include_router(jobs_router)
     app.include_router(queues_router)
     app.include_router(limits_router)
@@ -190,13 +190,12 @@ def internal_error(request: Request) -> Response:
 
 
 def allowed_methods(request: Request) -> str:
-    """The methods of every documented route whose path matches the request's (for a 405's Allow header)."""
+    """The methods the OpenAPI document gives every path that matches the request's (for a 405's Allow
+    header): the document lists each route's, whether the route is the app's own or an included router's."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        if isinstance(route, APIRoute) and route.include_in_schema and route.methods:
-            match, _ = route.matches(request.scope)
-            if match != Match.NONE:
-                methods |= route.methods
+    for path, operations in request.app.openapi()["paths"].items():
+        if compile_path(path)[0].match(request.url.path):
+            methods |= {method.upper() for method in operations}
     return ", ".join(sorted(methods))
 
 

@@ -1,24 +1,23 @@
 """The dashboard's login session: a signed cookie, its CSRF token, and one-shot flash messages.
 
-The cookie holds `{"sid", "role", "exp", "tk"}` as base64 JSON plus an HMAC-SHA256 signature. The key
+The cookie holds `{"sid", "role", "exp", "tk"}` as JSON signed by itsdangerous (HMAC-SHA256). The key
 is DYGO_SECRET_KEY, or derived from the configured tokens (rotating the tokens then ends every
 session), or random per process in development without tokens. A signed-in session also counts only
 while its row is in dygo_dashboard_sessions (signing out deletes it, on every process at once) and
-while the token it was signed in with (`tk`, a fingerprint of it) is still configured. The CSRF token of a form is an
-HMAC of the session id, so it needs no server-side storage and dies with the session.
+while the token it was signed in with (`tk`, a fingerprint of it) is still configured. The CSRF token
+of a form is a signature of the session id, so it needs no server-side storage and dies with the session.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
-import json
 import os
 import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import itsdangerous
 
 SESSION_COOKIE = "dygo_session"
 FLASH_COOKIE = "dygo_flash"
@@ -37,31 +36,31 @@ def secret_key(tokens: tuple[tuple[str, str], ...]) -> bytes:
 
 
 class Signer:
+    """Signs the dashboard's cookies (the session, a flash message) and makes CSRF tokens, under one key.
+    Each use has its own salt, so a signature made for one is never valid for the other."""
+
     def __init__(self, key: bytes) -> None:
         self.key = key
-
-    def _mac(self, data: bytes) -> str:
-        return base64.urlsafe_b64encode(hmac.new(self.key, data, hashlib.sha256).digest()).decode().rstrip("=")
+        self._cookies = itsdangerous.URLSafeSerializer(
+            key, salt="dygo.dashboard.cookie", signer_kwargs={"digest_method": hashlib.sha256}
+        )
+        self._csrf = itsdangerous.Signer(key, salt="dygo.dashboard.csrf", digest_method=hashlib.sha256)
 
     def dumps(self, value: dict[str, Any]) -> str:
-        data = base64.urlsafe_b64encode(json.dumps(value, separators=(",", ":")).encode()).decode().rstrip("=")
-        return f"{data}.{self._mac(data.encode())}"
+        return self._cookies.dumps(value)
 
     def loads(self, signed: str | None) -> dict[str, Any] | None:
         """The value, or None when the text is missing, altered or not ours."""
-        if not signed or "." not in signed:
-            return None
-        data, _, mac = signed.rpartition(".")
-        if not hmac.compare_digest(mac, self._mac(data.encode())):
+        if not signed:
             return None
         try:
-            value = json.loads(base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)))
-        except ValueError:
+            value = self._cookies.loads(signed)
+        except itsdangerous.BadData:
             return None
         return value if isinstance(value, dict) else None
 
     def csrf_token(self, sid: str) -> str:
-        return self._mac(f"csrf:{sid}".encode())
+        return self._csrf.get_signature(sid).decode()
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from datetime import UTC, datetime
+import typing
+from datetime import UTC, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+from dygo.app.jobs import _options, _PlainBatch, _PlainEntry, batch_enqueued_body, enqueued_body
+from dygo.app.schemas import BatchEnqueued, BatchRequest, Enqueued, EnqueueRequest
+from dygo.store.enqueue import Enqueued as Result
+from pydantic import TypeAdapter
 
 
 def count_jobs(conn) -> int:
@@ -265,3 +272,74 @@ def test_run_at_in_the_past_is_due_now(api):
     past = datetime(2020, 1, 1, tzinfo=UTC).isoformat()
     job_id = api.admin.post("/api/v1/jobs", json={"kind": "test.noop", "run_at": past}).json()["id"]
     assert api.reader.get(f"/api/v1/jobs/{job_id}").json()["state"] == "pending"
+
+
+# The answers' bytes and the options handed to the store come from pydantic; these prove they are the
+# documented models' own, for the values that could tell a hand-written copy apart.
+TRICKY_RUN_ATS = [
+    datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC),
+    datetime(2030, 1, 2, 3, 4, 5, 120000, tzinfo=UTC),  # trailing zeros in the microseconds
+    datetime(2030, 1, 2, 3, 4, 5, 1, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+    datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=-8))),
+    datetime(2030, 1, 2, 3, 4, 5, tzinfo=ZoneInfo("UTC")),
+    datetime(2030, 7, 2, 3, 4, 5, 999999, tzinfo=ZoneInfo("Europe/Paris")),
+    datetime(1, 1, 1, tzinfo=UTC),
+    None,  # a deduplicated batch entry
+]
+
+
+def test_the_enqueue_answers_are_the_bytes_of_the_documented_models():
+    assert list(Enqueued.model_fields) == [f.name for f in dataclasses.fields(Result)]
+    results = [Result(2**63 - 1 - n, n % 2 == 1, run_at) for n, run_at in enumerate(TRICKY_RUN_ATS)]
+    for result in results:
+        assert enqueued_body(result) == Enqueued.model_validate(result, from_attributes=True).model_dump_json().encode()
+    documented = BatchEnqueued.model_validate({"jobs": results}, from_attributes=True).model_dump_json()
+    assert batch_enqueued_body(results) == documented.encode()
+    assert batch_enqueued_body([]) == b'{"jobs":[]}'
+    assert json.loads(enqueued_body(results[1]))["run_at"] == "2030-01-02T03:04:05.120000Z"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"kind": "k"},
+        {"kind": "k", "args": {"a": 1}},
+        {"kind": "k", "queue": None, "priority": None, "meta": {}},
+        {"kind": "k", "queue": "q", "priority": 3, "run_at": "2030-01-02T03:04:05+02:00", "meta": {"a": "b"}},
+        {"kind": "k", "delay": "5s", "max_attempts": 2.0, "idempotency_key": "x", "idempotency_ttl": 60},
+    ],
+)
+def test_the_options_given_to_the_store_are_the_request_models_dump(body):
+    request = EnqueueRequest.model_validate(body)
+    dumped = request.model_dump(exclude={"kind", "args"}, exclude_unset=True, exclude_none=True)
+    assert _options(request) == dumped
+    assert set(dumped) == {name for name, value in body.items() if value is not None} - {"kind", "args"}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PUT", "/api/v1/jobs", "GET, POST"),
+        ("OPTIONS", "/api/v1/jobs", "GET, POST"),
+        ("GET", "/api/v1/jobs/batch", "POST"),
+        ("PUT", "/api/v1/jobs/5", "DELETE, GET"),
+        ("GET", "/api/v1/jobs/5/retry", "POST"),
+    ],
+)
+def test_a_method_the_path_does_not_take_is_405_naming_every_documented_method(module_api, method, path, allow):
+    response = module_api.admin.request(method, path)
+    assert response.status_code == 405 and response.json()["error"]["code"] == "method_not_allowed"
+    assert response.headers["allow"] == allow
+
+
+def test_a_plain_batch_entry_is_the_request_models_kind_and_args_only():
+    """The quick handler reads a batch of plain entries into dicts (app/jobs.py _PlainBatch): the same fields,
+    types and refusal of other keys as the request models, so it takes nothing they refuse."""
+    fields = EnqueueRequest.model_fields
+    assert typing.get_type_hints(_PlainEntry) == {name: fields[name].annotation for name in ("kind", "args")}
+    required = TypeAdapter(_PlainEntry).json_schema()["required"]
+    assert required == [name for name in ("kind", "args") if fields[name].is_required()]
+    batch = BatchRequest.model_fields
+    assert list(typing.get_type_hints(_PlainBatch)) == list(batch) and batch["jobs"].annotation == list[EnqueueRequest]
+    for typed_dict, model in ((_PlainEntry, EnqueueRequest), (_PlainBatch, BatchRequest)):
+        assert typed_dict.__pydantic_config__["extra"] == model.model_config["extra"] == "forbid"

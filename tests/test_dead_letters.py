@@ -1,10 +1,7 @@
-"""Dead-letter groups (store.admin) and the dashboard's signed session cookie, without a browser."""
+"""Dead-letter groups (store.admin), without a browser."""
 
 from __future__ import annotations
 
-import time
-
-from dygo.app.session import Session, Signer
 from dygo.store import admin
 
 UUID_A, UUID_B = "0b1e2f7a-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "9f8e7d6c-5b4a-4321-9876-fedcba987654"
@@ -74,19 +71,6 @@ def test_retry_a_group_revives_only_that_group_and_respects_idempotency_keys(con
     assert {states[second], states[older_same_key]} == {"pending", "dead"}  # one revival per key
     assert states[held] == "dead" and states[other_kind] == "dead"
     assert admin.retry_dead_group(conn, "mail.send", "no such error") == 0
-
-
-def test_session_cookie_is_signed_and_expires():
-    signer = Signer(b"k" * 32)
-    session = Session.new("read")
-    cookie = session.dump(signer)
-    assert Session.read(signer, cookie) == session
-    assert Session.read(Signer(b"x" * 32), cookie) is None  # another key
-    _, _, mac = cookie.rpartition(".")
-    forged = signer.dumps({"sid": session.sid, "role": "admin", "exp": session.expires}).split(".")[0]
-    assert Session.read(signer, f"{forged}.{mac}") is None  # role swapped, old signature
-    assert Session.read(signer, signer.dumps({"sid": "s", "role": "admin", "exp": time.time() - 1})) is None
-    assert signer.csrf_token("a") != signer.csrf_token("b")
 
 
 def test_bulk_actions_change_only_allowed_states_and_report_the_skipped(conn, monkeypatch):
