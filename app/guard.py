@@ -219,7 +219,7 @@ class Perimeter:
                 # One pass over the raw headers, where MutableHeaders would scan them once per header set.
                 raw = list(message.get("headers", ()))
                 present = {name.lower() for name, _ in raw}
-                if b"cache-control" in added and b"cache-control" in present:
+                if (b"cache-control", b"no-store") in added and b"cache-control" in present:
                     raw = [(name, value) for name, value in raw if name.lower() != b"cache-control"]
                     present.discard(b"cache-control")
                 raw.extend((name, value) for name, value in added if name not in present)
