@@ -53,6 +53,7 @@ pgbouncer:
 test: setup browsers pgbouncer
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python scripts/typecheck.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/pytest
 

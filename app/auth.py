@@ -24,6 +24,7 @@ from dygo.app.throttle import AuthThrottle
 from dygo.store.config import TOKEN_ENV, Settings
 from dygo.store.errors import ConfigError, DatabaseUnavailable
 from dygo.store.outage import is_outage
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 PROTECTED_PREFIX = "/api/"
@@ -100,7 +101,7 @@ class BearerAuth:
         else:
             await refusal(scope, receive, send)
 
-    async def _refusal(self, scope: Scope):
+    async def _refusal(self, scope: Scope) -> Response | None:
         challenge = {"WWW-Authenticate": 'Bearer realm="dygo"'}
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
@@ -130,7 +131,7 @@ class BearerAuth:
         return None
 
 
-def locked_out(until: float, throttle: AuthThrottle):
+def locked_out(until: float, throttle: AuthThrottle) -> JSONResponse:
     wait = max(1, math.ceil(until - time.time()))
     return error_response(
         429,

@@ -120,7 +120,7 @@ def _reporting(base: type, outage: OutageLog, health: PoolHealth) -> type:
 
     if issubclass(base, psycopg.AsyncConnection):
 
-        class AsyncReporting(base):  # type: ignore[misc, valid-type]
+        class AsyncReporting(base):  # type: ignore[misc]
             @classmethod
             async def connect(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
                 began = time.monotonic()
@@ -132,7 +132,7 @@ def _reporting(base: type, outage: OutageLog, health: PoolHealth) -> type:
 
         return AsyncReporting
 
-    class Reporting(base):  # type: ignore[misc, valid-type]
+    class Reporting(base):  # type: ignore[misc]
         @classmethod
         def connect(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
             began = time.monotonic()
@@ -310,7 +310,8 @@ SyncSlot = Annotated[None, Depends(_slot)]
 
 def database(request: Request) -> ServePools:
     """The process's pools (app.state.db)."""
-    return request.app.state.db
+    pools: ServePools = request.app.state.db
+    return pools
 
 
 def unavailable_response(exc: DatabaseUnavailable) -> Response:

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from dygo.app.errors import error_response
 from starlette.datastructures import MutableHeaders
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("dygo.serve")
@@ -181,7 +182,7 @@ class Perimeter:
             self._verdicts[host_header] = verdict
         return verdict
 
-    def _refusal(self, scope: Scope, headers: dict[bytes, bytes], host_header: str):
+    def _refusal(self, scope: Scope, headers: dict[bytes, bytes], host_header: str) -> JSONResponse | None:
         host, refused = self._verdict(host_header)
         if refused:
             shown = host_header[:100].encode("ascii", "backslashreplace").decode()

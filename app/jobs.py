@@ -70,7 +70,7 @@ def _strict_args(jobs: Registry, kind: str, args: dict[str, Any]) -> None:
         raise EnqueueError("invalid_args", f"args for kind {kind!r} are invalid", details) from None
 
 
-_NO_OPTIONS = frozenset({"kind", "args"})
+_NO_OPTIONS: set[str] = {"kind", "args"}
 
 
 def _options(body: EnqueueRequest) -> dict[str, Any]:
@@ -339,7 +339,8 @@ async def get_job(
             job = await job_reads.aget_job(conn, job_id)
     if job is None:
         raise ApiError(404, "job_not_found", f"no job with id {job_id}")
-    return job
+    found: dict[str, Any] = job
+    return found
 
 
 def _wait_seconds(wait: str | None) -> float:

@@ -75,9 +75,9 @@ class ServeListener:
                     delay = 0.5
                     self.outage.back()
                     async for notify in notifications(conn):
-                        subscriber = routes.get(notify.channel)
-                        if subscriber is not None:
-                            subscriber.notified(notify.channel, notify.payload)
+                        routed = routes.get(notify.channel)
+                        if routed is not None:
+                            routed.notified(notify.channel, notify.payload)
             except (psycopg.Error, OSError) as exc:
                 fallback = "waiting requests re-read their job, bearer tokens are checked in the failed-token table"
                 for subscriber in self.subscribers:

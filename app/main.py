@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -199,7 +199,7 @@ def allowed_methods(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
-def validation_error(errors: list[Any]) -> JSONResponse:
+def validation_error(errors: Sequence[Any]) -> JSONResponse:
     """400 for a body that is not JSON at all; 422 for JSON that does not fit, naming each field."""
     details = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
     types = {e["type"] for e in errors}

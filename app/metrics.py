@@ -125,9 +125,9 @@ class DygoCollector(Collector):
         yield from (limit, in_use, waiting)
         for measure, (name, help_text) in HISTOGRAMS.items():
             histogram = HistogramMetricFamily(name, help_text, labels=["queue", "kind"])
-            for (queue, kind, of), observed in snap.timings.items():
+            for (queue_name, kind, of), observed in snap.timings.items():
                 if of == measure:
-                    histogram.add_metric([queue, kind], observed.cumulative(), sum_value=observed.sum)
+                    histogram.add_metric([queue_name, kind], observed.cumulative(), sum_value=observed.sum)
             yield histogram
 
 

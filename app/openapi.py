@@ -25,7 +25,7 @@ KIND_PREFIX = "kind."
 
 
 def kind_variants(jobs: Registry) -> list[type[BaseModel]]:
-    variants = []
+    variants: list[type[BaseModel]] = []
     for definition in sorted(jobs, key=lambda d: d.kind):
         args_type: Any = definition.args_model or dict[str, Any]
         doc = (definition.handler.__doc__ or "").strip() or f"Enqueue a {definition.kind} job."
@@ -34,7 +34,8 @@ def kind_variants(jobs: Registry) -> list[type[BaseModel]]:
                 "Enqueue_" + re.sub(r"[^A-Za-z0-9]", "_", definition.kind),
                 __base__=EnqueueOptions,
                 __doc__=doc,
-                kind=(Literal[definition.kind], Field(description=f"Queue by default: {definition.queue_name}")),
+                # A Literal of a runtime value: what the document shows, though no static type can name it.
+                kind=(Literal[definition.kind], Field(description=f"Queue by default: {definition.queue_name}")),  # type: ignore[arg-type]
                 # Optional only when the model takes {} (what the server assumes for missing args).
                 args=(args_type, Field(...) if _needs_args(definition.args_model) else Field(default_factory=dict)),
             )

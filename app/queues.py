@@ -20,7 +20,8 @@ Days = Annotated[int, Query(ge=1, le=90, description="UTC days in the window, to
 
 
 def _configured(request: Request) -> dict[str, int]:
-    return request.app.state.settings.concurrency
+    concurrency: dict[str, int] = request.app.state.settings.concurrency
+    return concurrency
 
 
 def _queue(request: Request, conn: psycopg.Connection, name: str) -> dict[str, Any]:

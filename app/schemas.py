@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
@@ -41,7 +42,7 @@ def _non_null(schema: dict[str, Any]) -> list[dict[str, Any]]:
     return [branch for branch in schema.get("anyOf", [schema]) if branch.get("type") != "null"]
 
 
-def _documented_range(low: int, high: int):
+def _documented_range(low: int, high: int) -> Callable[[dict[str, Any]], None]:
     def extra(schema: dict[str, Any]) -> None:
         for branch in _non_null(schema):
             branch.update(minimum=low, maximum=high)
@@ -49,7 +50,7 @@ def _documented_range(low: int, high: int):
     return extra
 
 
-def _documented_length(low: int, high: int):
+def _documented_length(low: int, high: int) -> Callable[[dict[str, Any]], None]:
     def extra(schema: dict[str, Any]) -> None:
         for branch in _non_null(schema):
             branch.update(minLength=low, maxLength=high)
@@ -57,7 +58,7 @@ def _documented_length(low: int, high: int):
     return extra
 
 
-def _documented_duration(pattern: str, minimum: float | None):
+def _documented_duration(pattern: str, minimum: float | None) -> Callable[[dict[str, Any]], None]:
     def extra(schema: dict[str, Any]) -> None:
         for branch in _non_null(schema):
             if branch.get("type") == "string":

@@ -7,7 +7,7 @@ import contextlib
 import os
 import re
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import psycopg
@@ -102,7 +102,7 @@ def through_transaction_pooler() -> bool:
     return direct_url() is not None
 
 
-def connect_kwargs() -> dict[str, object]:
+def connect_kwargs() -> dict[str, Any]:
     """Keyword arguments for every psycopg connection (or pool `kwargs`) made to DATABASE_URL."""
     return {"prepare_threshold": None} if through_transaction_pooler() else {}
 

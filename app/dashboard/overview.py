@@ -59,12 +59,13 @@ def throughput_charts(conn: Conn, days: bool = True) -> dict[str, charts.Chart]:
 @router.get("/")
 def overview(request: Request, who: Page, conn: Conn) -> Response:
     admin.fold_stats(conn)  # fresh numbers; skipped harmlessly while another process folds
+    charts_drawn: dict[str, Any] = throughput_charts(conn)
     return render(
         request,
         who,
         "overview.html",
         failing=admin.failing_kinds(conn),
-        **throughput_charts(conn),
+        **charts_drawn,
         **_overview(request, conn),
     )
 

@@ -18,7 +18,8 @@ router = APIRouter()
 
 def configured_queues(request: Request) -> dict[str, int]:
     """The configured queues, each with its concurrency."""
-    return request.app.state.settings.concurrency
+    concurrency: dict[str, int] = request.app.state.settings.concurrency
+    return concurrency
 
 
 def _queue(request: Request, conn: Conn, name: str) -> dict[str, Any]:
