@@ -291,143 +291,7 @@ def _keyed_params(ids: list[int], rows: list[dict[str, Any]], db_now: datetime) 
     return params
 
 
-# --- sync --------------------------------------------------------------------------------------
-
-
-def enqueue(conn: psycopg.Connection, kind: str, args: Any = None, **options: Any) -> Enqueued:
-    """Enqueue one job; `options` are the fields of JobRequest. One statement, one round trip."""
-    with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
-        row = prepare(JobRequest(kind, args, **options))
-        result = _insert_one(conn, row)
-        tracing.set_attributes(span, job_queue=row["queue"], job_id=result.id)
-        return result
-
-
-def _insert_one(conn: psycopg.Connection, row: dict[str, Any]) -> Enqueued:
-    insert, lookup = _single_statement(row)
-    for _ in range(3):  # the job holding the key may finish between insert and lookup
-        found = conn.execute(insert, row).fetchone()
-        if found is not None:
-            return Enqueued(found[0], False, found[1])
-        assert lookup is not None
-        existing = conn.execute(lookup, (row["key"],)).fetchone()
-        if existing is not None:
-            return Enqueued(existing[0], True, existing[1])
-    raise EnqueueConflict("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
-
-
-def _prepare_in_batch(index: int, request: JobRequest, trace: Mapping[str, str]) -> dict[str, Any]:
-    """`prepare`, with the job's position in the batch in the error (message and details)."""
-    try:
-        return prepare(request, trace=trace)
-    except EnqueueError as exc:
-        raise EnqueueError(exc.code, f"jobs[{index}]: {exc}", {"index": index, "errors": exc.details}) from None
-
-
-def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
-    """Enqueue a batch all-or-nothing, rows without keys by COPY; results are in the order of `jobs`.
-
-    One `dygo.enqueue` span for the whole batch (it is one transaction, and a span per job would
-    cost more than the COPY of that job): every job's handler span is a child of it.
-    """
-    with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
-        return _enqueue_batch(conn, jobs)
-
-
-def _prepare_batch(jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    trace = tracing.carrier()  # once for the batch: every job carries the same context
-    return [_prepare_in_batch(index, request, trace) for index, request in enumerate(_requests(jobs))]
-
-
-@dataclass
-class _BatchPlan:
-    """How a prepared batch is written: window-keyed rows one by one, then ids reserved for the rest,
-    plain rows by COPY and live-keyed rows by one insert that skips keys a live job holds."""
-
-    rows: list[dict[str, Any]]
-    windowed: list[int] = field(init=False)
-    plain: list[int] = field(init=False)
-    keyed: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.windowed = [i for i, row in enumerate(self.rows) if row["ttl"] is not None]
-        self.plain = [i for i, row in enumerate(self.rows) if row["ttl"] is None and row["key"] is None]
-        self.keyed = [i for i, row in enumerate(self.rows) if row["ttl"] is None and row["key"] is not None]
-
-    @property
-    def reserved(self) -> int:
-        return len(self.plain) + len(self.keyed)
-
-    def keyed_params(self, ids: list[int], db_now: datetime) -> dict[str, list[Any]]:
-        return _keyed_params(ids[len(self.plain) :], [self.rows[i] for i in self.keyed], db_now)
-
-    def keyed_results(
-        self,
-        ids: list[int],
-        params: dict[str, list[Any]],
-        inserted: set[int],
-        holders: dict[str, int],
-        results: dict[int, Enqueued],
-    ) -> None:
-        for job_id, run_at, i in zip(ids[len(self.plain) :], params["run_ats"], self.keyed, strict=True):
-            if job_id in inserted:
-                results[i] = Enqueued(job_id, False, run_at)
-            else:
-                results[i] = Enqueued(holders[self.rows[i]["key"]], True, None)
-
-
-def _enqueue_batch(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
-    plan = _BatchPlan(_prepare_batch(jobs))
-    rows = plan.rows
-    results: dict[int, Enqueued] = {}
-    if not rows:
-        return []
-    with conn.transaction():
-        for i in plan.windowed:
-            results[i] = _insert_one(conn, rows[i])
-        db_now, ids = one(conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,)).fetchone())
-        if plan.plain:
-            with conn.cursor().copy(sql.COPY_JOBS) as copy:
-                for job_id, i in zip(ids, plan.plain, strict=False):
-                    values = _copy_row(job_id, rows[i], db_now)
-                    copy.write_row(values)
-                    results[i] = Enqueued(job_id, False, values[6])
-        if plan.keyed:
-            params = plan.keyed_params(ids, db_now)
-            inserted = {r[0] for r in conn.execute(sql.INSERT_JOBS_UNLESS_LIVE_KEY, params)}
-            holders: dict[str, int] = dict(
-                conn.execute(sql.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],)).fetchall()
-            )
-            plan.keyed_results(ids, params, inserted, holders, results)
-    return [results[i] for i in range(len(rows))]
-
-
-# --- async -------------------------------------------------------------------------------------
-
-
-async def aenqueue(conn: psycopg.AsyncConnection, kind: str, args: Any = None, **options: Any) -> Enqueued:
-    """`enqueue` for an AsyncConnection."""
-    if not tracing.active():  # asked once: no span to open, no trace context to carry
-        return await _ainsert_one(conn, prepare(JobRequest(kind, args, **options), trace=NO_TRACE))
-    with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
-        row = prepare(JobRequest(kind, args, **options))
-        result = await _ainsert_one(conn, row)
-        tracing.set_attributes(span, job_queue=row["queue"], job_id=result.id)
-        return result
-
-
-async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> Enqueued:
-    insert, lookup = _single_statement(row)
-    for _ in range(3):
-        found = await (await conn.execute(insert, row)).fetchone()
-        if found is not None:
-            return Enqueued(found[0], False, found[1])
-        assert lookup is not None
-        existing = await (await conn.execute(lookup, (row["key"],))).fetchone()
-        if existing is not None:
-            return Enqueued(existing[0], True, existing[1])
-    raise EnqueueConflict("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
-
+# --- shared by the blocking and the async twins below: everything but the I/O -------------------------
 
 # Up to this many rows without keys go in one INSERT ... unnest statement (one round trip); more, or any
 # keyed row, take the transaction with COPY (four round trips, cheaper per row for big batches).
@@ -466,27 +330,188 @@ def _json_int(value: int | None) -> str:
     return "null" if value is None else str(int(value))
 
 
+def _prepare_one(kind: str, args: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """`prepare` for one job; with tracing off, without asking for a trace context to carry."""
+    return prepare(JobRequest(kind, args, **options), trace=None if tracing.active() else NO_TRACE)
+
+
+def _key_changed_hands(row: dict[str, Any]) -> EnqueueConflict:
+    return EnqueueConflict("conflict", f"idempotency key {row['key']!r} kept changing hands; try again")
+
+
+def _prepare_in_batch(index: int, request: JobRequest, trace: Mapping[str, str]) -> dict[str, Any]:
+    """`prepare`, with the job's position in the batch in the error (message and details)."""
+    try:
+        return prepare(request, trace=trace)
+    except EnqueueError as exc:
+        raise EnqueueError(exc.code, f"jobs[{index}]: {exc}", {"index": index, "errors": exc.details}) from None
+
+
+def _prepare_batch(jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[dict[str, Any]]:
+    trace = tracing.carrier()  # once for the batch: every job carries the same context
+    return [_prepare_in_batch(index, request, trace) for index, request in enumerate(_requests(jobs))]
+
+
+@dataclass
+class _BatchPlan:
+    """How a prepared batch is written: up to PLAIN_BATCH_MAX rows without keys in one statement; otherwise
+    window-keyed rows one by one, then ids reserved for the rest, plain rows by COPY and live-keyed rows by
+    one insert that skips keys a live job holds, all in one transaction."""
+
+    rows: list[dict[str, Any]]
+    windowed: list[int] = field(init=False)
+    plain: list[int] = field(init=False)
+    keyed: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.windowed = [i for i, row in enumerate(self.rows) if row["ttl"] is not None]
+        self.plain = [i for i, row in enumerate(self.rows) if row["ttl"] is None and row["key"] is None]
+        self.keyed = [i for i, row in enumerate(self.rows) if row["ttl"] is None and row["key"] is not None]
+
+    @property
+    def one_statement(self) -> bool:
+        return len(self.plain) == len(self.rows) <= PLAIN_BATCH_MAX
+
+    @property
+    def reserved(self) -> int:
+        return len(self.plain) + len(self.keyed)
+
+    def keyed_params(self, ids: list[int], db_now: datetime) -> dict[str, list[Any]]:
+        return _keyed_params(ids[len(self.plain) :], [self.rows[i] for i in self.keyed], db_now)
+
+    def keys(self) -> list[str]:
+        return [self.rows[i]["key"] for i in self.keyed]
+
+    def keyed_results(
+        self,
+        ids: list[int],
+        params: dict[str, list[Any]],
+        inserted: set[int],
+        holders: dict[str, int],
+        results: dict[int, Enqueued],
+    ) -> None:
+        for job_id, run_at, i in zip(ids[len(self.plain) :], params["run_ats"], self.keyed, strict=True):
+            if job_id in inserted:
+                results[i] = Enqueued(job_id, False, run_at)
+            else:
+                results[i] = Enqueued(holders[self.rows[i]["key"]], True, None)
+
+
+def _inserted_in_one_statement(inserted: list[tuple[Any, ...]]) -> list[Enqueued]:
+    """INSERT_JOBS's rows (id, run_at) as results in the batch's order: ids are given in that order."""
+    return [Enqueued(job_id, False, run_at) for job_id, run_at in sorted(inserted)]
+
+
+def _in_order(results: dict[int, Enqueued], count: int) -> list[Enqueued]:
+    return [results[i] for i in range(count)]
+
+
+# --- one job: each twin is its I/O ------------------------------------------------------------------
+
+
+def enqueue(conn: psycopg.Connection, kind: str, args: Any = None, **options: Any) -> Enqueued:
+    """Enqueue one job; `options` are the fields of JobRequest. One statement, one round trip."""
+    if not tracing.active():  # asked once: no span to open, no trace context to carry
+        return _insert_one(conn, _prepare_one(kind, args, options))
+    with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
+        row = _prepare_one(kind, args, options)
+        result = _insert_one(conn, row)
+        tracing.set_attributes(span, job_queue=row["queue"], job_id=result.id)
+        return result
+
+
+async def aenqueue(conn: psycopg.AsyncConnection, kind: str, args: Any = None, **options: Any) -> Enqueued:
+    """`enqueue` for an AsyncConnection."""
+    if not tracing.active():
+        return await _ainsert_one(conn, _prepare_one(kind, args, options))
+    with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
+        row = _prepare_one(kind, args, options)
+        result = await _ainsert_one(conn, row)
+        tracing.set_attributes(span, job_queue=row["queue"], job_id=result.id)
+        return result
+
+
+def _insert_one(conn: psycopg.Connection, row: dict[str, Any]) -> Enqueued:
+    insert, lookup = _single_statement(row)
+    for _ in range(3):  # the job holding the key may finish between insert and lookup
+        found = conn.execute(insert, row).fetchone()
+        if found is not None:
+            return Enqueued(found[0], False, found[1])
+        assert lookup is not None
+        existing = conn.execute(lookup, (row["key"],)).fetchone()
+        if existing is not None:
+            return Enqueued(existing[0], True, existing[1])
+    raise _key_changed_hands(row)
+
+
+async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> Enqueued:
+    insert, lookup = _single_statement(row)
+    for _ in range(3):
+        found = await (await conn.execute(insert, row)).fetchone()
+        if found is not None:
+            return Enqueued(found[0], False, found[1])
+        assert lookup is not None
+        existing = await (await conn.execute(lookup, (row["key"],))).fetchone()
+        if existing is not None:
+            return Enqueued(existing[0], True, existing[1])
+    raise _key_changed_hands(row)
+
+
+# --- a batch: each twin is its I/O ------------------------------------------------------------------
+
+
+def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+    """Enqueue a batch all-or-nothing; results are in the order of `jobs`. Up to PLAIN_BATCH_MAX jobs
+    without idempotency keys are one statement (INSERT_JOBS); others take a transaction with COPY.
+
+    One `dygo.enqueue` span for the whole batch (it is one transaction, and a span per job would
+    cost more than the COPY of that job): every job's handler span is a child of it.
+    """
+    with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
+        return _enqueue_batch(conn, _BatchPlan(_prepare_batch(jobs)))
+
+
 async def aenqueue_many(
     conn: psycopg.AsyncConnection, jobs: Sequence[JobRequest | Mapping[str, Any]]
 ) -> list[Enqueued]:
-    """`enqueue_many` for an AsyncConnection, all or nothing, results in order. A batch of up to
-    PLAIN_BATCH_MAX jobs without idempotency keys is one statement (INSERT_JOBS); others take the COPY
-    transaction of `enqueue_many`."""
+    """`enqueue_many` for an AsyncConnection."""
     with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
-        return await _aenqueue_batch(conn, jobs)
+        return await _aenqueue_batch(conn, _BatchPlan(_prepare_batch(jobs)))
 
 
-async def _aenqueue_batch(
-    conn: psycopg.AsyncConnection, jobs: Sequence[JobRequest | Mapping[str, Any]]
-) -> list[Enqueued]:
-    plan = _BatchPlan(_prepare_batch(jobs))
+def _enqueue_batch(conn: psycopg.Connection, plan: _BatchPlan) -> list[Enqueued]:
     rows = plan.rows
-    results: dict[int, Enqueued] = {}
     if not rows:
         return []
-    if len(plan.plain) == len(rows) <= PLAIN_BATCH_MAX:
-        inserted = await (await conn.execute(sql.INSERT_JOBS, (rows_json(rows),))).fetchall()
-        return [Enqueued(job_id, False, run_at) for job_id, run_at in sorted(inserted)]
+    if plan.one_statement:
+        return _inserted_in_one_statement(conn.execute(sql.INSERT_JOBS, (rows_json(rows),)).fetchall())
+    results: dict[int, Enqueued] = {}
+    with conn.transaction():
+        for i in plan.windowed:
+            results[i] = _insert_one(conn, rows[i])
+        db_now, ids = one(conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,)).fetchone())
+        if plan.plain:
+            with conn.cursor().copy(sql.COPY_JOBS) as copy:
+                for job_id, i in zip(ids, plan.plain, strict=False):
+                    values = _copy_row(job_id, rows[i], db_now)
+                    copy.write_row(values)
+                    results[i] = Enqueued(job_id, False, values[6])
+        if plan.keyed:
+            params = plan.keyed_params(ids, db_now)
+            inserted = {r[0] for r in conn.execute(sql.INSERT_JOBS_UNLESS_LIVE_KEY, params).fetchall()}
+            holders: dict[str, int] = dict(conn.execute(sql.LIVE_JOBS_BY_KEYS, (plan.keys(),)).fetchall())
+            plan.keyed_results(ids, params, inserted, holders, results)
+    return _in_order(results, len(rows))
+
+
+async def _aenqueue_batch(conn: psycopg.AsyncConnection, plan: _BatchPlan) -> list[Enqueued]:
+    rows = plan.rows
+    if not rows:
+        return []
+    if plan.one_statement:
+        cursor = await conn.execute(sql.INSERT_JOBS, (rows_json(rows),))
+        return _inserted_in_one_statement(await cursor.fetchall())
+    results: dict[int, Enqueued] = {}
     async with conn.transaction():
         for i in plan.windowed:
             results[i] = await _ainsert_one(conn, rows[i])
@@ -499,9 +524,8 @@ async def _aenqueue_batch(
                     results[i] = Enqueued(job_id, False, values[6])
         if plan.keyed:
             params = plan.keyed_params(ids, db_now)
-            cursor = await conn.execute(sql.INSERT_JOBS_UNLESS_LIVE_KEY, params)
-            inserted_ids = {r[0] for r in await cursor.fetchall()}
-            cursor = await conn.execute(sql.LIVE_JOBS_BY_KEYS, ([rows[i]["key"] for i in plan.keyed],))
+            inserted = {r[0] for r in await (await conn.execute(sql.INSERT_JOBS_UNLESS_LIVE_KEY, params)).fetchall()}
+            cursor = await conn.execute(sql.LIVE_JOBS_BY_KEYS, (plan.keys(),))
             holders: dict[str, int] = dict(await cursor.fetchall())
-            plan.keyed_results(ids, params, inserted_ids, holders, results)
-    return [results[i] for i in range(len(rows))]
+            plan.keyed_results(ids, params, inserted, holders, results)
+    return _in_order(results, len(rows))

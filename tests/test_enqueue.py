@@ -93,6 +93,21 @@ def test_batch_is_copied_in_order_with_per_row_options(conn, batch):
     assert last["run_at"] == results[-1].run_at and row(conn, results[4].id)["priority"] == 1
 
 
+def test_small_batch_without_keys_keeps_order_and_per_row_options(conn, batch):
+    at = datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    results = batch(
+        [
+            {"kind": "test.noop", "priority": 2},
+            {"kind": "test.record", "args": {"seconds": 1}, "queue": "other", "delay": "1h"},
+            {"kind": "test.noop", "run_at": at, "max_attempts": 7},
+        ]
+    )
+    assert [r.id for r in results] == sorted(r.id for r in results) and not any(r.deduplicated for r in results)
+    first, second, third = (row(conn, r.id) for r in results)
+    assert first["priority"] == 2 and (second["queue"], second["lead"]) == ("other", timedelta(hours=1))
+    assert (third["run_at"], third["max_attempts"]) == (at, 7) and results[2].run_at == at
+
+
 def test_batch_with_keys_reports_deduplicated_rows(conn, batch):
     held = enqueue(conn, "test.noop", {}, idempotency_key="a")
     results = batch(
