@@ -49,7 +49,7 @@ _TOKEN_PATTERN = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII without spaces
 
 
 @dataclass(frozen=True)
-class Queue:
+class QueueConfig:
     name: str
     concurrency: int
 
@@ -354,7 +354,7 @@ class Settings(FileSettings):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, arbitrary_types_allowed=True)
 
     config_dir: SkipValidation[Path]
-    queues: SkipValidation[dict[str, Queue]]
+    queues: SkipValidation[dict[str, QueueConfig]]
     env: str = "development"
     # Cluster-wide concurrency and rate limits from config/queues.yml (queue entries and `kinds:`).
     limits: SkipValidation[tuple[Limit, ...]] = ()
@@ -434,7 +434,7 @@ def load_settings(config_dir: Path | str | None = None, *, env: str | None = Non
     )
 
 
-def load_queues(path: Path) -> dict[str, Queue]:
+def load_queues(path: Path) -> dict[str, QueueConfig]:
     source = str(path)
     if not path.exists():
         raise ConfigError(
@@ -446,7 +446,7 @@ def load_queues(path: Path) -> dict[str, Queue]:
     entries = document["queues"]
     if not isinstance(entries, list) or not entries:
         raise ConfigError(source, "queues", "must be a non-empty list of {name, concurrency} entries")
-    queues: dict[str, Queue] = {}
+    queues: dict[str, QueueConfig] = {}
     for index, entry in enumerate(entries):
         label = f"queues[{index}]"
         if not isinstance(entry, dict):
@@ -469,7 +469,7 @@ def load_queues(path: Path) -> dict[str, Queue]:
             raise ConfigError(source, label, f"concurrency {exc}") from None
         if name in queues:
             raise ConfigError(source, label, f"queue name {name!r} is already used by an earlier entry")
-        queues[name] = Queue(name=name, concurrency=concurrency)
+        queues[name] = QueueConfig(name=name, concurrency=concurrency)
     return queues
 
 

@@ -128,7 +128,7 @@ def _environment_variables() -> set[str]:
 
 def test_configuration_reference_has_a_row_for_every_key_and_environment_variable() -> None:
     queues = section("configuration.md", "config/queues.yml")
-    assert [key for key in (f.name for f in dataclasses.fields(config.Queue)) if f"{key}:" not in queues] == []
+    assert [key for key in (f.name for f in dataclasses.fields(config.QueueConfig)) if f"{key}:" not in queues] == []
     assert sorted(set(config.SETTING_KEYS) - rows(section("configuration.md", "config/dygo.yml"))) == []
     assert sorted(set(schedules.FILE_KEYS) - rows(section("configuration.md", "config/schedules.yml"))) == []
     read = _environment_variables()

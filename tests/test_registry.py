@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from dygo.store import make_context
-from dygo.store.config import Queue, Settings
+from dygo.store.config import QueueConfig, Settings
 from dygo.store.errors import ConfigError, EnqueueError
 from dygo.store.registry import Registry, job
 from pydantic import BaseModel
@@ -15,7 +15,7 @@ from pydantic import BaseModel
 def settings_with(*names: str) -> Settings:
     from pathlib import Path
 
-    return Settings(config_dir=Path("config"), queues={n: Queue(n, 1) for n in names})
+    return Settings(config_dir=Path("config"), queues={n: QueueConfig(n, 1) for n in names})
 
 
 def test_duplicate_kind_fails_loudly():

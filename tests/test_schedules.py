@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from dygo.store.config import Queue, Settings, load_settings
+from dygo.store.config import QueueConfig, Settings, load_settings
 from dygo.store.cron import describe, next_fire
 from dygo.store.errors import ConfigError
 from dygo.store.registry import Registry, job, registry
@@ -145,7 +145,7 @@ def test_spec_in_words(spec, words):
 
 
 def settings_with(*queues: str) -> Settings:
-    return Settings(config_dir=Path("nowhere"), queues={q: Queue(q, 1) for q in queues})
+    return Settings(config_dir=Path("nowhere"), queues={q: QueueConfig(q, 1) for q in queues})
 
 
 def test_code_and_decorator_declarations_load_resolved():

@@ -41,7 +41,7 @@ def _job_filter(queue: str, kind: str, state: str, q: str) -> admin.JobFilter:
 @router.get("/jobs")
 def jobs_page(
     request: Request,
-    who: Page,
+    visitor: Page,
     conn: Conn,
     queue: str = "",
     kind: str = "",
@@ -53,7 +53,7 @@ def jobs_page(
     try:
         position = decode_cursor(cursor, "newest") if cursor else None
     except ApiError:
-        return redirect(who, PREFIX + "/jobs", "That page link is stale; showing the newest jobs.", "error")
+        return redirect(visitor, PREFIX + "/jobs", "That page link is stale; showing the newest jobs.", "error")
     page = admin.list_jobs(conn, where, limit=PAGE_SIZE, position=position)
     filters = {"queue": queue, "kind": kind, "state": state, "q": q}
     next_link = None
@@ -61,7 +61,7 @@ def jobs_page(
         next_link = "?" + urlencode({**filters, "cursor": encode_cursor("newest", page.next_position)})
     return render(
         request,
-        who,
+        visitor,
         "jobs.html",
         jobs=page.jobs,
         filters=filters,
@@ -73,26 +73,26 @@ def jobs_page(
 
 
 @router.get("/jobs/{job_id}")
-def job_page(request: Request, job_id: int, who: Page, conn: Conn) -> Response:
+def job_page(request: Request, job_id: int, visitor: Page, conn: Conn) -> Response:
     job = job_reads.get_job(conn, job_id)
     if job is None:
         raise Refused(404, "No such job", f"There is no job with id {job_id}; it may have been deleted.")
-    return render(request, who, "job.html", job=job)
+    return render(request, visitor, "job.html", job=job)
 
 
 @router.post("/jobs/{job_id}/{action}")
-def act_on_job(job_id: int, action: str, fields: Fields, who: Action, conn: Conn) -> Response:
+def act_on_job(job_id: int, action: str, fields: Fields, visitor: Action, conn: Conn) -> Response:
     back = _back(fields, f"{PREFIX}/jobs/{job_id}")
     if action not in JOB_ACTIONS:
-        return redirect(who, back, f"Unknown action {action!r}.", "error")
+        return redirect(visitor, back, f"Unknown action {action!r}.", "error")
     try:
         if action == "delete":
             admin.delete_job(conn, job_id)
-            return redirect(who, _back(fields, f"{PREFIX}/jobs", deleted=job_id), f"Job {job_id} deleted.")
+            return redirect(visitor, _back(fields, f"{PREFIX}/jobs", deleted=job_id), f"Job {job_id} deleted.")
         job = admin.act_on_job(conn, action, job_id)
     except (NotFound, Conflict) as exc:
-        return redirect(who, back, f"Job {job_id} was not {JOB_ACTIONS[action]}: {exc}", "error")
-    return redirect(who, back, f"Job {job_id} {JOB_ACTIONS[action]}; it is now {job['state']}.")
+        return redirect(visitor, back, f"Job {job_id} was not {JOB_ACTIONS[action]}: {exc}", "error")
+    return redirect(visitor, back, f"Job {job_id} {JOB_ACTIONS[action]}; it is now {job['state']}.")
 
 
 def _back(fields: dict[str, str], default: str, deleted: int | None = None) -> str:
@@ -143,16 +143,20 @@ def _bulk_message(action: str, report: admin.BulkReport, what: str) -> str:
 
 @router.post("/bulk/{action}")
 def bulk_selected(
-    action: str, fields: Fields, lists: Annotated[dict[str, list[str]], Depends(form_lists)], who: Action, conn: Conn
+    action: str,
+    fields: Fields,
+    lists: Annotated[dict[str, list[str]], Depends(form_lists)],
+    visitor: Action,
+    conn: Conn,
 ) -> Response:
     _bulk_action(action)
     back = _back(fields, PREFIX + "/jobs")
     ids = sorted({int(v) for v in lists.get("id", []) if v.isdigit() and len(v) < 19})
     if not ids:
-        return redirect(who, back, "Tick at least one job first.", "error")
+        return redirect(visitor, back, "Tick at least one job first.", "error")
     if len(ids) > BULK_MAX_TICKED:
         return redirect(
-            who,
+            visitor,
             back,
             f"At most {BULK_MAX_TICKED} ticked jobs at a time; use “everything matching the filter” for more.",
             "error",
@@ -160,8 +164,8 @@ def bulk_selected(
     try:
         report = admin.bulk_act(conn, action, ids=ids)
     except Conflict as exc:
-        return redirect(who, back, f"Nothing changed: {exc}", "error")
-    return redirect(who, back, _bulk_message(action, report, "selected jobs"))
+        return redirect(visitor, back, f"Nothing changed: {exc}", "error")
+    return redirect(visitor, back, _bulk_message(action, report, "selected jobs"))
 
 
 def _filter_fields(source: dict[str, str]) -> dict[str, str]:
@@ -179,14 +183,14 @@ def _shown_filters(filters: dict[str, str]) -> tuple[dict[str, str], str]:
 
 
 @router.get("/bulk/{action}/confirm")
-def bulk_confirmation(request: Request, action: str, who: Page, conn: Conn) -> Response:
+def bulk_confirmation(request: Request, action: str, visitor: Page, conn: Conn) -> Response:
     label, done, rule = _bulk_action(action)
     filters = _filter_fields(dict(request.query_params))
     matched, changing, more = admin.count_matching(conn, action, _job_filter(**filters))
     shown, back = _shown_filters(filters)
     return render(
         request,
-        who,
+        visitor,
         "bulk.html",
         action=action,
         label=label,
@@ -203,15 +207,15 @@ def bulk_confirmation(request: Request, action: str, who: Page, conn: Conn) -> R
 
 
 @router.post("/bulk/{action}/matching")
-def bulk_matching(action: str, fields: Fields, who: Action, conn: Conn) -> Response:
+def bulk_matching(action: str, fields: Fields, visitor: Action, conn: Conn) -> Response:
     _bulk_action(action)
     filters = _filter_fields(fields)
     _, back = _shown_filters(filters)
     try:
         report = admin.bulk_act(conn, action, where=_job_filter(**filters))
     except Conflict as exc:
-        return redirect(who, back, f"Nothing changed: {exc}", "error")
-    return redirect(who, back, _bulk_message(action, report, "jobs matching the filter"))
+        return redirect(visitor, back, f"Nothing changed: {exc}", "error")
+    return redirect(visitor, back, _bulk_message(action, report, "jobs matching the filter"))
 
 
 # --- dead letters -------------------------------------------------------------------------------------
@@ -221,15 +225,17 @@ DEAD_GROUPS_SHOWN = 100
 
 
 @router.get("/dead")
-def dead_page(request: Request, who: Page, conn: Conn) -> Response:
+def dead_page(request: Request, visitor: Page, conn: Conn) -> Response:
     groups = admin.dead_letter_groups(conn, DEAD_GROUPS_SHOWN)
-    return render(request, who, "dead.html", groups=groups, capped=len(groups) == DEAD_GROUPS_SHOWN)
+    return render(request, visitor, "dead.html", groups=groups, capped=len(groups) == DEAD_GROUPS_SHOWN)
 
 
 @router.post("/dead/retry")
-def retry_dead_group(fields: Fields, who: Action, conn: Conn) -> Response:
+def retry_dead_group(fields: Fields, visitor: Action, conn: Conn) -> Response:
     kind, fingerprint = fields.get("kind", ""), fields.get("fingerprint", "")
     retried = admin.retry_dead_group(conn, kind, fingerprint)
     return redirect(
-        who, PREFIX + "/dead", f"Retried {retried} dead {kind} job{'s' * (retried != 1)} failing with “{fingerprint}”."
+        visitor,
+        PREFIX + "/dead",
+        f"Retried {retried} dead {kind} job{'s' * (retried != 1)} failing with “{fingerprint}”.",
     )

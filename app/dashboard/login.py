@@ -22,10 +22,10 @@ def _next_page(value: str | None) -> str:
 
 
 @router.get("/login")
-def login_page(request: Request, who: Anyone, next: str | None = None) -> Response:
-    if not who.tokens.enabled:
+def login_page(request: Request, visitor: Anyone, next: str | None = None) -> Response:
+    if not visitor.tokens.enabled:
         return RedirectResponse(PREFIX + "/", status_code=303)
-    return render(request, who, "login.html", next=_next_page(next))
+    return render(request, visitor, "login.html", next=_next_page(next))
 
 
 def _in_words(seconds: float) -> str:
@@ -37,13 +37,13 @@ def _in_words(seconds: float) -> str:
     return f"{count} {unit}{'s' * (count != 1)}"
 
 
-def _locked_out(request: Request, who: Visitor, until: float) -> Response:
+def _locked_out(request: Request, visitor: Visitor, until: float) -> Response:
     wait = max(1, math.ceil(until - time.time()))
     at = datetime.fromtimestamp(until, UTC).strftime("%H:%M:%S UTC")
     throttle: AuthThrottle = request.app.state.auth_throttle
     response = render(
         request,
-        who,
+        visitor,
         "error.html",
         status=429,
         title="Too many failed sign-ins",
@@ -56,33 +56,33 @@ def _locked_out(request: Request, who: Visitor, until: float) -> Response:
 
 
 @router.post("/login")
-def login(request: Request, fields: Fields, who: Anyone, conn: Conn) -> Response:
+def login(request: Request, fields: Fields, visitor: Anyone, conn: Conn) -> Response:
     throttle: AuthThrottle = request.app.state.auth_throttle
     address = request.client.host if request.client else "unknown"
-    if who.tokens.enabled and (until := throttle.locked_until_on(conn, address)) is not None:
-        return _locked_out(request, who, until)  # even a right token: guessing must not pay off
-    checked_form(fields, who)
+    if visitor.tokens.enabled and (until := throttle.locked_until_on(conn, address)) is not None:
+        return _locked_out(request, visitor, until)  # even a right token: guessing must not pay off
+    checked_form(fields, visitor)
     token = fields.get("token", "").strip()
-    role = who.tokens.role_of(token) if who.tokens.enabled else "admin"
+    role = visitor.tokens.role_of(token) if visitor.tokens.enabled else "admin"
     if role is None:
         if (until := throttle.failed_on(conn, address)) is not None:
-            return _locked_out(request, who, until)
+            return _locked_out(request, visitor, until)
         return render(
             request,
-            who,
+            visitor,
             "login.html",
             status=401,
             next=_next_page(fields.get("next")),
             error="That token is not valid.",
         )
-    if who.tokens.enabled:
+    if visitor.tokens.enabled:
         throttle.succeeded_on(conn, address)
-        who.start(conn, role, token)
-    return redirect(who, _next_page(fields.get("next")), f"Signed in ({role}).")
+        visitor.start(conn, role, token)
+    return redirect(visitor, _next_page(fields.get("next")), f"Signed in ({role}).")
 
 
 @router.post("/logout")
-def logout(fields: Fields, who: Anyone, conn: Conn) -> Response:
-    checked_form(fields, who)
-    who.end(conn)
-    return redirect(who, PREFIX + "/login", "Signed out.")
+def logout(fields: Fields, visitor: Anyone, conn: Conn) -> Response:
+    checked_form(fields, visitor)
+    visitor.end(conn)
+    return redirect(visitor, PREFIX + "/login", "Signed out.")

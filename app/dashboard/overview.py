@@ -57,12 +57,12 @@ def throughput_charts(conn: Conn, days: bool = True) -> dict[str, charts.Chart]:
 
 
 @router.get("/")
-def overview(request: Request, who: Page, conn: Conn) -> Response:
+def overview(request: Request, visitor: Page, conn: Conn) -> Response:
     admin.fold_stats(conn)  # fresh numbers; skipped harmlessly while another process folds
     charts_drawn: dict[str, Any] = throughput_charts(conn)
     return render(
         request,
-        who,
+        visitor,
         "overview.html",
         failing=admin.failing_kinds(conn),
         **charts_drawn,
@@ -71,12 +71,12 @@ def overview(request: Request, who: Page, conn: Conn) -> Response:
 
 
 @router.get("/live")
-def overview_live(request: Request, who: Page, conn: Conn) -> Response:
+def overview_live(request: Request, visitor: Page, conn: Conn) -> Response:
     """The overview's counts and workers alone, polled by the overview page."""
-    return render(request, who, "_live.html", **_overview(request, conn))
+    return render(request, visitor, "_live.html", **_overview(request, conn))
 
 
 @router.get("/live/minutes")
-def overview_live_minutes(request: Request, who: Page, conn: Conn) -> Response:
+def overview_live_minutes(request: Request, visitor: Page, conn: Conn) -> Response:
     """The per-minute chart alone, polled by the overview page (rollups plus unfolded deltas: no fold needed)."""
-    return render(request, who, "_minutes.html", minute_chart=throughput_charts(conn, days=False)["minute_chart"])
+    return render(request, visitor, "_minutes.html", minute_chart=throughput_charts(conn, days=False)["minute_chart"])

@@ -30,10 +30,10 @@ def _queue(request: Request, conn: Conn, name: str) -> dict[str, Any]:
 
 
 @router.get("/queues")
-def queues_page(request: Request, who: Page, conn: Conn) -> Response:
+def queues_page(request: Request, visitor: Page, conn: Conn) -> Response:
     return render(
         request,
-        who,
+        visitor,
         "queues.html",
         queues=admin.list_queues(conn, configured_queues(request)),
         limits=[use.as_dict() for use in limits.limits_in_use(conn)],
@@ -41,35 +41,35 @@ def queues_page(request: Request, who: Page, conn: Conn) -> Response:
 
 
 @router.post("/limits")
-def change_limit(request: Request, fields: Fields, who: Action, conn: Conn) -> Response:
+def change_limit(request: Request, fields: Fields, visitor: Action, conn: Conn) -> Response:
     """Set a queue's or kind's cluster-wide limits from the queues page (empty fields: none)."""
     back = PREFIX + "/queues"
     scope, name = fields.get("scope", ""), fields.get("name", "").strip()
     known = configured_queues(request) if scope == "queue" else request.app.state.jobs.kinds()
     if scope not in ("queue", "kind") or name not in known:
-        return redirect(who, back, f"No {scope or 'queue or kind'} named {name!r} to limit.", "error")
+        return redirect(visitor, back, f"No {scope or 'queue or kind'} named {name!r} to limit.", "error")
     raw = fields.get("concurrency_limit", "").strip()
     try:
         concurrency = int(raw) if raw else None
     except ValueError:
-        return redirect(who, back, f"concurrency_limit {raw!r} must be an integer greater than 0.", "error")
+        return redirect(visitor, back, f"concurrency_limit {raw!r} must be an integer greater than 0.", "error")
     rate = fields.get("rate_limit", "").strip() or None
     key = fields.get("key", "").strip() or None
     try:
         limits.set_limit(conn, scope, name, concurrency, rate, key, list(configured_queues(request)))
     except ValueError as exc:
-        return redirect(who, back, f"Limit on {scope} {name} not changed: {exc}.", "error")
+        return redirect(visitor, back, f"Limit on {scope} {name} not changed: {exc}.", "error")
     if concurrency is None and rate is None:
-        return redirect(who, back, f"Limits on {scope} {name} removed.")
-    return redirect(who, back, f"Limits on {scope} {name} set: workers claim under them within a second.")
+        return redirect(visitor, back, f"Limits on {scope} {name} removed.")
+    return redirect(visitor, back, f"Limits on {scope} {name} set: workers claim under them within a second.")
 
 
 @router.get("/queues/{name}/purge")
-def purge_confirmation(request: Request, name: str, who: Page, conn: Conn) -> Response:
+def purge_confirmation(request: Request, name: str, visitor: Page, conn: Conn) -> Response:
     queue = _queue(request, conn, name)
     counts = queue["counts"]
-    doomed = counts["pending"] + counts["scheduled"] + counts["dead"]
-    return render(request, who, "purge.html", queue=queue, doomed=doomed)
+    to_delete = counts["pending"] + counts["scheduled"] + counts["dead"]
+    return render(request, visitor, "purge.html", queue=queue, to_delete=to_delete)
 
 
 # "Vacuum dead" offers these ages (the API takes any duration): the option, and the jobs it takes.
@@ -93,50 +93,50 @@ def _vacuumed(age: str, count: int) -> str:
 
 
 @router.get("/queues/{name}/vacuum-dead")
-def vacuum_confirmation(request: Request, name: str, who: Page, conn: Conn, older_than: str = "7d") -> Response:
+def vacuum_confirmation(request: Request, name: str, visitor: Page, conn: Conn, older_than: str = "7d") -> Response:
     queue = _queue(request, conn, name)
     age, seconds = _vacuum_age(older_than)
-    doomed = admin.count_vacuum_dead(conn, name, seconds)
+    to_delete = admin.count_vacuum_dead(conn, name, seconds)
     return render(
         request,
-        who,
+        visitor,
         "vacuum.html",
         queue=queue,
-        doomed=doomed,
+        to_delete=to_delete,
         age=age,
-        what=_vacuumed(age, doomed),
+        what=_vacuumed(age, to_delete),
         ages={value: option for value, (option, _) in VACUUM_AGES.items()},
     )
 
 
 @router.post("/queues/{name}/vacuum-dead")
-def vacuum_dead(request: Request, name: str, fields: Fields, who: Action, conn: Conn) -> Response:
+def vacuum_dead(request: Request, name: str, fields: Fields, visitor: Action, conn: Conn) -> Response:
     _queue(request, conn, name)
     age, seconds = _vacuum_age(fields.get("older_than", ""))
     deleted = admin.vacuum_dead(conn, name, seconds)
-    return redirect(who, PREFIX + "/queues", f"Vacuumed queue {name}: deleted {_vacuumed(age, deleted)}.")
+    return redirect(visitor, PREFIX + "/queues", f"Vacuumed queue {name}: deleted {_vacuumed(age, deleted)}.")
 
 
 @router.post("/queues/{name}/{action}")
-def act_on_queue(request: Request, name: str, action: str, who: Action, conn: Conn) -> Response:
+def act_on_queue(request: Request, name: str, action: str, visitor: Action, conn: Conn) -> Response:
     _queue(request, conn, name)
     back = PREFIX + "/queues"
     if action == "pause":
         admin.pause_queue(conn, name)
-        return redirect(who, back, f"Queue {name} paused: workers stop claiming its jobs.")
+        return redirect(visitor, back, f"Queue {name} paused: workers stop claiming its jobs.")
     if action == "resume":
         admin.resume_queue(conn, name)
-        return redirect(who, back, f"Queue {name} resumed.")
+        return redirect(visitor, back, f"Queue {name} resumed.")
     if action == "retry-dead":
         retried = admin.retry_dead(conn, name)
-        return redirect(who, back, f"Retried {retried} dead job{'s' * (retried != 1)} of queue {name}.")
+        return redirect(visitor, back, f"Retried {retried} dead job{'s' * (retried != 1)} of queue {name}.")
     if action == "purge":
         report = admin.purge_queue(conn, name)
         return redirect(
-            who,
+            visitor,
             back,
             f"Purged queue {name}: deleted {report['pending']} pending, "
             f"{report['scheduled']} scheduled and {report['dead']} dead jobs; "
             f"{report['active_left']} active and {report['paused_left']} paused left alone.",
         )
-    return redirect(who, back, f"Unknown action {action!r}.", "error")
+    return redirect(visitor, back, f"Unknown action {action!r}.", "error")

@@ -20,38 +20,38 @@ templates = Jinja2Templates(directory=str(TEMPLATES))
 templates.env.filters.update(FILTERS)
 
 
-def render(request: Request, who: Visitor, template: str, status: int = 200, **context: Any) -> Response:
-    flash = who.signer.loads(request.cookies.get(FLASH_COOKIE))
+def render(request: Request, visitor: Visitor, template: str, status: int = 200, **context: Any) -> Response:
+    flash = visitor.signer.loads(request.cookies.get(FLASH_COOKIE))
     response = templates.TemplateResponse(
         request,
         template,
-        {"who": who, "csrf": who.csrf, "flash": flash, "prefix": PREFIX, **context},
+        {"visitor": visitor, "csrf": visitor.csrf, "flash": flash, "prefix": PREFIX, **context},
         status_code=status,
     )
     if flash is not None:
         response.delete_cookie(FLASH_COOKIE, path=PREFIX)
-    return who.keep(response)
+    return visitor.keep(response)
 
 
-def redirect(who: Visitor, to: str, message: str, level: str = "ok") -> Response:
+def redirect(visitor: Visitor, to: str, message: str, level: str = "ok") -> Response:
     response = RedirectResponse(to, status_code=303)
     response.set_cookie(
         FLASH_COOKIE,
-        who.signer.dumps({"message": message, "level": level}),
+        visitor.signer.dumps({"message": message, "level": level}),
         max_age=60,
         path=PREFIX,
         httponly=True,
         samesite="lax",
-        secure=who.secure,
+        secure=visitor.secure,
     )
-    return who.keep(response)
+    return visitor.keep(response)
 
 
 def error_page(request: Request, status: int, title: str, message: str) -> Response:
-    who = Visitor(request)  # unverified: from exception handlers, maybe with the database down
+    visitor = Visitor(request)  # unverified: from exception handlers, maybe with the database down
     return templates.TemplateResponse(
         request,
         "error.html",
-        {"who": who, "csrf": who.csrf, "flash": None, "prefix": PREFIX, "title": title, "message": message},
+        {"visitor": visitor, "csrf": visitor.csrf, "flash": None, "prefix": PREFIX, "title": title, "message": message},
         status_code=status,
     )

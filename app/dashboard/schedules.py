@@ -14,23 +14,23 @@ router = APIRouter()
 
 
 @router.get("/schedules")
-def schedules_page(request: Request, who: Page, conn: Conn) -> Response:
-    return render(request, who, "schedules.html", schedules=schedules.list_schedules(conn))
+def schedules_page(request: Request, visitor: Page, conn: Conn) -> Response:
+    return render(request, visitor, "schedules.html", schedules=schedules.list_schedules(conn))
 
 
 @router.post("/schedules/{name}/{action}")
-def act_on_schedule(name: str, action: str, who: Action, conn: Conn) -> Response:
+def act_on_schedule(name: str, action: str, visitor: Action, conn: Conn) -> Response:
     back = PREFIX + "/schedules"
     try:
         if action == "pause":
             schedules.pause(conn, name)
-            return redirect(who, back, f"Schedule {name} paused.")
+            return redirect(visitor, back, f"Schedule {name} paused.")
         if action == "resume":
             schedules.resume(conn, name)
-            return redirect(who, back, f"Schedule {name} resumed from its next occurrence.")
+            return redirect(visitor, back, f"Schedule {name} resumed from its next occurrence.")
         if action == "trigger":
             job, _ = schedules.trigger(conn, name)
-            return redirect(who, back, f"Schedule {name} triggered: job {job.id} enqueued.")
+            return redirect(visitor, back, f"Schedule {name} triggered: job {job.id} enqueued.")
     except (NotFound, Conflict, EnqueueError) as exc:
-        return redirect(who, back, f"Schedule {name}: {exc}", "error")
-    return redirect(who, back, f"Unknown action {action!r}.", "error")
+        return redirect(visitor, back, f"Schedule {name}: {exc}", "error")
+    return redirect(visitor, back, f"Unknown action {action!r}.", "error")

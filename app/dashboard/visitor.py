@@ -94,18 +94,19 @@ class Visitor:
         return response
 
 
-async def visitor(request: Request) -> Visitor:
-    who = Visitor(request)
-    await who.verify()
-    return who
+async def any_visitor(request: Request) -> Visitor:
+    """The visitor of a page anyone may see (the login page): signed in or not."""
+    visitor = Visitor(request)
+    await visitor.verify()
+    return visitor
 
 
 async def signed_in(request: Request) -> Visitor:
     """The visitor of a page: logged in, or sent to the login page."""
-    who = await visitor(request)
-    if who.role is None:
+    visitor = await any_visitor(request)
+    if visitor.role is None:
         raise LoginRequired()
-    return who
+    return visitor
 
 
 async def form_fields(request: Request) -> dict[str, str]:
@@ -114,9 +115,9 @@ async def form_fields(request: Request) -> dict[str, str]:
     return dict(parse_qsl(body, keep_blank_values=True))
 
 
-def checked_form(fields: dict[str, str], who: Visitor) -> dict[str, str]:
+def checked_form(fields: dict[str, str], visitor: Visitor) -> dict[str, str]:
     presented = fields.get("csrf", "").encode("utf-8", "surrogateescape")
-    if who.fresh or not hmac.compare_digest(presented, who.csrf.encode()):
+    if visitor.fresh or not hmac.compare_digest(presented, visitor.csrf.encode()):
         raise Refused(
             403,
             "This form has expired",
@@ -127,20 +128,20 @@ def checked_form(fields: dict[str, str], who: Visitor) -> dict[str, str]:
 
 
 def acting(
-    fields: Annotated[dict[str, str], Depends(form_fields)], who: Annotated[Visitor, Depends(signed_in)]
+    fields: Annotated[dict[str, str], Depends(form_fields)], visitor: Annotated[Visitor, Depends(signed_in)]
 ) -> Visitor:
     """The visitor of an action: a checked CSRF token and an admin role."""
-    checked_form(fields, who)
-    if not who.can_act:
+    checked_form(fields, visitor)
+    if not visitor.can_act:
         raise Refused(
             403,
             "Read-only access",
             "You are signed in with a read-only token; changing jobs, queues or schedules needs an admin token.",
         )
-    return who
+    return visitor
 
 
-Anyone = Annotated[Visitor, Depends(visitor)]
+Anyone = Annotated[Visitor, Depends(any_visitor)]
 Page = Annotated[Visitor, Depends(signed_in)]
 Action = Annotated[Visitor, Depends(acting)]
 Fields = Annotated[dict[str, str], Depends(form_fields)]
