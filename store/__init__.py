@@ -6,6 +6,7 @@ from dygo.store.registry import JobContext, job, make_context, registry
 from dygo.store.results import await_for_result, wait_for_result
 from dygo.store.results import result as result  # deprecated alias of await_for_result, for one release
 from dygo.store.schedules import schedule
+from dygo.store.workflows import Workflow, WorkflowError, aenqueue_workflow, batch, chain, enqueue_workflow
 
 __all__ = [
     "Abort",
@@ -19,11 +20,17 @@ __all__ = [
     "RetryAfter",
     "SchemaError",
     "Snooze",
+    "Workflow",
+    "WorkflowError",
     "aenqueue",
     "aenqueue_many",
+    "aenqueue_workflow",
     "await_for_result",
+    "batch",
+    "chain",
     "enqueue",
     "enqueue_many",
+    "enqueue_workflow",
     "job",
     "make_context",
     "registry",

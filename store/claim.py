@@ -33,7 +33,7 @@ from functools import partial
 from typing import Any, NamedTuple, cast
 
 import psycopg
-from dygo.store import leases, limits
+from dygo.store import leases, limits, workflows
 from dygo.store.codecs import array, load_json
 from dygo.store.db import aroll_back, through_transaction_pooler
 from dygo.store.leases import ClaimedJob
@@ -104,7 +104,7 @@ WITH picked AS (
         lease_owner = %(owner)s, lease_token = gen_random_uuid(),
         lease_deadline = now() + make_interval(secs => %(ttl)s)
     WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
-    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at, j.node_id,
               j.lease_token, j.priority, j.run_at
 ), next_due AS (
     -- Only for queues that came back short, and only jobs still to come (future run_at only, an index
@@ -122,11 +122,11 @@ WITH picked AS (
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
        lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
        NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
-       extract(epoch FROM run_at)::float8 AS run_at
+       extract(epoch FROM run_at)::float8 AS run_at, node_id
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
-       NULL, NULL FROM next_due
+       NULL, NULL, NULL FROM next_due
 ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 # CLAIM_JOBS, keeping no more of a capped kind than its free slots (the `kept` CTE); the rest is the same.
@@ -158,7 +158,7 @@ WITH picked AS (
         lease_owner = %(owner)s, lease_token = gen_random_uuid(),
         lease_deadline = now() + make_interval(secs => %(ttl)s)
     WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
-    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at, j.node_id,
               j.lease_token, j.priority, j.run_at
 ), next_due AS (
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
@@ -172,11 +172,11 @@ WITH picked AS (
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
        lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
        NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
-       extract(epoch FROM run_at)::float8 AS run_at
+       extract(epoch FROM run_at)::float8 AS run_at, node_id
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
-       NULL, NULL FROM next_due
+       NULL, NULL, NULL FROM next_due
 ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 # The limited claim's lock: advisory lock keys (LimitRow.lock_key), in ascending order.
@@ -266,7 +266,7 @@ WITH lim AS MATERIALIZED (
         lease_owner = %(owner)s, lease_token = gen_random_uuid(),
         lease_deadline = now() + make_interval(secs => %(ttl)s)
     WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
-    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at,
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at, j.node_id,
               j.lease_token, j.priority, j.run_at
 ), logged AS (
     INSERT INTO dygo_limit_starts (scope, name, key, at, n)
@@ -292,14 +292,14 @@ WITH lim AS MATERIALIZED (
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
        lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
        NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
-       extract(epoch FROM run_at)::float8 AS run_at
+       extract(epoch FROM run_at)::float8 AS run_at, node_id
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
-       NULL, NULL FROM next_due
+       NULL, NULL, NULL FROM next_due
 UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, extract(epoch FROM now())::float8,
-       NULL, NULL FROM held
+       NULL, NULL, NULL FROM held
 ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 
@@ -357,6 +357,7 @@ class ClaimRow(NamedTuple):
     clock: float  # the statement's now(), epoch seconds
     priority: int
     run_at: float  # epoch seconds
+    node_id: int | None  # its workflow node (store/workflows.py); NULL for a plain job
 
 
 _COLUMNS = [name.encode() for name in ClaimRow._fields]
@@ -425,7 +426,21 @@ async def claim_jobs(
         rows = await _claim_limited(conn, wanted, owner, ttl, registered, concerned, kind_free or {})
     else:
         rows = await _claim_plain(conn, wanted, owner, ttl, registered, since or {}, kind_free or {})
-    return _parse(rows, under_limit=bool(concerned))
+    claim = _parse(rows, under_limit=bool(concerned))
+    await _read_workflow_deps(conn, claim.jobs)
+    return claim
+
+
+async def _read_workflow_deps(conn: psycopg.AsyncConnection[Any], jobs: list[ClaimedJob]) -> None:
+    """Tell each claimed job of a workflow its node and what its upstream nodes gave (`ctx.deps`): one more
+    round trip for a claim that took any, none for plain jobs."""
+    node_ids = [job.node_id for job in jobs if job.node_id is not None]
+    if not node_ids:
+        return
+    found = await workflows.aread_deps(conn, node_ids)
+    for job in jobs:
+        if job.node_id in found:
+            job.workflow, job.deps = found[job.node_id]
 
 
 async def _claim_plain(
@@ -548,6 +563,7 @@ def _parse(rows: list[ClaimRow], under_limit: bool) -> Claim:
                     row.enqueued_at,
                     row.lease_token,
                     row.waited,
+                    row.node_id,
                 )
             )
             last_run_at[row.queue] = row.run_at

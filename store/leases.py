@@ -34,6 +34,9 @@ class ClaimedJob:
     enqueued_at: datetime
     lease_token: str  # a UUID's text: loaded and hashed several times faster than a UUID
     waited: float = 0.0  # seconds from due to claim (store/timings.py: latency)
+    node_id: int | None = None  # its workflow node (store/workflows.py)
+    workflow: Any = None  # its node (workflows.NodeOf), read at the claim
+    deps: Mapping[str, Any] | None = None  # its node's upstream nodes by name (workflows.Dep), read at the claim
 
 
 Progress = tuple[float, str | None]  # (fraction, message) of a `ctx.progress` report

@@ -8,12 +8,15 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from dygo.store.config import Settings
 from dygo.store.durations import parse_duration
 from dygo.store.errors import ConfigError, EnqueueError
 from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:
+    from dygo.store.workflows import Dep, NodeOf
 
 KIND_PATTERN = re.compile(r"^[A-Za-z0-9_]+(?:[.\-][A-Za-z0-9_]+)*$")
 DEFAULT_QUEUE = "default"
@@ -38,6 +41,9 @@ class JobContext:
     lease_token: str | None = None
     # Set by the worker; receives (lease token, fraction, message). None in `make_context` contexts.
     reporter: Callable[[str, float, str | None], None] | None = field(default=None, repr=False, compare=False)
+    # A job of a workflow: its node, and each node its node runs after, by name (store/workflows.py).
+    workflow: NodeOf | None = None
+    deps: Mapping[str, Dep] = field(default_factory=dict)
 
     @property
     def is_retry(self) -> bool:

@@ -45,7 +45,7 @@ from dygo.store.sql.job_reads import GET_JOB
 from psycopg.rows import dict_row
 
 CHANNEL = "dygo_finished"
-FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
+FINAL_STATES = frozenset({"succeeded", "dead", "cancelled", "skipped"})
 # Ids per notification: 390 ids of at most 20 bytes each stay under NOTIFY's 8000-byte payload limit. The
 # trigger dygo_notify_finished chunks by the same number (tests/test_migrations.py checks they agree).
 NOTIFY_IDS_MAX = 390

@@ -5,6 +5,165 @@
 --
 
 --
+-- Name: dygo_advance(bigint[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_advance(start bigint[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_frontier bigint[] := start;
+    v_later bigint[];       -- nodes to look at again in the next round
+    v_rearmed bigint[];
+    v_ended bigint[];
+    v_cancelled bigint[];
+    v_skipped bigint[];
+    v_released bigint[];
+    v_failing bigint[];
+BEGIN
+    WHILE cardinality(v_frontier) > 0 LOOP
+        v_later := '{}';
+
+        -- Nodes that ended and have jobs again run (or wait) again, and so do their workflows.
+        WITH before AS MATERIALIZED (
+            SELECT id, workflow_id, state FROM dygo_nodes
+            WHERE id = ANY(v_frontier) AND state IN ('succeeded', 'failed', 'cancelled', 'skipped') AND jobs_left > 0
+            ORDER BY id FOR NO KEY UPDATE
+        ), again AS (
+            UPDATE dygo_nodes n
+            SET state = CASE WHEN n.deps_left = 0 AND n.held = 0 THEN 'running' ELSE 'waiting' END, finished_at = NULL
+            FROM before b WHERE n.id = b.id
+            RETURNING n.id, b.workflow_id, b.state AS was
+        ), counted AS (
+            UPDATE dygo_workflows w SET nodes_left = w.nodes_left + a.n, nodes_failed = w.nodes_failed - a.failed,
+                state = CASE WHEN w.state = 'cancelled' THEN w.state ELSE 'running' END, finished_at = NULL
+            FROM (SELECT workflow_id, count(*) AS n, count(*) FILTER (WHERE was IN ('failed', 'cancelled')) AS failed
+                  FROM again GROUP BY workflow_id) a
+            WHERE w.id = a.workflow_id
+        )
+        SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_rearmed FROM again;
+
+        -- What a re-armed node had settled by ending badly opens again: its downstream nodes count the edge
+        -- as open, and those it had cancelled or skipped (and nothing else did) wait again, with all their
+        -- jobs; they are re-armed in turn in the next round.
+        IF cardinality(v_rearmed) > 0 THEN
+            WITH reopened AS (
+                -- `before`: the same row as the statement's snapshot sees it, so its state before the update.
+                UPDATE dygo_edges e SET state = 'open'
+                FROM dygo_edges before
+                WHERE e.upstream = ANY(v_rearmed) AND e.state IN ('cancel', 'skip', 'held')
+                  AND before.upstream = e.upstream AND before.downstream = e.downstream
+                RETURNING e.downstream, before.state AS was
+            ), counts AS (
+                SELECT downstream, count(*) AS n, count(*) FILTER (WHERE was = 'held') AS held,
+                       count(*) FILTER (WHERE was = 'cancel') AS cancels, count(*) FILTER (WHERE was = 'skip') AS skips
+                FROM reopened GROUP BY downstream
+            ), locked AS MATERIALIZED (
+                SELECT id FROM dygo_nodes WHERE id IN (SELECT downstream FROM counts) ORDER BY id FOR NO KEY UPDATE
+            ), undone AS (
+                UPDATE dygo_nodes n SET deps_left = n.deps_left + c.n, held = n.held - c.held,
+                    cancels = n.cancels - c.cancels, skips = n.skips - c.skips
+                FROM counts c WHERE n.id = c.downstream AND n.id IN (SELECT id FROM locked)
+                RETURNING n.id, n.state, n.cancels, n.skips
+            )
+            SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_later FROM undone
+            WHERE state IN ('cancelled', 'skipped') AND cancels = 0 AND skips = 0;
+            IF cardinality(v_later) > 0 THEN
+                PERFORM count(*) FROM dygo_move_node_jobs(v_later, ARRAY['cancelled', 'skipped'], 'waiting');
+                UPDATE dygo_nodes SET jobs_left = jobs, cancelled = 0, skipped = 0 WHERE id = ANY(v_later);
+            END IF;
+        END IF;
+
+        -- Running nodes whose jobs have all ended end now, with their outcome.
+        WITH done AS (
+            UPDATE dygo_nodes n
+            SET state = dygo_node_outcome(n.jobs, n.succeeded, n.dead, n.cancelled, n.allow_failures), finished_at = now()
+            WHERE n.id = ANY(v_frontier) AND n.state = 'running' AND n.jobs_left = 0 AND n.sealed
+            RETURNING n.id
+        )
+        SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_ended FROM done;
+
+        -- Waiting nodes an edge cancels or skips end so, with all their jobs.
+        WITH doomed AS (
+            UPDATE dygo_nodes n SET state = CASE WHEN n.cancels > 0 THEN 'cancelled' ELSE 'skipped' END,
+                cancelled = n.cancelled + CASE WHEN n.cancels > 0 THEN n.jobs_left ELSE 0 END,
+                skipped = n.skipped + CASE WHEN n.cancels > 0 THEN 0 ELSE n.jobs_left END,
+                jobs_left = 0, finished_at = now()
+            WHERE n.id = ANY(v_frontier) AND n.state = 'waiting' AND (n.cancels > 0 OR n.skips > 0)
+            RETURNING n.id, n.state
+        )
+        SELECT coalesce(array_agg(id ORDER BY id) FILTER (WHERE state = 'cancelled'), '{}'),
+               coalesce(array_agg(id ORDER BY id) FILTER (WHERE state = 'skipped'), '{}')
+        INTO v_cancelled, v_skipped FROM doomed;
+        IF cardinality(v_cancelled) > 0 THEN
+            PERFORM count(*) FROM dygo_move_node_jobs(v_cancelled, ARRAY['waiting'], 'cancelled');
+        END IF;
+        IF cardinality(v_skipped) > 0 THEN
+            PERFORM count(*) FROM dygo_move_node_jobs(v_skipped, ARRAY['waiting'], 'skipped');
+        END IF;
+        v_ended := v_ended || v_cancelled || v_skipped;
+
+        -- Waiting nodes with nothing open or holding them are v_released: their jobs become pending. One
+        -- without jobs (an empty map, a batch sealed empty) ends in the next round.
+        WITH go AS (
+            UPDATE dygo_nodes n SET state = 'running'
+            WHERE n.id = ANY(v_frontier) AND n.state = 'waiting' AND n.deps_left = 0 AND n.held = 0
+              AND n.cancels = 0 AND n.skips = 0
+            RETURNING n.id, n.jobs_left, n.sealed
+        )
+        SELECT coalesce(array_agg(id ORDER BY id), '{}'),
+               v_later || coalesce(array_agg(id) FILTER (WHERE jobs_left = 0 AND sealed), '{}')
+        INTO v_released, v_later FROM go;
+        IF cardinality(v_released) > 0 THEN
+            PERFORM count(*) FROM dygo_move_node_jobs(v_released, ARRAY['waiting'], 'pending');
+        END IF;
+
+        v_frontier := v_later;
+        CONTINUE WHEN cardinality(v_ended) = 0;
+
+        -- The workflows count their ended nodes.
+        WITH counts AS (
+            SELECT workflow_id, count(*) AS n, count(*) FILTER (WHERE state IN ('failed', 'cancelled')) AS failed
+            FROM dygo_nodes WHERE id = ANY(v_ended) GROUP BY workflow_id
+        ), counted AS (
+            UPDATE dygo_workflows w SET nodes_left = w.nodes_left - c.n, nodes_failed = w.nodes_failed + c.failed,
+                state = CASE WHEN w.state = 'cancelled' OR w.nodes_left - c.n > 0 THEN w.state
+                             WHEN w.nodes_failed + c.failed = 0 THEN 'succeeded' ELSE 'failed' END,
+                finished_at = CASE WHEN w.nodes_left - c.n = 0 THEN now() END
+            FROM counts c WHERE w.id = c.workflow_id
+            RETURNING w.id, w.fail_fast, c.failed
+        )
+        SELECT coalesce(array_agg(id), '{}') INTO v_failing FROM counted WHERE fail_fast AND failed > 0;
+
+        -- Each open edge out of an ended node settles by its policy; its downstream node counts it.
+        WITH outcomes AS (
+            SELECT id, state FROM dygo_nodes WHERE id = ANY(v_ended)
+        ), settled AS (
+            UPDATE dygo_edges e SET state = dygo_edge_state(e.policy, o.state)
+            FROM outcomes o WHERE e.upstream = o.id AND e.state = 'open'
+            RETURNING e.downstream, e.state
+        ), counts AS (
+            SELECT downstream, count(*) AS n, count(*) FILTER (WHERE state = 'held') AS held,
+                   count(*) FILTER (WHERE state = 'cancel') AS cancels, count(*) FILTER (WHERE state = 'skip') AS skips
+            FROM settled GROUP BY downstream
+        ), locked AS MATERIALIZED (
+            SELECT id FROM dygo_nodes WHERE id IN (SELECT downstream FROM counts) ORDER BY id FOR NO KEY UPDATE
+        ), counted AS (
+            UPDATE dygo_nodes n SET deps_left = n.deps_left - c.n, held = n.held + c.held,
+                cancels = n.cancels + c.cancels, skips = n.skips + c.skips
+            FROM counts c WHERE n.id = c.downstream AND n.id IN (SELECT id FROM locked)
+            RETURNING n.id
+        )
+        SELECT v_frontier || coalesce(array_agg(id ORDER BY id), '{}') INTO v_frontier FROM counted;
+
+        IF cardinality(v_failing) > 0 THEN
+            v_frontier := v_frontier || dygo_stop_workflows(v_failing);
+        END IF;
+    END LOOP;
+END
+$$;
+
+--
 -- Name: dygo_count_enqueued(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -16,6 +175,23 @@ BEGIN
     SELECT (now() AT TIME ZONE 'UTC')::date, queue, kind, count(*) FROM new_rows GROUP BY queue, kind;
     RETURN NULL;
 END
+$$;
+
+--
+-- Name: dygo_edge_state(text, text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_edge_state(policy text, outcome text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+SELECT CASE
+    WHEN outcome = 'succeeded' THEN CASE WHEN policy = 'on_failure' THEN 'skip' ELSE 'met' END
+    WHEN policy = 'continue' THEN 'met'
+    WHEN outcome = 'skipped' THEN 'skip'
+    WHEN policy = 'on_failure' THEN 'met'
+    WHEN policy = 'cancel' THEN 'cancel'
+    WHEN policy = 'skip' THEN 'skip'
+    ELSE 'held' END
 $$;
 
 --
@@ -33,6 +209,121 @@ SELECT regexp_replace(regexp_replace(regexp_replace(
 $$;
 
 --
+-- Name: dygo_jobs_moved(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_jobs_moved() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    moved_nodes bigint[]; n_succeeded integer[]; n_dead integer[]; n_cancelled integer[]; n_skipped integer[];
+    n_results jsonb[];
+BEGIN
+    -- A statement without workflow jobs (every plain claim, renewal and settle) costs one scan of its rows.
+    IF NOT EXISTS (SELECT FROM new_rows WHERE node_id IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
+    IF current_setting('dygo.advancing', true) = 'on' THEN
+        RETURN NULL;  -- dygo_advance moving jobs itself: it counts them
+    END IF;
+    WITH moved AS (
+        SELECT n.node_id, o.state AS was, n.state AS now, n.result
+        FROM new_rows n JOIN old_rows o USING (id)
+        WHERE n.node_id IS NOT NULL
+          AND (o.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
+              <> (n.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
+    ), d AS (
+        SELECT node_id,
+            (count(*) FILTER (WHERE now = 'succeeded') - count(*) FILTER (WHERE was = 'succeeded'))::integer AS ds,
+            (count(*) FILTER (WHERE now = 'dead') - count(*) FILTER (WHERE was = 'dead'))::integer AS df,
+            (count(*) FILTER (WHERE now = 'cancelled') - count(*) FILTER (WHERE was = 'cancelled'))::integer AS dc,
+            (count(*) FILTER (WHERE now = 'skipped') - count(*) FILTER (WHERE was = 'skipped'))::integer AS dk,
+            (array_agg(result) FILTER (WHERE now = 'succeeded'))[1] AS result
+        FROM moved GROUP BY node_id
+    )
+    SELECT array_agg(node_id ORDER BY node_id), array_agg(ds ORDER BY node_id), array_agg(df ORDER BY node_id),
+           array_agg(dc ORDER BY node_id), array_agg(dk ORDER BY node_id), array_agg(result ORDER BY node_id)
+    INTO moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results FROM d;
+    IF moved_nodes IS NOT NULL THEN
+        PERFORM dygo_tally(moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: dygo_jobs_removed(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_jobs_removed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    removed_nodes bigint[]; removed integer[];
+BEGIN
+    SELECT array_agg(node_id ORDER BY node_id), array_agg(n ORDER BY node_id) INTO removed_nodes, removed
+    FROM (SELECT node_id, count(*)::integer AS n FROM old_rows
+          WHERE node_id IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped')
+          GROUP BY node_id) AS d;
+    IF removed_nodes IS NOT NULL THEN
+        PERFORM dygo_tally(removed_nodes, array_fill(0, ARRAY[cardinality(removed_nodes)]),
+                           array_fill(0, ARRAY[cardinality(removed_nodes)]), removed,
+                           array_fill(0, ARRAY[cardinality(removed_nodes)]),
+                           array_fill(NULL::jsonb, ARRAY[cardinality(removed_nodes)]));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: dygo_may_revive(bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_may_revive(node bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+SELECT node IS NULL OR NOT EXISTS (
+    SELECT FROM dygo_nodes n WHERE n.id = node AND (n.cancels > 0 OR n.skips > 0 OR n.deps_left > 0 OR n.held > 0))
+$$;
+
+--
+-- Name: dygo_move_node_jobs(bigint[], text[], text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_move_node_jobs(nodes bigint[], from_states text[], to_state text) RETURNS TABLE(node_id bigint, n bigint)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM set_config('dygo.advancing', 'on', true);
+    RETURN QUERY
+    WITH moved AS (
+        UPDATE dygo_jobs j SET state = to_state,
+            finished_at = CASE WHEN to_state IN ('cancelled', 'skipped') THEN now() END,
+            run_at = CASE WHEN to_state = 'pending' THEN greatest(j.run_at, now()) ELSE j.run_at END
+        WHERE j.node_id = ANY(nodes) AND j.state = ANY(from_states)
+        RETURNING j.node_id
+    )
+    SELECT m.node_id, count(*) FROM moved m GROUP BY m.node_id;
+    PERFORM set_config('dygo.advancing', '', true);
+END
+$$;
+
+--
+-- Name: dygo_node_outcome(integer, integer, integer, integer, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_node_outcome(jobs integer, succeeded integer, dead integer, cancelled integer, allow_failures double precision) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+SELECT CASE
+    WHEN jobs - succeeded <= CASE WHEN allow_failures >= 1 THEN floor(allow_failures)
+                                  ELSE floor(allow_failures * jobs) END THEN 'succeeded'
+    WHEN dead > 0 THEN 'failed'
+    WHEN cancelled > 0 THEN 'cancelled'
+    ELSE 'skipped' END
+$$;
+
+--
 -- Name: dygo_notify_finished(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -41,7 +332,7 @@ CREATE FUNCTION public.dygo_notify_finished() RETURNS trigger
     AS $$
 BEGIN
     -- Claims, lease renewals and retries leave no job final: no lock, no notification.
-    IF NOT EXISTS (SELECT FROM new_rows WHERE state IN ('succeeded', 'dead', 'cancelled')) THEN
+    IF NOT EXISTS (SELECT FROM new_rows WHERE state IN ('succeeded', 'dead', 'cancelled', 'skipped')) THEN
         RETURN NULL;
     END IF;
     -- The key is store/sql/results.py's RESULT_WAITERS_LOCK (two int4 keys: apart from dygo's one-bigint locks).
@@ -50,7 +341,7 @@ BEGIN
     -- At most 390 ids per notification (20 bytes each at most) to stay under the 8000-byte limit.
     PERFORM pg_notify('dygo_finished', string_agg(f.id::text, ','))
     FROM (SELECT n.id, (row_number() OVER ()) / 390 AS chunk FROM new_rows n
-          WHERE n.state IN ('succeeded', 'dead', 'cancelled')
+          WHERE n.state IN ('succeeded', 'dead', 'cancelled', 'skipped')
             AND EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = n.id)) AS f
     GROUP BY f.chunk;
     RETURN NULL;
@@ -81,6 +372,58 @@ CREATE FUNCTION public.dygo_notify_schedule() RETURNS trigger
 BEGIN
     PERFORM pg_notify('dygo_schedules', NEW.name);
     RETURN NULL;
+END
+$$;
+
+--
+-- Name: dygo_stop_workflows(bigint[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_stop_workflows(workflows bigint[]) RETURNS bigint[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    touched bigint[];
+BEGIN
+    WITH doomed AS (
+        UPDATE dygo_nodes SET cancels = cancels + 1
+        WHERE workflow_id = ANY(workflows) AND state = 'waiting'
+        RETURNING id
+    )
+    SELECT coalesce(array_agg(id), '{}') INTO touched FROM doomed;
+    WITH stopped AS (
+        SELECT * FROM dygo_move_node_jobs(
+            ARRAY(SELECT id FROM dygo_nodes WHERE workflow_id = ANY(workflows) AND state = 'running' ORDER BY id),
+            ARRAY['pending', 'paused'], 'cancelled')
+    ), counted AS (
+        UPDATE dygo_nodes n SET cancelled = n.cancelled + s.n, jobs_left = n.jobs_left - s.n
+        FROM stopped s WHERE n.id = s.node_id
+        RETURNING n.id
+    )
+    SELECT touched || coalesce(array_agg(id), '{}') INTO touched FROM counted;
+    RETURN touched;
+END
+$$;
+
+--
+-- Name: dygo_tally(bigint[], integer[], integer[], integer[], integer[], jsonb[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_tally(p_nodes bigint[], p_succeeded integer[], p_dead integer[], p_cancelled integer[], p_skipped integer[], p_results jsonb[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    WITH d AS (
+        SELECT * FROM unnest(p_nodes, p_succeeded, p_dead, p_cancelled, p_skipped, p_results)
+                      AS d(node, ds, df, dc, dk, result)
+    ), locked AS MATERIALIZED (
+        SELECT id FROM dygo_nodes WHERE id = ANY(p_nodes) ORDER BY id FOR NO KEY UPDATE
+    )
+    UPDATE dygo_nodes n SET succeeded = n.succeeded + d.ds, dead = n.dead + d.df, cancelled = n.cancelled + d.dc,
+        skipped = n.skipped + d.dk, jobs_left = n.jobs_left - (d.ds + d.df + d.dc + d.dk),
+        result = CASE WHEN n.is_group THEN NULL WHEN d.ds > 0 THEN d.result WHEN d.ds < 0 THEN NULL ELSE n.result END
+    FROM d WHERE n.id = d.node AND n.id IN (SELECT id FROM locked);
+    PERFORM dygo_advance(p_nodes);
 END
 $$;
 
@@ -117,6 +460,20 @@ CREATE TABLE public.dygo_dashboard_sessions (
     role text NOT NULL,
     expires_at timestamp with time zone NOT NULL,
     CONSTRAINT dygo_dashboard_sessions_role_check CHECK ((role = ANY (ARRAY['admin'::text, 'read'::text])))
+);
+
+--
+-- Name: dygo_edges; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.dygo_edges (
+    workflow_id bigint NOT NULL,
+    upstream bigint NOT NULL,
+    downstream bigint NOT NULL,
+    policy text NOT NULL,
+    state text DEFAULT 'open'::text NOT NULL,
+    CONSTRAINT dygo_edges_policy_check CHECK ((policy = ANY (ARRAY['cancel'::text, 'continue'::text, 'skip'::text, 'hold'::text, 'on_failure'::text]))),
+    CONSTRAINT dygo_edges_state_check CHECK ((state = ANY (ARRAY['open'::text, 'met'::text, 'cancel'::text, 'skip'::text, 'held'::text])))
 );
 
 --
@@ -157,8 +514,9 @@ CREATE TABLE public.dygo_jobs (
     idempotency_key text,
     dead_fingerprint text,
     progress jsonb,
+    node_id bigint,
     CONSTRAINT dygo_jobs_max_attempts_check CHECK ((max_attempts > 0)),
-    CONSTRAINT dygo_jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'active'::text, 'succeeded'::text, 'dead'::text, 'paused'::text, 'cancelled'::text])))
+    CONSTRAINT dygo_jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'active'::text, 'succeeded'::text, 'dead'::text, 'paused'::text, 'cancelled'::text, 'waiting'::text, 'skipped'::text])))
 )
 WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='5000', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_vacuum_insert_threshold='5000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02');
 
@@ -237,6 +595,49 @@ CREATE TABLE public.dygo_minute_stats (
     failed bigint DEFAULT 0 NOT NULL,
     dead bigint DEFAULT 0 NOT NULL,
     reaped bigint DEFAULT 0 NOT NULL
+);
+
+--
+-- Name: dygo_nodes; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.dygo_nodes (
+    id bigint NOT NULL,
+    workflow_id bigint NOT NULL,
+    name text NOT NULL,
+    is_group boolean NOT NULL,
+    state text NOT NULL,
+    sealed boolean DEFAULT true NOT NULL,
+    allow_failures double precision DEFAULT 0 NOT NULL,
+    jobs integer DEFAULT 0 NOT NULL,
+    jobs_left integer DEFAULT 0 NOT NULL,
+    succeeded integer DEFAULT 0 NOT NULL,
+    dead integer DEFAULT 0 NOT NULL,
+    cancelled integer DEFAULT 0 NOT NULL,
+    skipped integer DEFAULT 0 NOT NULL,
+    deps integer DEFAULT 0 NOT NULL,
+    deps_left integer DEFAULT 0 NOT NULL,
+    held integer DEFAULT 0 NOT NULL,
+    cancels integer DEFAULT 0 NOT NULL,
+    skips integer DEFAULT 0 NOT NULL,
+    job_id bigint,
+    result jsonb,
+    finished_at timestamp with time zone,
+    CONSTRAINT dygo_nodes_allow_failures_check CHECK ((allow_failures >= (0)::double precision)),
+    CONSTRAINT dygo_nodes_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'skipped'::text])))
+);
+
+--
+-- Name: dygo_nodes_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.dygo_nodes ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.dygo_nodes_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
 );
 
 --
@@ -356,6 +757,37 @@ CREATE TABLE public.dygo_workers (
 WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='200', fillfactor='50');
 
 --
+-- Name: dygo_workflows; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.dygo_workflows (
+    id bigint NOT NULL,
+    name text NOT NULL,
+    state text DEFAULT 'running'::text NOT NULL,
+    fail_fast boolean DEFAULT false NOT NULL,
+    nodes integer NOT NULL,
+    nodes_left integer NOT NULL,
+    nodes_failed integer DEFAULT 0 NOT NULL,
+    idempotency_key text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT dygo_workflows_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text])))
+);
+
+--
+-- Name: dygo_workflows_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.dygo_workflows ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.dygo_workflows_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
 -- Name: dygo_jobs id; Type: DEFAULT; Schema: public; Owner: -
 --
 
@@ -381,6 +813,13 @@ ALTER TABLE ONLY public.dygo_daily_stats
 
 ALTER TABLE ONLY public.dygo_dashboard_sessions
     ADD CONSTRAINT dygo_dashboard_sessions_pkey PRIMARY KEY (sid);
+
+--
+-- Name: dygo_edges dygo_edges_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_edges
+    ADD CONSTRAINT dygo_edges_pkey PRIMARY KEY (upstream, downstream);
 
 --
 -- Name: dygo_idempotency_keys dygo_idempotency_keys_pkey; Type: CONSTRAINT; Schema: public; Owner: -
@@ -418,6 +857,20 @@ ALTER TABLE ONLY public.dygo_minute_stats
     ADD CONSTRAINT dygo_minute_stats_pkey PRIMARY KEY (minute, queue, kind);
 
 --
+-- Name: dygo_nodes dygo_nodes_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_nodes
+    ADD CONSTRAINT dygo_nodes_pkey PRIMARY KEY (id);
+
+--
+-- Name: dygo_nodes dygo_nodes_workflow_id_name_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_nodes
+    ADD CONSTRAINT dygo_nodes_workflow_id_name_key UNIQUE (workflow_id, name);
+
+--
 -- Name: dygo_queues dygo_queues_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -453,6 +906,26 @@ ALTER TABLE ONLY public.dygo_workers
     ADD CONSTRAINT dygo_workers_pkey PRIMARY KEY (id);
 
 --
+-- Name: dygo_workflows dygo_workflows_idempotency_key_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_workflows
+    ADD CONSTRAINT dygo_workflows_idempotency_key_key UNIQUE (idempotency_key);
+
+--
+-- Name: dygo_workflows dygo_workflows_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_workflows
+    ADD CONSTRAINT dygo_workflows_pkey PRIMARY KEY (id);
+
+--
+-- Name: dygo_edges_downstream; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX dygo_edges_downstream ON public.dygo_edges USING btree (downstream);
+
+--
 -- Name: dygo_idempotency_keys_expiry; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -475,6 +948,12 @@ CREATE INDEX dygo_jobs_leases ON public.dygo_jobs USING btree (lease_deadline) W
 --
 
 CREATE UNIQUE INDEX dygo_jobs_live_key ON public.dygo_jobs USING btree (idempotency_key) WHERE ((idempotency_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'active'::text, 'paused'::text])));
+
+--
+-- Name: dygo_jobs_node; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX dygo_jobs_node ON public.dygo_jobs USING btree (node_id, id) WHERE (node_id IS NOT NULL);
 
 --
 -- Name: dygo_jobs_parked; Type: INDEX; Schema: public; Owner: -
@@ -513,6 +992,12 @@ CREATE INDEX dygo_result_waiters_job ON public.dygo_result_waiters USING btree (
 CREATE INDEX dygo_schedules_due ON public.dygo_schedules USING btree (next_run_at) WHERE (enabled AND (NOT paused));
 
 --
+-- Name: dygo_workflows_state; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX dygo_workflows_state ON public.dygo_workflows USING btree (state, id);
+
+--
 -- Name: dygo_jobs dygo_jobs_counted; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -531,6 +1016,18 @@ CREATE TRIGGER dygo_jobs_finished AFTER UPDATE ON public.dygo_jobs REFERENCING N
 CREATE TRIGGER dygo_jobs_inserted AFTER INSERT ON public.dygo_jobs REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.dygo_notify_pending();
 
 --
+-- Name: dygo_jobs dygo_jobs_moved; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER dygo_jobs_moved AFTER UPDATE ON public.dygo_jobs REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.dygo_jobs_moved();
+
+--
+-- Name: dygo_jobs dygo_jobs_removed; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER dygo_jobs_removed AFTER DELETE ON public.dygo_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION public.dygo_jobs_removed();
+
+--
 -- Name: dygo_jobs dygo_jobs_updated; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -547,6 +1044,34 @@ CREATE TRIGGER dygo_schedules_added AFTER INSERT ON public.dygo_schedules FOR EA
 --
 
 CREATE TRIGGER dygo_schedules_sooner AFTER UPDATE ON public.dygo_schedules FOR EACH ROW WHEN ((new.enabled AND (NOT new.paused) AND (new.next_run_at IS NOT NULL) AND ((NOT old.enabled) OR old.paused OR (old.next_run_at IS NULL) OR (new.next_run_at < old.next_run_at)))) EXECUTE FUNCTION public.dygo_notify_schedule();
+
+--
+-- Name: dygo_edges dygo_edges_downstream_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_edges
+    ADD CONSTRAINT dygo_edges_downstream_fkey FOREIGN KEY (downstream) REFERENCES public.dygo_nodes(id) ON DELETE CASCADE;
+
+--
+-- Name: dygo_edges dygo_edges_upstream_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_edges
+    ADD CONSTRAINT dygo_edges_upstream_fkey FOREIGN KEY (upstream) REFERENCES public.dygo_nodes(id) ON DELETE CASCADE;
+
+--
+-- Name: dygo_edges dygo_edges_workflow_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_edges
+    ADD CONSTRAINT dygo_edges_workflow_id_fkey FOREIGN KEY (workflow_id) REFERENCES public.dygo_workflows(id) ON DELETE CASCADE;
+
+--
+-- Name: dygo_nodes dygo_nodes_workflow_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_nodes
+    ADD CONSTRAINT dygo_nodes_workflow_id_fkey FOREIGN KEY (workflow_id) REFERENCES public.dygo_workflows(id) ON DELETE CASCADE;
 
 --
 -- PostgreSQL database dump complete

@@ -13,12 +13,22 @@ import psycopg
 import pytest
 from dygo.store import schema
 from dygo.store.errors import SchemaError
-from dygo.store.migrate import BASELINE, LEGACY_DIR, MIGRATIONS_DIR, available_migrations, migrate, revert
+from dygo.store.migrate import (
+    BASELINE,
+    LEGACY_DIR,
+    MIGRATIONS_DIR,
+    available_migrations,
+    latest_version,
+    migrate,
+    revert,
+)
 from dygo.store.results import NOTIFY_IDS_MAX
 
 from tests.conftest import dygo_env
 
 SNAPSHOT = schema.SNAPSHOT.read_text(encoding="utf-8")
+SHIPPED = [m.version for m in available_migrations()]  # the baseline and every migration after it
+NEXT = latest_version() + 1
 LEGACY = available_migrations(LEGACY_DIR)
 
 
@@ -40,6 +50,15 @@ def empty_db(dumpable: str) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def baseline_schema(dumpable: str) -> str:
+    """The schema the baseline alone builds, as pg_dump prints it (the snapshot is the latest migration's)."""
+    with schema.scratch_database(dumpable, "dygo_baseline_test") as url:
+        with psycopg.connect(url) as conn:
+            migrate(conn, BASELINE)
+        return schema.dump(url)
+
+
 def legacy_database(url: str, upto: int) -> None:
     """What the migrations before the baseline made of an empty database, up to version `upto`."""
     with psycopg.connect(url) as conn:
@@ -57,6 +76,13 @@ def rows(url: str) -> dict[str, list[str]]:
             )
         ]
         return {t: sorted(r for (r,) in conn.execute(f"SELECT to_jsonb(t)::text FROM {t} t")) for t in tables}
+
+
+def _without_node_ids(tables: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The rows, without the workflow tables and the job column later migrations added (empty and NULL)."""
+    kept = {t: r for t, r in tables.items() if t not in ("dygo_workflows", "dygo_nodes", "dygo_edges")}
+    kept["dygo_jobs"] = sorted(r.replace(', "node_id": null', "") for r in kept["dygo_jobs"])
+    return kept
 
 
 def recorded(url: str) -> list[int]:
@@ -107,15 +133,15 @@ INSERT INTO dygo_auth_failures VALUES ('10.0.0.1', ARRAY[now()]);
 
 def test_migrations_build_the_schema_snapshot(empty_db: str) -> None:
     with psycopg.connect(empty_db) as conn:
-        assert [m.version for m in migrate(conn)] == [BASELINE]
+        assert [m.version for m in migrate(conn)] == SHIPPED
     assert schema.difference(SNAPSHOT, schema.dump(empty_db)) == ""
 
 
-def test_legacy_migrations_build_the_same_schema_as_the_baseline(empty_db: str) -> None:
+def test_legacy_migrations_build_the_same_schema_as_the_baseline(empty_db: str, baseline_schema: str) -> None:
     legacy_database(empty_db, LEGACY[-1].version)
-    # The schema the legacy migrations built, before the baseline is recorded: the snapshot, but for the
+    # The schema the legacy migrations built, before the baseline is recorded: the baseline's, but for the
     # rows of dygo_migrations, which a schema-only dump leaves out.
-    assert schema.difference(SNAPSHOT, schema.dump(empty_db)) == ""
+    assert schema.difference(baseline_schema, schema.dump(empty_db)) == ""
 
 
 def test_migrate_carries_a_legacy_database_onto_the_baseline_keeping_every_row(empty_db: str, spawn) -> None:
@@ -130,10 +156,10 @@ def test_migrate_carries_a_legacy_database_onto_the_baseline_keeping_every_row(e
 
     process = spawn("migrate", env=dygo_env(empty_db))
     assert process.wait() == 0, process.stderr()
-    assert process.lines == [f"applied {BASELINE:04d}_baseline\n"]
+    assert process.lines == [f"applied {m}\n" for m in available_migrations()]
 
-    assert rows(empty_db) == before
-    assert recorded(empty_db) == [m.version for m in LEGACY] + [BASELINE]
+    assert _without_node_ids(rows(empty_db)) == before
+    assert recorded(empty_db) == [m.version for m in LEGACY] + SHIPPED
     assert schema.difference(SNAPSHOT, schema.dump(empty_db)) == ""
     again = spawn("migrate", env=dygo_env(empty_db))
     assert again.wait() == 0 and again.lines == ["schema is up to date\n"]
@@ -148,7 +174,7 @@ def test_migrate_finishes_a_database_the_legacy_migrations_left_halfway(empty_db
     process = spawn("migrate", env=dygo_env(empty_db))
     assert process.wait() == 0, process.stderr()
     finished = [f"applied {m}\n" for m in LEGACY if m.version > 10]
-    assert process.lines == [*finished, f"applied {BASELINE:04d}_baseline\n"]
+    assert process.lines == [*finished, *(f"applied {m}\n" for m in available_migrations())]
 
     assert schema.difference(SNAPSHOT, schema.dump(empty_db)) == ""
     with psycopg.connect(empty_db) as conn:
@@ -171,32 +197,46 @@ def test_migrate_refuses_a_database_recording_a_migration_it_does_not_know(empty
 def test_migrate_twice_on_an_empty_database_applies_the_baseline_once(empty_db: str, spawn) -> None:
     first = spawn("migrate", env=dygo_env(empty_db))
     assert first.wait() == 0, first.stderr()
-    assert first.lines == [f"applied {BASELINE:04d}_baseline\n"]
+    assert first.lines == [f"applied {m}\n" for m in available_migrations()]
     second = spawn("migrate", env=dygo_env(empty_db))
     assert second.wait() == 0, second.stderr()
     assert second.lines == ["schema is up to date\n"]
-    assert recorded(empty_db) == [BASELINE]
+    assert recorded(empty_db) == SHIPPED
     assert schema.difference(SNAPSHOT, schema.dump(empty_db)) == ""
 
 
 @pytest.fixture
 def with_a_reversible_migration(tmp_path: Path) -> Path:
-    """This code's migrations plus 0017, which has a down step, and 0018, which has none."""
+    """This code's migrations plus NEXT, which has a down step, and NEXT + 1, which has none."""
     for path in MIGRATIONS_DIR.glob("*.sql"):
         shutil.copy(path, tmp_path)
-    (tmp_path / "0017_labels.sql").write_text("CREATE TABLE dygo_labels (job_id bigint PRIMARY KEY, label text);\n")
-    (tmp_path / "0017_labels.down.sql").write_text("DROP TABLE dygo_labels;\n")
-    (tmp_path / "0018_label_index.sql").write_text("CREATE INDEX dygo_labels_label ON dygo_labels (label);\n")
+    (tmp_path / f"{NEXT:04d}_labels.sql").write_text(
+        "CREATE TABLE dygo_labels (job_id bigint PRIMARY KEY, label text);\n"
+    )
+    (tmp_path / f"{NEXT:04d}_labels.down.sql").write_text("DROP TABLE dygo_labels;\n")
+    (tmp_path / f"{NEXT + 1:04d}_label_index.sql").write_text(
+        "CREATE INDEX dygo_labels_label ON dygo_labels (label);\n"
+    )
     return tmp_path
 
 
 def test_a_down_step_undoes_its_migration(empty_db: str, with_a_reversible_migration: Path) -> None:
     directory = with_a_reversible_migration
     with psycopg.connect(empty_db) as conn:
-        assert [m.version for m in migrate(conn, 17, directory=directory)] == [BASELINE, 17]
-        assert [m.version for m in revert(conn, BASELINE, directory=directory)] == [17]
+        applied = [m.version for m in migrate(conn, NEXT, directory=directory)]
+        assert applied == [*SHIPPED, NEXT]
+        assert [m.version for m in revert(conn, NEXT - 1, directory=directory)] == [NEXT]
         assert conn.execute("SELECT to_regclass('dygo_labels')").fetchone() == (None,)
-    assert recorded(empty_db) == [BASELINE]
+    assert recorded(empty_db) == SHIPPED
+    assert schema.difference(SNAPSHOT, schema.dump(empty_db)) == ""
+
+
+def test_every_shipped_migration_after_the_baseline_reverts_and_applies_again(empty_db: str) -> None:
+    with psycopg.connect(empty_db) as conn:
+        migrate(conn)
+        assert [m.version for m in revert(conn, BASELINE)] == SHIPPED[:0:-1]
+        assert recorded(empty_db) == [BASELINE]
+        migrate(conn)
     assert schema.difference(SNAPSHOT, schema.dump(empty_db)) == ""
 
 
@@ -206,10 +246,10 @@ def test_a_revert_past_a_migration_without_down_step_undoes_nothing(
     directory = with_a_reversible_migration
     with psycopg.connect(empty_db) as conn:
         migrate(conn, directory=directory)
-        with pytest.raises(SchemaError, match="0018_label_index has no down step"):
+        with pytest.raises(SchemaError, match=f"{NEXT + 1:04d}_label_index has no down step"):
             revert(conn, BASELINE, directory=directory)
         assert conn.execute("SELECT to_regclass('dygo_labels')::text").fetchone() == ("dygo_labels",)
-    assert recorded(empty_db) == [BASELINE, 17, 18]
+    assert recorded(empty_db) == [*SHIPPED, NEXT, NEXT + 1]
 
 
 def test_migrate_to_a_version_it_does_not_have_says_which_it_has(empty_db: str, spawn) -> None:

@@ -68,6 +68,8 @@ class Executor:
             deadline=deadline,
             lease_token=job.lease_token,
             reporter=self.progress,
+            workflow=job.workflow,
+            deps=job.deps or {},
         )
         try:
             args = definition.build_args(job.args)

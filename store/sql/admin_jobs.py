@@ -20,13 +20,13 @@ REVIVED = """state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
 # Dead or cancelled -> pending now (REVIVED).
 RETRY_JOB = f"""
 UPDATE dygo_jobs SET {REVIVED}
-WHERE id = %(id)s AND state IN ('dead', 'cancelled')
+WHERE id = %(id)s AND state IN ('dead', 'cancelled') AND dygo_may_revive(node_id)
 RETURNING {JOB_COLUMNS}"""
 
 # A running handler cannot be stopped from here, so an active job is not cancellable.
 CANCEL_JOB = f"""
 UPDATE dygo_jobs SET state = 'cancelled', finished_at = now()
-WHERE id = %(id)s AND state IN ('pending', 'paused')
+WHERE id = %(id)s AND state IN ('pending', 'paused', 'waiting')
 RETURNING {JOB_COLUMNS}"""
 
 PAUSE_JOB = f"""

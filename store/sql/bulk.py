@@ -47,7 +47,7 @@ WITH {_BULK_MATCHED}, eligible AS (
         WHERE l.idempotency_key = k.idempotency_key AND l.state IN ('pending', 'active', 'paused'))
 ), changed AS (
     UPDATE dygo_jobs AS j SET {REVIVED}
-    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.{BULK_ALLOWED["retry"]}
+    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.{BULK_ALLOWED["retry"]} AND dygo_may_revive(j.node_id)
     RETURNING j.id
 )
 {_BULK_REPORT}"""
