@@ -8,6 +8,7 @@ batch rather than per job.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,7 +20,10 @@ from dygo.store.db import aroll_back, one
 from dygo.store.migrate import check_version
 from dygo.store.sql import leases as sql
 from dygo.store.sql import schema, workers
+from dygo.store.sql import workflows as workflow_sql
 from psycopg.rows import AsyncRowFactory, tuple_row
+
+log = logging.getLogger("dygo.worker")
 
 
 @dataclass(slots=True)
@@ -42,11 +46,21 @@ class ClaimedJob:
 Progress = tuple[float, str | None]  # (fraction, message) of a `ctx.progress` report
 
 
+@dataclass(frozen=True, slots=True)
+class BatchAppend:
+    """Jobs a run adds to an open batch (`ctx.add_to_batch`), written by the settle that records its success."""
+
+    workflow_id: int
+    rows: str  # the prepared job rows, as store.enqueue.rows_json gives them
+    count: int
+
+
 @dataclass(slots=True)
 class Succeeded:
     job: ClaimedJob
     result: str | None  # JSON text
     progress: Progress | None = None  # the run's latest report, stored by the settle (None: column unchanged)
+    appends: list[BatchAppend] | None = None  # jobs the run added to an open batch
 
 
 @dataclass(slots=True)
@@ -125,9 +139,11 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
     # The first statement locks every row of the batch, in id order (its `locked` CTE): the second's rows
     # are then held already, and this transaction never holds one row while waiting for a lower one.
     batch = [o.job.id for o in outcomes]
+    appends = [(o, append) for o in successes for append in o.appends or ()]
     # One data statement (the usual batch: successes only) needs no BEGIN and COMMIT: the pipeline's implicit
     # transaction holds it, and a statement psycopg cannot send leaves nothing of the batch. Two need them.
-    explicit = bool(successes) and bool(others)
+    explicit = (bool(successes) and bool(others)) or bool(appends)
+    added = []
     try:
         async with conn.pipeline():
             if explicit:
@@ -159,6 +175,10 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
                     **_progress_params(others),
                 }
                 cursors.append(await conn.execute(sql.SETTLE_UNSUCCESSFUL, params))
+            # After the settle, in its transaction: only a run this transaction settled adds its jobs.
+            for outcome, append in appends:
+                params = {"job": outcome.job.id, "workflow": append.workflow_id, "rows": append.rows, "n": append.count}
+                added.append((outcome, append, await conn.execute(workflow_sql.APPEND_TO_BATCH, params)))
             if notify:
                 await conn.execute(sql.NOTIFY_QUEUES, {"queues": notify})
             if explicit:
@@ -166,7 +186,16 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
     except BaseException:
         await aroll_back(conn)
         raise
-    return {row[0] for cursor in cursors for row in await cursor.fetchall()}
+    settled = {row[0] for cursor in cursors for row in await cursor.fetchall()}
+    for outcome, append, cursor in added:
+        if outcome.job.id in settled and len(await cursor.fetchall()) < append.count:
+            log.warning(
+                "job %s: %d jobs not added to batch %s: it was sealed before the job finished",
+                outcome.job.id,
+                append.count,
+                append.workflow_id,
+            )
+    return settled
 
 
 def _progress_params(outcomes: list[Succeeded] | list[Unsuccessful]) -> dict[str, str | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, get_type_hints
@@ -16,6 +16,7 @@ from dygo.store.errors import ConfigError, EnqueueError
 from pydantic import BaseModel, ValidationError
 
 if TYPE_CHECKING:
+    from dygo.store.leases import BatchAppend
     from dygo.store.workflows import Dep, NodeOf
 
 KIND_PATTERN = re.compile(r"^[A-Za-z0-9_]+(?:[.\-][A-Za-z0-9_]+)*$")
@@ -44,10 +45,26 @@ class JobContext:
     # A job of a workflow: its node, and each node its node runs after, by name (store/workflows.py).
     workflow: NodeOf | None = None
     deps: Mapping[str, Dep] = field(default_factory=dict)
+    # Jobs this run adds to its open batch, written by the settle of its success (`add_to_batch`).
+    appends: list[BatchAppend] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def is_retry(self) -> bool:
         return self.attempt > 1
+
+    def add_to_batch(self, kind: str, args: Sequence[Any], **options: Any) -> None:
+        """Add one job of `kind` per element of `args` to this job's own batch, which must be open. They are
+        written in the transaction that records this run's success, and only then: a run that fails or loses
+        its lease adds nothing (its retry adds them again). `options` are `enqueue`'s. Validated now: a bad
+        job raises EnqueueError here."""
+        from dygo.store.enqueue import JobRequest, prepare, rows_json
+        from dygo.store.leases import BatchAppend
+
+        if self.workflow is None:
+            raise ValueError(f"ctx.add_to_batch: job {self.id} is not part of a batch")
+        rows = [prepare(JobRequest(kind, member, **options)) for member in args]
+        if rows:
+            self.appends.append(BatchAppend(self.workflow.workflow_id, rows_json(rows), len(rows)))
 
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far the job is, 0 to 1, with an optional message. Cheap to call often: the

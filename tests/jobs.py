@@ -325,3 +325,19 @@ def limited_other(ctx: JobContext, args: Sleep) -> None:
     _mark(ctx, "start")
     time.sleep(args.seconds)
     _mark(ctx, "end")
+
+
+@job("test.workflow_step")
+async def workflow_step(ctx: JobContext, args: dict) -> dict:
+    """A workflow node's job: adds `add` jobs of its kind to its own open batch, and answers what its
+    upstream nodes gave it (their state, result and counts)."""
+    await asyncio.to_thread(record, ctx, ctx.workflow.name if ctx.workflow else "")
+    if args.get("add"):
+        ctx.add_to_batch("test.workflow_step", [{} for _ in range(args["add"])])
+    return {
+        "node": ctx.workflow.name if ctx.workflow else None,
+        "deps": {
+            name: {"state": dep.state, "result": dep.result, "counts": dict(dep.counts)}
+            for name, dep in ctx.deps.items()
+        },
+    }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterable
+from uuid import uuid4
 
 import psycopg
 import pytest
@@ -293,3 +294,38 @@ def _keyed(key: str) -> Workflow:
     wf = Workflow("once", idempotency_key=key)
     wf.add("a", "test.noop", {})
     return wf
+
+
+def _append(workflow_id: int, count: int):
+    from dygo.store.enqueue import JobRequest, prepare, rows_json
+    from dygo.store.leases import BatchAppend
+
+    rows = [prepare(JobRequest("test.noop", {"node": "jobs"})) for _ in range(count)]
+    return [BatchAppend(workflow_id, rows_json(rows), count)]
+
+
+def test_a_job_adds_to_its_open_batch_only_with_the_settle_of_its_success(conn, db_url):
+    handle = enqueue_workflow(
+        conn, batch("grow", "test.noop", [{"node": "jobs"}] * 2, open=True, on_success=("test.noop", {"node": "cb"}))
+    )
+
+    async def go() -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            first, second = await claim(c, "default", 10, "w1", 30)
+            # A run that fails adds nothing; one that succeeds adds its jobs in its settle's transaction.
+            await settle(c, [Unsuccessful(first, "pending", delay=0, error="try again")])
+            await settle(c, [Succeeded(second, "null", appends=_append(handle.id, 3))])
+            # A zombie: its lease was taken over, so its late settle matches no row and adds nothing.
+            claimed = await claim(c, "default", 10, "w2", 30)
+            (again,) = [j for j in claimed if j.id == first.id]
+            stale = type(again)(**{**{f: getattr(again, f) for f in again.__slots__}, "lease_token": str(uuid4())})
+            assert await settle(c, [Succeeded(stale, "null", appends=_append(handle.id, 5))]) == set()
+            assert await settle(c, [Succeeded(job, "null") for job in claimed]) == {job.id for job in claimed}
+
+    run(go())
+    group = workflows.get_workflow(conn, handle.id)["nodes"][0]
+    assert (group["jobs"], group["jobs_left"], group["succeeded"]) == (5, 0, 5)
+    assert len(job_states(conn, handle.id)["jobs"]) == 5
+    assert nodes(conn, handle.id)["on_success"] == "waiting"  # open: done so far, but not sealed
+    workflows.seal_batch(conn, handle.id)
+    assert work(db_url) == ["cb"]

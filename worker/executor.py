@@ -78,7 +78,8 @@ class Executor:
             else:
                 call = run_in_daemon_thread(definition.handler, ctx, args)
             result = await (self.deadlines.within(call, timeout) if timeout else call)
-            return Succeeded(job, None if result is None else self._stored_result(job, encode_result(result)))
+            stored = None if result is None else self._stored_result(job, encode_result(result))
+            return Succeeded(job, stored, appends=ctx.appends or None)
         except asyncio.CancelledError:
             raise
         except Snooze as snooze:

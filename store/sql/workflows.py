@@ -131,3 +131,23 @@ WITH doomed AS (
     ORDER BY id LIMIT %(batch)s
 )
 DELETE FROM dygo_workflows WHERE id IN (SELECT id FROM doomed) RETURNING 1"""
+
+# Jobs a run of a batch's job added (`ctx.add_to_batch`), in the transaction that settles it and after the
+# settle: only a run this transaction settled succeeded adds them (the job's row version is this
+# transaction's: `xmin`), so a run that lost its lease adds nothing. The batch must still be open: open, it
+# cannot have ended, and the group counts the jobs in the statement that writes them.
+APPEND_TO_BATCH = """
+WITH fence AS (
+    SELECT 1 FROM dygo_jobs WHERE id = %(job)s AND state = 'succeeded' AND xmin = pg_current_xact_id()::xid
+), grown AS (
+    UPDATE dygo_nodes SET jobs = jobs + %(n)s, jobs_left = jobs_left + %(n)s
+    WHERE workflow_id = %(workflow)s AND name = 'jobs' AND NOT sealed AND EXISTS (SELECT FROM fence)
+    RETURNING id, state
+)
+INSERT INTO dygo_jobs (kind, queue, args, meta, priority, run_at, max_attempts, state, node_id)
+SELECT t.kind, t.queue, t.args, t.meta, t.priority, coalesce(t.run_at, now() + make_interval(secs => t.delay)),
+       t.max_attempts, CASE WHEN g.state = 'running' THEN 'pending' ELSE 'waiting' END, g.id
+FROM grown g CROSS JOIN jsonb_to_recordset(%(rows)s::jsonb) AS t(kind text, queue text, args jsonb, meta jsonb,
+                                                                 priority smallint, run_at timestamptz,
+                                                                 delay float8, max_attempts integer)
+RETURNING id"""
