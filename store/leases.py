@@ -143,7 +143,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
     # One data statement (the usual batch: successes only) needs no BEGIN and COMMIT: the pipeline's implicit
     # transaction holds it, and a statement psycopg cannot send leaves nothing of the batch. Two need them.
     explicit = (bool(successes) and bool(others)) or bool(appends)
-    added = []
+    added: list[tuple[Succeeded, BatchAppend, psycopg.AsyncCursor[Any]]] = []
     try:
         async with conn.pipeline():
             if explicit:
@@ -177,8 +177,8 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
                 cursors.append(await conn.execute(sql.SETTLE_UNSUCCESSFUL, params))
             # After the settle, in its transaction: only a run this transaction settled adds its jobs.
             for outcome, append in appends:
-                params = {"job": outcome.job.id, "workflow": append.workflow_id, "rows": append.rows, "n": append.count}
-                added.append((outcome, append, await conn.execute(workflow_sql.APPEND_TO_BATCH, params)))
+                grow = {"job": outcome.job.id, "workflow": append.workflow_id, "rows": append.rows, "n": append.count}
+                added.append((outcome, append, await conn.execute(workflow_sql.APPEND_TO_BATCH, grow)))
             if notify:
                 await conn.execute(sql.NOTIFY_QUEUES, {"queues": notify})
             if explicit:
