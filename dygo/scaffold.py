@@ -39,6 +39,7 @@ jobs: [jobs]
 # completed_retention: 24h    # succeeded jobs are deleted this long after they finished (0 = keep)
 # dead_retention: 30d         # dead jobs (0 = keep)
 # cancelled_retention: 30d    # cancelled jobs (0 = keep)
+# workflow_retention: 30d     # finished workflows, their nodes and edges (0 = keep)
 # stats_retention: 90d        # daily stats rows (0 = keep)
 # retention_interval: 60s     # how often one worker of the cluster trims
 # cron: true                  # this worker fires cron schedules (false: leave them to other workers)

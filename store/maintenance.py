@@ -43,6 +43,7 @@ class RetentionPeriods:
     dead: float
     cancelled: float
     daily_stats: float
+    workflows: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetentionPeriods:
@@ -51,6 +52,7 @@ class RetentionPeriods:
             settings.dead_retention,
             settings.cancelled_retention,
             settings.stats_retention,
+            settings.workflow_retention,
         )
 
 
@@ -61,6 +63,7 @@ class Trimmed:
     succeeded: int = 0
     dead: int = 0
     cancelled: int = 0
+    workflows: int = 0
     idempotency_keys: int = 0
     result_waiters: int = 0
     daily_stats: int = 0
@@ -113,6 +116,8 @@ async def trim(connections: Connections, periods: RetentionPeriods, walk: Succee
             trimmed.dead = await _repeat(connections, sql.TRIM_DEAD, periods.dead, trimmed)
         if periods.cancelled:
             trimmed.cancelled = await _repeat(connections, sql.TRIM_CANCELLED, periods.cancelled, trimmed)
+        if periods.workflows:
+            trimmed.workflows = await _repeat(connections, sql.TRIM_WORKFLOWS, periods.workflows, trimmed)
         trimmed.idempotency_keys = await _repeat(connections, sql.TRIM_EXPIRED_KEYS, 0.0, trimmed)
         trimmed.result_waiters = await _repeat(connections, sql.TRIM_EXPIRED_WAITERS, 0.0, trimmed)
         async with connections() as conn:

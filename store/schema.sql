@@ -926,6 +926,12 @@ ALTER TABLE ONLY public.dygo_workflows
 CREATE INDEX dygo_edges_downstream ON public.dygo_edges USING btree (downstream);
 
 --
+-- Name: dygo_edges_workflow; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX dygo_edges_workflow ON public.dygo_edges USING btree (workflow_id);
+
+--
 -- Name: dygo_idempotency_keys_expiry; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -990,6 +996,12 @@ CREATE INDEX dygo_result_waiters_job ON public.dygo_result_waiters USING btree (
 --
 
 CREATE INDEX dygo_schedules_due ON public.dygo_schedules USING btree (next_run_at) WHERE (enabled AND (NOT paused));
+
+--
+-- Name: dygo_workflows_finished; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX dygo_workflows_finished ON public.dygo_workflows USING btree (finished_at) WHERE (state <> 'running'::text);
 
 --
 -- Name: dygo_workflows_state; Type: INDEX; Schema: public; Owner: -

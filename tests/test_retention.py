@@ -195,3 +195,25 @@ def test_bad_retention_settings_name_file_entry_and_rule(tmp_path, line, rule):
     assert caught.value.source == str(config / "dygo.yml")
     assert caught.value.entry == line.split(":")[0]
     assert rule in caught.value.rule
+
+
+def test_finished_workflows_are_trimmed_with_their_nodes_and_running_ones_kept(conn, db_url):
+    from dygo.store.workflows import Workflow, enqueue_workflow
+
+    def workflow(name: str) -> int:
+        wf = Workflow(name)
+        wf.add("a", "test.record", {})
+        wf.add("b", "test.record", {}, after="a")
+        return enqueue_workflow(conn, wf).id
+
+    old, recent, running = workflow("old"), workflow("recent"), workflow("running")
+    conn.execute(
+        "UPDATE dygo_workflows SET state = 'succeeded', finished_at = now() - %s::interval WHERE id = %s",
+        ("3 days", old),
+    )
+    conn.execute("UPDATE dygo_workflows SET state = 'failed', finished_at = now() WHERE id = %s", (recent,))
+    trimmed = run_trim(db_url, RetentionPeriods(succeeded=0, dead=0, cancelled=0, daily_stats=0, workflows=DAY))
+    assert trimmed.workflows == 1
+    assert {row[0] for row in conn.execute("SELECT id FROM dygo_workflows")} == {recent, running}
+    assert conn.execute("SELECT count(*) FROM dygo_nodes WHERE workflow_id = %s", (old,)).fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM dygo_edges WHERE workflow_id = %s", (old,)).fetchone() == (0,)

@@ -25,6 +25,7 @@ CREATE TABLE dygo_workflows (
     finished_at timestamptz
 );
 CREATE INDEX dygo_workflows_state ON dygo_workflows (state, id);
+CREATE INDEX dygo_workflows_finished ON dygo_workflows (finished_at) WHERE state <> 'running';
 
 CREATE TABLE dygo_nodes (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -64,6 +65,7 @@ CREATE TABLE dygo_edges (
     PRIMARY KEY (upstream, downstream)
 );
 CREATE INDEX dygo_edges_downstream ON dygo_edges (downstream);
+CREATE INDEX dygo_edges_workflow ON dygo_edges (workflow_id);
 
 -- How a node whose jobs have all ended ended.
 CREATE FUNCTION dygo_node_outcome(jobs integer, succeeded integer, dead integer, cancelled integer,

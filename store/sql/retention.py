@@ -53,6 +53,18 @@ WITH doomed AS (
 )
 SELECT count(*) FROM trimmed"""
 
+# Finished workflows older than their retention, oldest first, with their nodes and edges (ON DELETE CASCADE);
+# their jobs follow the retention of their own states.
+TRIM_WORKFLOWS = """
+WITH doomed AS (
+    SELECT id FROM dygo_workflows
+    WHERE state <> 'running' AND finished_at < now() - make_interval(secs => %(keep)s)
+    ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), trimmed AS (
+    DELETE FROM dygo_workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+)
+SELECT count(*) FROM trimmed"""
+
 # Idempotency keys whose window has passed, oldest first: they no longer deduplicate anything (the enqueue
 # takes them over).
 TRIM_EXPIRED_KEYS = """

@@ -123,15 +123,6 @@ WITH sealed AS (
 )
 SELECT dygo_advance(ARRAY(SELECT id FROM sealed)), (SELECT count(*) FROM sealed)"""
 
-# Finished workflows older than their retention go, with their nodes and edges (their jobs have their own).
-TRIM_WORKFLOWS = """
-WITH doomed AS (
-    SELECT id FROM dygo_workflows
-    WHERE state <> 'running' AND finished_at < now() - make_interval(secs => %(older_than)s)
-    ORDER BY id LIMIT %(batch)s
-)
-DELETE FROM dygo_workflows WHERE id IN (SELECT id FROM doomed) RETURNING 1"""
-
 # Jobs a run of a batch's job added (`ctx.add_to_batch`), in the transaction that settles it and after the
 # settle: only a run this transaction settled succeeded adds them (the job's row version is this
 # transaction's: `xmin`), so a run that lost its lease adds nothing. The batch must still be open: open, it
