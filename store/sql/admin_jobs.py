@@ -65,9 +65,11 @@ DELETE FROM dygo_jobs WHERE id = %(id)s AND state <> 'active'
                                     = %(state)s::text)
 RETURNING id"""
 
-# Development only (POST /api/v1/nuke, the caller checks): every job, idempotency key, stats row and queue pause.
+# Development only (POST /api/v1/nuke, the caller checks): every job, workflow, idempotency key, stats row and
+# queue pause.
 NUKE = """
-WITH jobs AS (DELETE FROM dygo_jobs RETURNING 1),
+WITH workflows AS (DELETE FROM dygo_workflows RETURNING 1),
+     jobs AS (DELETE FROM dygo_jobs RETURNING 1),
      keys AS (DELETE FROM dygo_idempotency_keys RETURNING 1),
      deltas AS (DELETE FROM dygo_stats_deltas RETURNING 1),
      daily AS (DELETE FROM dygo_daily_stats RETURNING 1),
