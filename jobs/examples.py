@@ -51,3 +51,12 @@ class Refuse(BaseModel):
 @job("example.abort")
 async def refuse(ctx: JobContext, args: Refuse) -> None:
     raise Abort(args.reason)
+
+
+@job("example.summary")
+async def summary(ctx: JobContext, args: dict) -> dict:
+    """A workflow's last step: how each node before it ended, and what it gave (try it after a map of
+    example.flaky jobs: see docs/guides/workflows.md)."""
+    return {
+        name: {"state": dep.state, "result": dep.result, "counts": dict(dep.counts)} for name, dep in ctx.deps.items()
+    }
