@@ -131,3 +131,11 @@ WITH doomed AS (
     ORDER BY id LIMIT %(batch)s
 )
 DELETE FROM dygo_workflows WHERE id IN (SELECT id FROM doomed) RETURNING 1"""
+
+# --- Dashboard -------------------------------------------------------------------------------------------
+
+# The workflow and node a job belongs to (the job page's link to its graph): nothing for a job outside one.
+NODE_OF_JOB = """
+SELECT w.id AS workflow_id, w.name AS workflow, w.state AS workflow_state, n.name AS node, n.is_group, n.state
+FROM dygo_jobs j JOIN dygo_nodes n ON n.id = j.node_id JOIN dygo_workflows w ON w.id = n.workflow_id
+WHERE j.id = %s"""
