@@ -57,10 +57,12 @@ NODE_COLUMNS = """n.id, n.workflow_id, n.name, n.is_group, n.state, n.sealed, n.
 # The nodes with their counters, upstream first: the counters say everything, no member is counted.
 WORKFLOW_NODES = f"SELECT {NODE_COLUMNS} FROM dygo_nodes n WHERE n.workflow_id = %s ORDER BY n.id"
 
+# Found through the workflow's nodes (the edges' primary key starts with upstream): no index on
+# dygo_edges.workflow_id, and a scan of every workflow's edges would grow with all those kept.
 WORKFLOW_EDGES = """
 SELECT u.name AS upstream, d.name AS downstream, e.policy, e.state
-FROM dygo_edges e JOIN dygo_nodes u ON u.id = e.upstream JOIN dygo_nodes d ON d.id = e.downstream
-WHERE e.workflow_id = %s ORDER BY e.upstream, e.downstream"""
+FROM dygo_nodes u JOIN dygo_edges e ON e.upstream = u.id JOIN dygo_nodes d ON d.id = e.downstream
+WHERE u.workflow_id = %s ORDER BY e.upstream, e.downstream"""
 
 NODE_BY_NAME = f"""
 SELECT {NODE_COLUMNS} FROM dygo_nodes n WHERE n.workflow_id = %(workflow)s AND n.name = %(node)s"""
