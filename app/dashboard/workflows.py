@@ -83,6 +83,7 @@ def workflow_page(request: Request, workflow_id: int, visitor: Page, conn: Conn)
         layout=drawn,
         lines=[(line, policy[(line.upstream, line.downstream)]) for line in drawn.lines],
         edge_words=EDGE_WORDS,
+        line_height=LINE_HEIGHT,
         url=f"{PREFIX}/workflows/{workflow_id}",
     )
 
@@ -93,7 +94,7 @@ def _shown_node(node: dict[str, Any], workflow: dict[str, Any]) -> dict[str, Any
     title = f"{NODE_MARKS.get(state, '')} {state}"
     lines = [node["name"], title + (f" · group of {node['jobs']:,}" if node["is_group"] else "")]
     if node["is_group"]:
-        lines.append(group_counts(node))
+        lines += group_counts(node)
     if node["wait"]:
         lines.append(node["wait"])
     after = [edge for edge in workflow["edges"] if edge["downstream"] == node["name"]]
@@ -107,11 +108,12 @@ def _shown_node(node: dict[str, Any], workflow: dict[str, Any]) -> dict[str, Any
     }
 
 
-def group_counts(node: dict[str, Any]) -> str:
-    """A group's jobs from its counters: '98 succeeded · 1 left · 1 failed' (cancelled, skipped if any)."""
-    parts = [f"{node['succeeded']:,} succeeded", f"{node['jobs_left']:,} left", f"{node['dead']:,} failed"]
-    parts += [f"{node[name]:,} {name}" for name in ("cancelled", "skipped") if node[name]]
-    return " · ".join(parts)
+def group_counts(node: dict[str, Any]) -> list[str]:
+    """A group's jobs from its counters: '98 succeeded · 1 left · 1 failed', then a line of those
+    cancelled and skipped if any."""
+    lines = [f"{node['succeeded']:,} succeeded · {node['jobs_left']:,} left · {node['dead']:,} failed"]
+    stopped = [f"{node[name]:,} {name}" for name in ("cancelled", "skipped") if node[name]]
+    return lines + [" · ".join(stopped)] if stopped else lines
 
 
 def node_actions(node: dict[str, Any], workflow_state: str) -> list[str]:
