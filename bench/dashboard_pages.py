@@ -4,15 +4,18 @@ Seeds a database (`bench_dashboard`) on the embedded server with a realistic mix
 INSERT ... SELECT generate_series statements: mostly succeeded jobs over 30 days, and thousands of
 pending, scheduled, retrying, active, paused, cancelled and dead jobs over several queues and kinds,
 the dead ones with an attempt history and ~20 error shapes; plus 30 days of daily stats, the last
-hour of minute stats and a few schedules. Then VACUUM ANALYZE (what autovacuum does on a live
-table), a real `dygo serve`, a login through the form, and every page timed over --requests
-requests (after --warmup unmeasured ones), one at a time, from this client: p50 / p95 / max in ms.
+hour of minute stats and a few schedules. Workflows: 100,000 finished ones of three nodes whose jobs
+retention has deleted, and one running workflow whose group node holds --group jobs (100,000 of the
+million; enqueued by store.workflows, its jobs settled through the job triggers that count them).
+Then VACUUM ANALYZE (what autovacuum does on a live table), a real `dygo serve`, a login through the
+form, and every page timed over --requests requests (after --warmup unmeasured ones), one at a time,
+from this client: p50 / p95 / max in ms.
 --cold skips the VACUUM: the state right after a burst of writes, before autovacuum has been by.
 
     .venv/bin/python bench/dashboard_pages.py              # seed (about 1-2 minutes) and measure
     .venv/bin/python bench/dashboard_pages.py --reuse      # measure again on the seeded database
     .venv/bin/python bench/dashboard_pages.py --cold       # seed without VACUUM: the worst case
-    .venv/bin/python bench/dashboard_pages.py --jobs 100000 --requests 10   # a quick look
+    .venv/bin/python bench/dashboard_pages.py --jobs 100000 --group 10000 --requests 10   # a quick look
 
 Seeding SQL lives here, not in store/: it fabricates history the way a long-running system would
 have written it, and nothing in dygo runs it.
@@ -34,12 +37,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psycopg
+from dygo.store.workflows import Workflow, enqueue_workflow
 from psycopg.conninfo import make_conninfo
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "bench_dashboard"
 TOKEN = "bench-admin-token-0123456789abcdef"
 BUDGET_MS = 200.0
+BIG_WORKFLOW = "nightly-import"  # the running workflow with the big group node
+FINISHED_WORKFLOWS = 100_000
 
 QUEUES = ["default", "slow", "emails", "reports", "billing"]
 KINDS = [
@@ -95,7 +101,11 @@ def seeded_jobs(url: str) -> int:
         return 0
 
 
-def seed(server: str, url: str, jobs: int, vacuum: bool, dead_every: int = 100) -> None:
+def seed(server: str, url: str, jobs: int, vacuum: bool, dead_every: int = 100, group: int = 0) -> None:
+    """`jobs` in all: the big workflow's (its group and three single-job nodes) and the rest."""
+    workflow_jobs = group + 3 if group else 0
+    big_workflow = jobs
+    jobs -= workflow_jobs
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{DATABASE}"')
@@ -168,6 +178,13 @@ def seed(server: str, url: str, jobs: int, vacuum: bool, dead_every: int = 100) 
         conn.execute(f"SELECT setval('dygo_jobs_id_seq', {jobs})")
         conn.execute("ALTER TABLE dygo_jobs ENABLE TRIGGER USER")
         log(f"seed: {jobs:,} jobs in {time.monotonic() - started:.0f}s")
+        if group:
+            started = time.monotonic()
+            seed_workflows(conn, url, group)
+            log(
+                f"seed: {FINISHED_WORKFLOWS:,} finished workflows and one of {big_workflow - jobs:,} jobs "
+                f"in {time.monotonic() - started:.0f}s"
+            )
         # The rollups a month of this traffic would have left: per day, per minute for the last hours.
         conn.execute(f"""
             INSERT INTO dygo_daily_stats (day, queue, kind, enqueued, succeeded, failed, dead, reaped)
@@ -198,6 +215,68 @@ def seed(server: str, url: str, jobs: int, vacuum: bool, dead_every: int = 100) 
                 time.sleep(1)
                 conn.execute("VACUUM dygo_jobs")
         log(f"seed: {'VACUUM ' if vacuum else ''}ANALYZE in {time.monotonic() - started:.0f}s")
+
+
+def seed_workflows(conn: psycopg.Connection, url: str, group: int) -> None:
+    """Finished workflows (fetch -> transform -> load) whose jobs retention has deleted, one in 20 failed
+    and one in 100 cancelled; then the big one, enqueued and moved as workers would move it: fetch and
+    audit succeeded, its group of `group` jobs 99% succeeded, 0.3% dead, the rest pending, report waiting."""
+    conn.execute(f"""
+        WITH w AS (
+            INSERT INTO dygo_workflows (name, state, nodes, nodes_left, nodes_failed, created_at, finished_at)
+            SELECT (ARRAY['import', 'export', 'billing-run', 'thumbnails'])[1 + n % 4] || '-' || n,
+                   CASE WHEN n % 100 = 3 THEN 'cancelled' WHEN n % 20 = 1 THEN 'failed' ELSE 'succeeded' END,
+                   3, 0, CASE WHEN n % 100 = 3 OR n % 20 = 1 THEN 2 ELSE 0 END,
+                   now() - make_interval(secs => ({FINISHED_WORKFLOWS} - n) * 25.0),
+                   now() - make_interval(secs => ({FINISHED_WORKFLOWS} - n) * 25.0 - 60)
+            FROM generate_series(1, {FINISHED_WORKFLOWS}) AS n
+            RETURNING id, state, finished_at
+        ), nodes AS (
+            INSERT INTO dygo_nodes (workflow_id, name, is_group, state, jobs, jobs_left, succeeded, dead,
+                                    cancelled, deps, deps_left, cancels, finished_at)
+            SELECT w.id, x.name, false, x.state, 1, 0, (x.state = 'succeeded')::int, (x.state = 'failed')::int,
+                   (x.state = 'cancelled')::int, (x.step > 1)::int, 0,
+                   (x.state = 'cancelled' AND (w.state = 'failed' OR x.step = 3))::int, w.finished_at
+            FROM w, LATERAL (VALUES
+                (1, 'fetch', 'succeeded'),
+                (2, 'transform', CASE w.state WHEN 'failed' THEN 'failed' WHEN 'cancelled' THEN 'cancelled'
+                                 ELSE 'succeeded' END),
+                (3, 'load', CASE WHEN w.state = 'succeeded' THEN 'succeeded' ELSE 'cancelled' END)
+            ) AS x(step, name, state)
+            RETURNING id, workflow_id, name, state
+        )
+        INSERT INTO dygo_edges (workflow_id, upstream, downstream, policy, state)
+        SELECT u.workflow_id, u.id, d.id, 'cancel', CASE WHEN u.state = 'succeeded' THEN 'met' ELSE 'cancel' END
+        FROM nodes u JOIN nodes d ON d.workflow_id = u.workflow_id
+         AND (u.name, d.name) IN (('fetch', 'transform'), ('transform', 'load'))""")
+    workflow = Workflow(BIG_WORKFLOW)
+    workflow.add("fetch", "import.fetch", {"source": "s3://imports/nightly"}, queue="default")
+    workflow.map("process", "import.row", [{"row": i} for i in range(group)], after="fetch", queue="default")
+    workflow.add("audit", "import.audit", {}, after="fetch", queue="default")
+    workflow.add("report", "import.report", {}, after=["process", "audit"], queue="default")
+    handle = enqueue_workflow(conn, workflow)
+    settled = "state = %s, started_at = now(), finished_at = now()"
+    members = "node_id = %s AND id - (SELECT min(id) FROM dygo_jobs WHERE node_id = %s) BETWEEN %s AND %s"
+    process = handle.nodes["process"]
+    # Each statement in a session of its own: PL/pgSQL plans a trigger's statement at its first call in a
+    # session, and dygo_jobs_moved's join of the transition tables planned for one row is a nested loop,
+    # quadratic in the rows of a later, bigger statement.
+    for statement, params in (
+        (
+            f"UPDATE dygo_jobs SET {settled} WHERE id = ANY(%s)",
+            ("succeeded", [handle.jobs["fetch"], handle.jobs["audit"]]),
+        ),
+        (
+            f"UPDATE dygo_jobs SET {settled}, result = '{{\"ok\": true}}' WHERE {members}",
+            ("succeeded", process, process, 0, group * 99 // 100 - 1),
+        ),
+        (
+            f"UPDATE dygo_jobs SET {settled}, last_error = 'ValueError: bad row' WHERE {members}",
+            ("dead", process, process, group * 99 // 100, group * 993 // 1000 - 1),
+        ),
+    ):
+        with psycopg.connect(url, autocommit=True) as session:
+            session.execute(statement, params)
 
 
 # --- serve and the pages ------------------------------------------------------------------------------------
@@ -242,13 +321,14 @@ def logged_in(base: str) -> httpx.Client:
 
 
 def cursor_of_page(client: httpx.Client, path: str, page: int) -> str:
-    """The URL of page `page` of a jobs list, by following its next links."""
+    """The URL of page `page` of a list (jobs, workflows), by following its next links."""
+    base = path.split("?")[0]
     for _ in range(page - 1):
         found = re.search(r'href="([^"]+)" rel="next"|rel="next" href="([^"]+)"', client.get(path).text)
         if not found:
             raise SystemExit(f"{path} has fewer than {page} pages")
         link = html.unescape(found.group(1) or found.group(2))
-        path = link if link.startswith("/") else "/dashboard/jobs" + link
+        path = link if link.startswith("/") else base + link
     return path
 
 
@@ -256,6 +336,21 @@ def pages(client: httpx.Client, url: str) -> dict[str, str]:
     with psycopg.connect(url, autocommit=True) as conn:
         dead_id = conn.execute("SELECT max(id) FROM dygo_jobs WHERE state = 'dead'").fetchone()[0]
         old_id = conn.execute("SELECT min(id) FROM dygo_jobs WHERE state = 'succeeded'").fetchone()[0]
+        big = conn.execute("SELECT id FROM dygo_workflows WHERE name = %s", (BIG_WORKFLOW,)).fetchone()
+        member = conn.execute(
+            "SELECT max(j.id) FROM dygo_jobs j JOIN dygo_nodes n ON n.id = j.node_id WHERE n.workflow_id = %s",
+            (big[0] if big else None,),
+        ).fetchone()[0]
+    workflows = {}
+    if big:
+        workflows = {
+            "workflows": "/dashboard/workflows",
+            "workflows state=running": "/dashboard/workflows?state=running",
+            "workflows state=failed": "/dashboard/workflows?state=failed",
+            "workflows page 50 (cursor)": cursor_of_page(client, "/dashboard/workflows", 50),
+            "workflow graph (big group)": f"/dashboard/workflows/{big[0]}",
+            "job detail (workflow job)": f"/dashboard/jobs/{member}",
+        }
     return {
         "overview": "/dashboard/",
         "overview fragment": "/dashboard/live",
@@ -279,6 +374,7 @@ def pages(client: httpx.Client, url: str) -> dict[str, str]:
         "schedules": "/dashboard/schedules",
         "bulk retry confirm (dead)": "/dashboard/bulk/retry/confirm?state=dead",
         "vacuum dead confirm": "/dashboard/queues/default/vacuum-dead?older_than=7d",
+        **workflows,
     }
 
 
@@ -307,6 +403,9 @@ def main() -> int:
         help="seed with ANALYZE only: no VACUUM, no visibility map (index-only scans visit the heap)",
     )
     parser.add_argument("--dead-every", type=int, default=100, help="one job in this many is dead (default 1%%)")
+    parser.add_argument(
+        "--group", type=int, default=100_000, help="jobs of the big workflow's group node, of --jobs (0: no workflows)"
+    )
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = parser.parse_args()
 
@@ -315,7 +414,7 @@ def main() -> int:
     if args.reuse and seeded_jobs(url) >= args.jobs:
         log(f"reusing {DATABASE} ({seeded_jobs(url):,} jobs)")
     else:
-        seed(server, url, args.jobs, vacuum=not args.cold, dead_every=args.dead_every)
+        seed(server, url, args.jobs, vacuum=not args.cold, dead_every=args.dead_every, group=args.group)
     port = free_port()
     serve = start_serve(url, port)
     try:

@@ -662,3 +662,13 @@ def seal_batch(conn: psycopg.Connection, workflow_id: int) -> dict[str, Any]:
         if not sealed:
             raise Conflict("batch_sealed", f"batch {workflow_id} is already sealed")
     return get_workflow(conn, workflow_id)
+
+
+# --- Dashboard ---------------------------------------------------------------------------------------------
+
+
+def node_of_job(conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
+    """The workflow and node a job belongs to (workflow_id, workflow, workflow_state, node, is_group, state),
+    or None for a job outside any workflow (or no such job)."""
+    with conn.cursor(row_factory=dict_row) as cursor:
+        return cursor.execute(sql.NODE_OF_JOB, (job_id,)).fetchone()

@@ -12,7 +12,7 @@ from dygo.app.dashboard.visitor import PREFIX, Action, Fields, Page, Refused
 from dygo.app.db import Conn
 from dygo.app.errors import ApiError
 from dygo.app.jobs import decode_cursor, encode_cursor
-from dygo.store import admin, job_reads
+from dygo.store import admin, job_reads, workflows
 from dygo.store.errors import Conflict, NotFound
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -77,7 +77,7 @@ def job_page(request: Request, job_id: int, visitor: Page, conn: Conn) -> Respon
     job = job_reads.get_job(conn, job_id)
     if job is None:
         raise Refused(404, "No such job", f"There is no job with id {job_id}; it may have been deleted.")
-    return render(request, visitor, "job.html", job=job)
+    return render(request, visitor, "job.html", job=job, node=workflows.node_of_job(conn, job_id))
 
 
 @router.post("/jobs/{job_id}/{action}")

@@ -57,10 +57,12 @@ NODE_COLUMNS = """n.id, n.workflow_id, n.name, n.is_group, n.state, n.sealed, n.
 # The nodes with their counters, upstream first: the counters say everything, no member is counted.
 WORKFLOW_NODES = f"SELECT {NODE_COLUMNS} FROM dygo_nodes n WHERE n.workflow_id = %s ORDER BY n.id"
 
+# Found through the workflow's nodes (the edges' primary key starts with upstream): no index on
+# dygo_edges.workflow_id, and a scan of every workflow's edges would grow with all those kept.
 WORKFLOW_EDGES = """
 SELECT u.name AS upstream, d.name AS downstream, e.policy, e.state
-FROM dygo_edges e JOIN dygo_nodes u ON u.id = e.upstream JOIN dygo_nodes d ON d.id = e.downstream
-WHERE e.workflow_id = %s ORDER BY e.upstream, e.downstream"""
+FROM dygo_nodes u JOIN dygo_edges e ON e.upstream = u.id JOIN dygo_nodes d ON d.id = e.downstream
+WHERE u.workflow_id = %s ORDER BY e.upstream, e.downstream"""
 
 NODE_BY_NAME = f"""
 SELECT {NODE_COLUMNS} FROM dygo_nodes n WHERE n.workflow_id = %(workflow)s AND n.name = %(node)s"""
@@ -142,3 +144,11 @@ FROM grown g CROSS JOIN jsonb_to_recordset(%(rows)s::jsonb) AS t(kind text, queu
                                                                  priority smallint, run_at timestamptz,
                                                                  delay float8, max_attempts integer)
 RETURNING id"""
+
+# --- Dashboard -------------------------------------------------------------------------------------------
+
+# The workflow and node a job belongs to (the job page's link to its graph): nothing for a job outside one.
+NODE_OF_JOB = """
+SELECT w.id AS workflow_id, w.name AS workflow, w.state AS workflow_state, n.name AS node, n.is_group, n.state
+FROM dygo_jobs j JOIN dygo_nodes n ON n.id = j.node_id JOIN dygo_workflows w ON w.id = n.workflow_id
+WHERE j.id = %s"""
