@@ -214,7 +214,7 @@ $$;
 
 CREATE FUNCTION public.dygo_jobs_moved() RETURNS trigger
     LANGUAGE plpgsql
-    AS $$
+    AS $_$
 DECLARE
     moved_nodes bigint[]; n_succeeded integer[]; n_dead integer[]; n_cancelled integer[]; n_skipped integer[];
     n_results jsonb[];
@@ -226,30 +226,35 @@ BEGIN
     IF current_setting('dygo.advancing', true) = 'on' THEN
         RETURN NULL;  -- dygo_advance moving jobs itself: it counts them
     END IF;
-    WITH moved AS (
-        SELECT n.node_id, o.state AS was, n.state AS now, n.result
-        FROM new_rows n JOIN old_rows o USING (id)
-        WHERE n.node_id IS NOT NULL
-          AND (o.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
-              <> (n.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
-    ), d AS (
-        SELECT node_id,
-            (count(*) FILTER (WHERE now = 'succeeded') - count(*) FILTER (WHERE was = 'succeeded'))::integer AS ds,
-            (count(*) FILTER (WHERE now = 'dead') - count(*) FILTER (WHERE was = 'dead'))::integer AS df,
-            (count(*) FILTER (WHERE now = 'cancelled') - count(*) FILTER (WHERE was = 'cancelled'))::integer AS dc,
-            (count(*) FILTER (WHERE now = 'skipped') - count(*) FILTER (WHERE was = 'skipped'))::integer AS dk,
-            (array_agg(result) FILTER (WHERE now = 'succeeded'))[1] AS result
-        FROM moved GROUP BY node_id
-    )
-    SELECT array_agg(node_id ORDER BY node_id), array_agg(ds ORDER BY node_id), array_agg(df ORDER BY node_id),
-           array_agg(dc ORDER BY node_id), array_agg(dk ORDER BY node_id), array_agg(result ORDER BY node_id)
-    INTO moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results FROM d;
+    -- Planned afresh for each statement (EXECUTE): a plan kept from a first, one-row statement joins the
+    -- transition tables by nested loop, quadratic in the rows of a later big one (a node's retry, a cancel).
+    EXECUTE $query$
+        WITH moved AS (
+            SELECT n.node_id, o.state AS was, n.state AS now, n.result
+            FROM new_rows n JOIN old_rows o USING (id)
+            WHERE n.node_id IS NOT NULL
+              AND (o.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
+                  <> (n.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
+        ), d AS (
+            SELECT node_id,
+                (count(*) FILTER (WHERE now = 'succeeded') - count(*) FILTER (WHERE was = 'succeeded'))::integer AS ds,
+                (count(*) FILTER (WHERE now = 'dead') - count(*) FILTER (WHERE was = 'dead'))::integer AS df,
+                (count(*) FILTER (WHERE now = 'cancelled') - count(*) FILTER (WHERE was = 'cancelled'))::integer AS dc,
+                (count(*) FILTER (WHERE now = 'skipped') - count(*) FILTER (WHERE was = 'skipped'))::integer AS dk,
+                (array_agg(result) FILTER (WHERE now = 'succeeded'))[1] AS result
+            FROM moved GROUP BY node_id
+        )
+        SELECT array_agg(node_id ORDER BY node_id), array_agg(ds ORDER BY node_id), array_agg(df ORDER BY node_id),
+               array_agg(dc ORDER BY node_id), array_agg(dk ORDER BY node_id), array_agg(result ORDER BY node_id)
+        FROM d
+    $query$
+    INTO moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results;
     IF moved_nodes IS NOT NULL THEN
         PERFORM dygo_tally(moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results);
     END IF;
     RETURN NULL;
 END
-$$;
+$_$;
 
 --
 -- Name: dygo_jobs_removed(); Type: FUNCTION; Schema: public; Owner: -
