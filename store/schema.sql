@@ -74,11 +74,13 @@ BEGIN
             END IF;
         END IF;
 
-        -- Running nodes whose jobs have all ended end now, with their outcome.
+        -- Running nodes whose jobs have all ended end now, with their outcome; so does a waiting node all of
+        -- whose jobs an operator skipped, cancelled or deleted (an empty group, which has none, waits its turn).
         WITH done AS (
             UPDATE dygo_nodes n
             SET state = dygo_node_outcome(n.jobs, n.succeeded, n.dead, n.cancelled, n.allow_failures), finished_at = now()
-            WHERE n.id = ANY(v_frontier) AND n.state = 'running' AND n.jobs_left = 0 AND n.sealed
+            WHERE n.id = ANY(v_frontier) AND (n.state = 'running' OR (n.state = 'waiting' AND n.jobs > 0))
+              AND n.jobs_left = 0 AND n.sealed
             RETURNING n.id
         )
         SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_ended FROM done;
