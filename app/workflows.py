@@ -37,6 +37,7 @@ from dygo.app.workflow_schemas import (
 )
 from dygo.store import tracing
 from dygo.store import workflows as store
+from dygo.store.enqueue import JobRequest, prepare
 from dygo.store.errors import EnqueueError
 from dygo.store.registry import Registry
 from dygo.store.workflows import WorkflowError, WorkflowHandle
@@ -94,6 +95,23 @@ def _checked_args(registry: Registry, where: str, kind: str, args: Iterable[dict
             raise WorkflowError(exc.code, f"{where} job {index}: {exc}", details) from None
 
 
+# The kind an empty group's options are checked with: not registered, so no args are asked of it.
+_PROBE_KIND = "dygo.options_check"
+
+
+def _check_empty_group(registry: Registry, where: str, kind: str, options: dict[str, Any]) -> None:
+    """A group with no job (an empty map, a batch opened empty) prepares none, so its kind and options are
+    checked here, as its first job's would be: refused all the same, never kept for a later job."""
+    definition = registry.get(kind)
+    queue = options.get("queue") or (definition.queue_name if definition is not None else None)
+    try:
+        if queue is None:
+            prepare(JobRequest(kind, {}), registry)  # unknown_kind, as for any job of it
+        prepare(JobRequest(_PROBE_KIND, {}, **{**options, "queue": queue}), registry)
+    except EnqueueError as exc:
+        raise WorkflowError(exc.code, f"{where}: {exc}", exc.details) from None
+
+
 def _built(registry: Registry, body: WorkflowRequest, key: str | None) -> store.Workflow:
     workflow = store.Workflow(body.name, on_failure=body.on_failure, fail_fast=body.fail_fast, idempotency_key=key)
     previous: str | None = None
@@ -113,6 +131,8 @@ def _add_node(registry: Registry, workflow: store.Workflow, node: WorkflowNodeRe
                 "invalid_workflow", f"{where}: give args (one job) or map (one job per element), not both"
             )
         _checked_args(registry, where, node.kind, node.map)
+        if not node.map:
+            _check_empty_group(registry, where, node.kind, options)
         workflow.map(
             node.name,
             node.kind,
@@ -198,7 +218,10 @@ async def create_batch(
     registry = request.app.state.jobs
     with tracing.incoming(request.headers):
         key = _idempotency_key(body.idempotency_key, idempotency_header)
+        options = _options(body)
         _checked_args(registry, f"node {store.BATCH_JOBS!r}", body.kind, body.args)
+        if not body.args:
+            _check_empty_group(registry, f"node {store.BATCH_JOBS!r}", body.kind, options)
         callbacks: dict[str, tuple[str, dict[str, Any]] | None] = {}
         for name in store.CALLBACKS:
             given = getattr(body, name)
@@ -215,7 +238,7 @@ async def create_batch(
             allow_failures=body.allow_failures or 0,
             open=body.open,
             idempotency_key=key,
-            **_options(body),
+            **options,
         )
         return await _create(request, response, workflow)
 

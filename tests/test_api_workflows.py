@@ -156,6 +156,19 @@ def test_a_workflow_that_cannot_be_built_is_refused_naming_what_is_wrong(api, co
     assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
 
 
+def test_an_empty_group_is_refused_for_the_options_or_kind_its_jobs_would_be_refused_for(api, conn):
+    batch = {"name": "empty", "kind": "test.noop", "args": [], "open": True}
+    for wrong, code in (({"priority": 5000}, "invalid_option"), ({"kind": "no.such.kind"}, "unknown_kind")):
+        error = refusal(api.admin.post("/api/v1/batches", json={**batch, **wrong}))
+        assert error["code"] == code and error["message"].startswith("node 'jobs': "), error
+    node = {"name": "fan", "kind": "test.noop", "map": [], "queue": "nowhere"}
+    error = refusal(api.admin.post("/api/v1/workflows", json={"name": "empty", "nodes": [node]}))
+    assert error["code"] == "unknown_queue" and error["message"].startswith("node 'fan': "), error
+    assert conn.execute("SELECT count(*) FROM dygo_workflows").fetchone()[0] == 0
+    # The same with good options is a batch opened empty, which jobs can join later.
+    assert api.admin.post("/api/v1/batches", json={**batch, "priority": 5}).status_code == 201
+
+
 def test_a_bad_policy_is_refused_naming_the_field(api):
     body = {"name": "bad", "nodes": [{"name": "a", "kind": "test.noop", "on_failure": "retry"}]}
     error = refusal(api.admin.post("/api/v1/workflows", json=body))
