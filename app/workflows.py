@@ -46,9 +46,9 @@ from fastapi import APIRouter, Path, Query, Request, Response
 router = APIRouter(prefix="/api/v1", tags=["workflows"], responses=documented(401, 403, 503))
 
 
-def _errors(**meaning: str) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` entries for this area's error statuses (keys: s404, s409, ...)."""
-    return {int(status[1:]): {"model": ErrorResponse, "description": text} for status, text in meaning.items()}
+def _errors(meaning: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for this area's error statuses, each with what it means here."""
+    return {status: {"model": ErrorResponse, "description": text} for status, text in meaning.items()}
 
 
 INVALID = (
@@ -183,7 +183,7 @@ def _handle(workflow: dict[str, Any]) -> WorkflowHandle:
 CREATED_RESPONSES = {
     200: {"model": WorkflowCreated, "description": "Deduplicated: a workflow already holds the idempotency key"},
     **documented(400, 413),
-    **_errors(s409="The Idempotency-Key header and the body's idempotency_key differ", s422=INVALID),
+    **_errors({409: "The Idempotency-Key header and the body's idempotency_key differ", 422: INVALID}),
 }
 
 
@@ -280,7 +280,7 @@ async def list_workflows(
     "/workflows/{workflow_id}",
     response_model=Workflow,
     summary="A workflow: its counters, nodes (state, counts, why one waits), edges and result",
-    responses=_errors(s404=NOT_FOUND, s422="A wait that is not a duration, or longer than 60s (invalid_duration)"),
+    responses=_errors({404: NOT_FOUND, 422: "A wait that is not a duration, or longer than 60s (invalid_duration)"}),
 )
 async def get_workflow(
     workflow_id: WorkflowId,
@@ -314,8 +314,11 @@ async def get_workflow(
 # --- acting ----------------------------------------------------------------------------------------------------
 
 ACTION_ERRORS = _errors(
-    s404=NOT_FOUND,
-    s409="The workflow or node is not in a state that allows it (workflow_not_running, node_state, node_not_retryable)",
+    {
+        404: NOT_FOUND,
+        409: "The workflow or node is not in a state that allows it "
+        "(workflow_not_running, node_state, node_not_retryable)",
+    }
 )
 
 
@@ -362,7 +365,7 @@ for _action, _summary in NODE_ACTIONS.items():
     status_code=201,
     response_model=BatchJobsAdded,
     summary="Add jobs to an open batch, all or nothing",
-    responses=documented(400, 413) | _errors(s404=NOT_FOUND, s409="The batch is sealed (batch_sealed)", s422=INVALID),
+    responses=documented(400, 413) | _errors({404: NOT_FOUND, 409: "The batch is sealed (batch_sealed)", 422: INVALID}),
 )
 def add_batch_jobs(workflow_id: WorkflowId, body: BatchJobsRequest, request: Request, conn: Conn) -> dict[str, Any]:
     _check_size(request, len(body.args))
@@ -376,7 +379,7 @@ def add_batch_jobs(workflow_id: WorkflowId, body: BatchJobsRequest, request: Req
     "/batches/{workflow_id}/seal",
     response_model=Workflow,
     summary="Seal an open batch: it takes no more jobs, and ends (firing its callbacks) once its jobs have",
-    responses=documented(422) | _errors(s404=NOT_FOUND, s409="The batch is already sealed (batch_sealed)"),
+    responses=documented(422) | _errors({404: NOT_FOUND, 409: "The batch is already sealed (batch_sealed)"}),
 )
 def seal_batch(workflow_id: WorkflowId, conn: Conn) -> dict[str, Any]:
     return store.seal_batch(conn, workflow_id)
