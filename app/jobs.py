@@ -57,7 +57,7 @@ def api_duration(value: str, field: str, pattern: str = DURATION_PATTERN) -> str
     return value
 
 
-def _strict_args(jobs: Registry, kind: str, args: dict[str, Any]) -> None:
+def strict_args(jobs: Registry, kind: str, args: dict[str, Any]) -> None:
     """A registered kind's args as its model's JSON schema (in the OpenAPI document) describes them: strict
     JSON, so `false` is not a number and "5" not an integer (the store's lax check would convert both)."""
     definition = jobs.get(kind)
@@ -137,7 +137,7 @@ async def enqueue_job(
     state = request.app.state
     # The caller's traceparent, if any, parents the enqueue span.
     with tracing.incoming(request.headers):
-        _strict_args(state.jobs, body.kind, body.args)
+        strict_args(state.jobs, body.kind, body.args)
         options = _options(body)
         if idempotency_header is not None:
             if options.get("idempotency_key", idempotency_header) != idempotency_header:
@@ -216,7 +216,7 @@ def _job_request(
     """Entry `index` of a batch as the store takes it (`options`: its request model, None for a plain entry);
     an error names the entry."""
     try:
-        _strict_args(registry, kind, args)
+        strict_args(registry, kind, args)
         return JobRequest(kind, args) if options is None else JobRequest(kind, args, **_options(options))
     except (EnqueueError, ApiError) as exc:
         message = str(exc) if isinstance(exc, EnqueueError) else exc.message
@@ -331,7 +331,7 @@ async def get_job(
     ] = None,
 ) -> dict[str, Any]:
     db = database(request)
-    seconds = _wait_seconds(wait)
+    seconds = wait_seconds(wait)
     if seconds:
         job = await request.app.state.waiters.wait(job_id, seconds, db.connection)
     else:
@@ -343,7 +343,7 @@ async def get_job(
     return found
 
 
-def _wait_seconds(wait: str | None) -> float:
+def wait_seconds(wait: str | None) -> float:
     if wait is None:
         return 0.0
     if not re.fullmatch(WAIT_PATTERN, wait):

@@ -32,6 +32,7 @@ from dygo.app.queues import router as queues_router
 from dygo.app.schedules import router as schedules_router
 from dygo.app.system import router as system_router
 from dygo.app.waiting import ResultWaiters
+from dygo.app.workflows import router as workflows_router
 from dygo.store import admin
 from dygo.store.config import Settings
 from dygo.store.db import direct_url, through_transaction_pooler
@@ -107,6 +108,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
     app.include_router(queues_router)
     app.include_router(limits_router)
     app.include_router(schedules_router)
+    app.include_router(workflows_router)
     app.include_router(system_router)
     install_metrics(app)
 

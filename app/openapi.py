@@ -74,6 +74,7 @@ def install_openapi(app: FastAPI, jobs: Registry) -> None:
                 *(component for name, component in components.items() if name.startswith(KIND_PREFIX + "Enqueue_")),
             ]
         )
+        _declare_workflow_jobs(schemas, app.state.settings.queue_names)
         one_job = {"anyOf": [*variants, {"$ref": "#/components/schemas/EnqueueRequest"}]}
         body = schema["paths"]["/api/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
         body["schema"] = one_job
@@ -113,6 +114,25 @@ OPTION_RULES = [
         "then": {"properties": {"idempotency_key": {"type": "string"}}, "required": ["idempotency_key"]},
     },
 ]
+
+
+# The bodies of app/workflows.py that carry job options (JobOptions: no idempotency option of their own).
+WORKFLOW_JOBS = ("WorkflowNodeRequest", "WorkflowBatchRequest", "BatchJobsRequest")
+
+
+def _declare_workflow_jobs(schemas: dict[str, Any], queues: list[str]) -> None:
+    """A workflow's jobs take the options of an enqueue, and the same rules: a configured queue, not
+    run_at and delay both."""
+    for name in WORKFLOW_JOBS:
+        component = schemas.get(name)
+        if component is None:
+            continue
+        queue = component["properties"]["queue"]
+        component["properties"]["queue"] = {
+            **queue,
+            "anyOf": [{"type": "string", "enum": queues}, {"type": "null"}],
+        }
+        component["allOf"] = [*component.get("allOf", []), OPTION_RULES[0]]
 
 
 def _declare_option_rules(jobs: list[dict[str, Any]]) -> None:

@@ -22,7 +22,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-JobState = Literal["scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled"]
+# store.admin.STATES: 'waiting' and 'skipped' are a workflow's (store/workflows.py).
+JobState = Literal["scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled", "waiting", "skipped"]
 
 # What the API takes as a duration in a string (a query parameter, delay, idempotency_ttl): config's own
 # grammar (store/durations.py), at most a year. The document states it as the pattern the grammar writes of
@@ -91,8 +92,8 @@ WholeNumber = Annotated[StrictInt, BeforeValidator(_whole_number)]
 Timestamp = Annotated[datetime, BeforeValidator(_timestamp_text)]
 
 
-class EnqueueOptions(BaseModel):
-    """Everything an enqueue may say besides the kind and its args."""
+class JobOptions(BaseModel):
+    """Where, when and how a job runs: what an enqueue and a workflow's node may say besides the kind and args."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -117,6 +118,11 @@ class EnqueueOptions(BaseModel):
         "resolved by the worker at the first lease)",
     )
     meta: dict[str, str] = Field(default_factory=dict, description="String map handed to the handler as ctx.meta")
+
+
+class EnqueueOptions(JobOptions):
+    """Everything an enqueue may say besides the kind and its args."""
+
     idempotency_key: str | None = Field(
         None,
         description="While a live job (pending, scheduled, active, paused) "
@@ -204,6 +210,9 @@ class Job(JobSummary):
     lease_owner: str | None
     lease_deadline: datetime | None
     idempotency_key: str | None
+    node_id: int | None = Field(None, description="A workflow's job: its node (null for a job outside any workflow)")
+    workflow_id: int | None = Field(None, description="A workflow's job: its workflow (GET /api/v1/workflows/{id})")
+    node: str | None = Field(None, description="A workflow's job: its node's name")
 
 
 class JobPage(BaseModel):
@@ -225,6 +234,8 @@ class QueueCounts(BaseModel):
     paused: int
     dead: int
     cancelled: int
+    waiting: int = Field(description="Jobs of workflows whose node waits for the nodes before it (never claimed)")
+    skipped: int = Field(description="Jobs of workflows skipped without running (kept like cancelled ones)")
 
 
 class Queue(BaseModel):

@@ -11,6 +11,9 @@ delete's empty payload wakes every waiter of the process to re-read its job once
 notification that arrives in between is not lost. When the LISTEN connection drops, every waiter
 re-reads its job and the connection is re-established with backoff; on reconnect every waiter re-reads
 again, which covers anything that finished while nobody listened.
+
+`GET /api/v1/workflows/{id}?wait=` waits the same way for a workflow to end: its waiter registers as the
+job id minus the workflow's id (store.workflows.waiter_key), which the workflow's end notifies.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
-from dygo.store import job_reads, results
+from dygo.store import job_reads, results, workflows
+from dygo.store.errors import NotFound
 
 # Where a waiting request gets a connection for each read: the hot pool's `connection`, taken only
 # while it reads, so a waiting request holds none.
@@ -43,25 +47,36 @@ class ResultWaiters:
 
     async def wait(self, job_id: int, seconds: float, connection: Connections) -> dict[str, Any] | None:
         """The job once it is final, or as it is when `seconds` run out; None if it does not exist."""
+        return await self._wait(_JobWatch(job_id), seconds, connection)
+
+    async def wait_for_workflow(
+        self, workflow_id: int, seconds: float, connection: Connections
+    ) -> dict[str, Any] | None:
+        """The workflow (store.workflows.aget_workflow) once it is succeeded, failed or cancelled, or as it is
+        when `seconds` run out; None if it does not exist."""
+        return await self._wait(_WorkflowWatch(workflow_id), seconds, connection)
+
+    async def _wait(self, watch: _Watch, seconds: float, connection: Connections) -> dict[str, Any] | None:
         deadline = time.monotonic() + seconds
         waiter: int | None = None
+        key = watch.key
         try:
             while True:
                 woken = asyncio.get_running_loop().create_future()
-                self.waiting.setdefault(job_id, set()).add(woken)
+                self.waiting.setdefault(key, set()).add(woken)
                 try:
                     async with connection() as conn:
-                        job = await job_reads.aget_job(conn, job_id)
+                        found = await watch.read(conn)
                         # Polling (no notifications through a transaction pooler): nobody to notify.
-                        if waiter is None and self.poll is None and _waits_on(job):
-                            waiter, job = await results.aregister(conn, job_id, deadline - time.monotonic())
+                        if waiter is None and self.poll is None and watch.waits_on(found):
+                            waiter, found = await watch.register(conn, deadline - time.monotonic())
                     remaining = deadline - time.monotonic()
-                    if not _waits_on(job) or remaining <= 0:
-                        return job
+                    if not watch.waits_on(found) or remaining <= 0:
+                        return found
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(woken, remaining if self.poll is None else min(remaining, self.poll))
                 finally:
-                    self._forget(job_id, woken)
+                    self._forget(key, woken)
         finally:
             if waiter is not None:
                 # Best effort: a row left behind (database gone meanwhile) expires and the maintainer
@@ -101,5 +116,46 @@ class ResultWaiters:
             self._wake(job_id)
 
 
-def _waits_on(job: dict[str, Any] | None) -> bool:
-    return job is not None and job["state"] not in results.FINAL_STATES
+class _Watch:
+    """What a wait is for: its key in `waiting` (the id its notification carries), how to read it, and
+    the states that end the wait."""
+
+    def __init__(self, key: int, final: frozenset[str]) -> None:
+        self.key, self.final = key, final
+
+    async def read(self, conn: psycopg.AsyncConnection) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    async def register(self, conn: psycopg.AsyncConnection, seconds: float) -> tuple[int, dict[str, Any] | None]:
+        """Register the waiter's row, then what a read after it finds."""
+        raise NotImplementedError
+
+    def waits_on(self, found: dict[str, Any] | None) -> bool:
+        return found is not None and found["state"] not in self.final
+
+
+class _JobWatch(_Watch):
+    def __init__(self, job_id: int) -> None:
+        super().__init__(job_id, results.FINAL_STATES)
+
+    async def read(self, conn: psycopg.AsyncConnection) -> dict[str, Any] | None:
+        return await job_reads.aget_job(conn, self.key)
+
+    async def register(self, conn: psycopg.AsyncConnection, seconds: float) -> tuple[int, dict[str, Any] | None]:
+        return await results.aregister(conn, self.key, seconds)  # the job read in the registration's transaction
+
+
+class _WorkflowWatch(_Watch):
+    def __init__(self, workflow_id: int) -> None:
+        super().__init__(workflows.waiter_key(workflow_id), workflows.FINAL_WORKFLOW_STATES)
+        self.workflow_id = workflow_id
+
+    async def read(self, conn: psycopg.AsyncConnection) -> dict[str, Any] | None:
+        try:
+            return await workflows.aget_workflow(conn, self.workflow_id)
+        except NotFound:
+            return None
+
+    async def register(self, conn: psycopg.AsyncConnection, seconds: float) -> tuple[int, dict[str, Any] | None]:
+        waiter = await workflows.aregister_waiter(conn, self.workflow_id, seconds)
+        return waiter, await self.read(conn)

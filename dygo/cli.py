@@ -32,6 +32,7 @@ from dygo.store.config import (
 from dygo.store.durations import parse_duration
 from dygo.store.errors import AdminError, ConfigError, DatabaseUnavailable, SchemaError, StatementError
 from dygo.store.outage import describe, is_outage
+from dygo.store.workflows import WORKFLOW_STATES
 
 EXIT_USAGE = 2
 
@@ -203,10 +204,25 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("id", type=positive_int)
     for action, what in (
         ("retry", "dead or cancelled jobs back to pending now, with a fresh attempt budget"),
-        ("cancel", "cancel pending, scheduled or paused jobs"),
+        ("cancel", "cancel pending, scheduled, paused or waiting jobs"),
     ):
         sub = actions.add_parser(action, help=what, description=what)
         sub.add_argument("ids", type=positive_int, nargs="+", metavar="ID")
+    workflows = command("workflows", "list workflows (and batches) or show one with its nodes")
+    workflow_actions = workflows.add_subparsers(dest="workflows_command", required=True, metavar="ACTION")
+    listing = workflow_actions.add_parser(
+        "list", help="a table of workflows, newest first", description="a table of workflows, newest first"
+    )
+    listing.add_argument("--state", choices=WORKFLOW_STATES, help="only workflows in this state")
+    listing.add_argument(
+        "--limit", type=positive_int, default=50, metavar="N", help="at most N workflows (default: 50)"
+    )
+    show = workflow_actions.add_parser(
+        "show",
+        help="one workflow: its counters, then each node with its state, job counts and why it waits",
+        description="one workflow and its nodes",
+    )
+    show.add_argument("id", type=positive_int)
     command("status", "show each queue's jobs by state, its lag and pause, the live workers and the failing kinds")
 
     db = commands.add_parser("db", help="the embedded PostgreSQL server (used when DATABASE_URL is unset)")
@@ -243,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             return status_command(settings)
         if args.command == "jobs":
             return jobs_command(settings, args)
+        if args.command == "workflows":
+            return workflows_command(settings, args)
         return worker_command(settings, args)
     except ConfigError as exc:
         print(f"dygo: configuration error: {exc}", file=sys.stderr)
@@ -655,6 +673,12 @@ def _show_job(conn: psycopg.Connection, job_id: int) -> int:
         ("lease owner", job["lease_owner"] or "-"),
         ("reaped", job["reap_count"]),
         ("idempotency key", job["idempotency_key"] or "-"),
+    ]
+    if job.get("node_id") is not None:
+        fields.append(
+            ("workflow", f"{job['workflow_id']}, node {job['node']} (dygo workflows show {job['workflow_id']})")
+        )
+    fields += [
         ("args", json.dumps(job["args"])),
         ("meta", json.dumps(job["meta"])),
         ("result", "-" if job["result"] is None else json.dumps(job["result"])),
@@ -687,6 +711,95 @@ def _act_on_jobs(conn: psycopg.Connection, action: str, ids: list[int]) -> int:
             continue
         print(f"job {job_id}: {'retried' if action == 'retry' else 'cancelled'}, now {job['state']}")
     return code
+
+
+def workflows_command(settings: Settings, args: argparse.Namespace) -> int:
+    """`dygo workflows list|show`: the store functions GET /api/v1/workflows reads. Exit 1 for an unknown id."""
+    from dygo.store.db import database_url
+    from dygo.store.migrate import check_schema
+
+    with psycopg.connect(database_url(settings), autocommit=True) as conn:
+        check_schema(conn)
+        if args.workflows_command == "list":
+            return _list_workflows(conn, args.state, args.limit)
+        return _show_workflow(conn, args.id)
+
+
+def _list_workflows(conn: psycopg.Connection, state: str | None, limit: int) -> int:
+    from dygo.store import workflows
+
+    rows = workflows.list_workflows(conn, state=state, limit=limit)
+    if not rows:
+        print("no workflows match")
+        return 0
+    table = [("ID", "NAME", "STATE", "NODES", "LEFT", "FAILED", "CREATED", "FINISHED")]
+    for row in rows:
+        table.append(
+            (
+                str(row["id"]),
+                row["name"],
+                row["state"],
+                str(row["nodes"]),
+                str(row["nodes_left"]),
+                str(row["nodes_failed"]),
+                _utc(row["created_at"]),
+                _utc(row["finished_at"]),
+            )
+        )
+    _print_table(table)
+    return 0
+
+
+def _show_workflow(conn: psycopg.Connection, workflow_id: int) -> int:
+    import json
+
+    from dygo.store import workflows
+
+    try:
+        shown = workflows.get_workflow(conn, workflow_id)
+    except AdminError as exc:
+        print(f"dygo: {exc}", file=sys.stderr)
+        return 1
+    nodes = shown["nodes"]
+    fields = [
+        ("id", shown["id"]),
+        ("name", shown["name"]),
+        ("state", shown["state"]),
+        ("nodes", f"{len(nodes)} ({shown['nodes_left']} not ended, {shown['nodes_failed']} failed or cancelled)"),
+        ("fail fast", "yes" if shown["fail_fast"] else "no"),
+        ("created at", _utc(shown["created_at"])),
+        ("finished at", _utc(shown["finished_at"])),
+        ("idempotency key", shown["idempotency_key"] or "-"),
+    ]
+    if shown["result"] is not None:
+        fields.append(("result", json.dumps(shown["result"])))
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        print(f"{name.ljust(width)}  {value}")
+    after: dict[str, list[str]] = {}
+    for edge in shown["edges"]:
+        policy = "" if edge["policy"] == "cancel" else f" ({edge['policy']})"
+        after.setdefault(edge["downstream"], []).append(edge["upstream"] + policy)
+    print()
+    table = [("NODE", "STATE", "JOB", "JOBS", "SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED", "LEFT", "AFTER", "WAIT")]
+    for node in nodes:
+        table.append(
+            (
+                node["name"],
+                node["state"] if node["sealed"] else f"{node['state']} (open)",
+                "group" if node["is_group"] else str(node["job_id"] or "-"),
+                str(node["jobs"]),
+                str(node["succeeded"]),
+                str(node["dead"]),
+                str(node["cancelled"]),
+                str(node["skipped"]),
+                str(node["jobs_left"]),
+                ", ".join(after.get(node["name"], [])) or "-",
+                node["wait"] or "-",
+            )
+        )
+    _print_table(table)
+    return 0
 
 
 def _utc(moment: datetime | None) -> str:

@@ -23,10 +23,11 @@ from dygo.store.sql import admin_jobs, admin_queues, bulk, dead_jobs, job_lists,
 from psycopg import sql
 from psycopg.rows import dict_row
 
-# What a list can filter on; 'scheduled' is a pending job whose run_at is still ahead.
-STATES = ("scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled")
+# What a list can filter on; 'scheduled' is a pending job whose run_at is still ahead. A job of a workflow
+# is 'waiting' while its node waits for the nodes before it, and 'skipped' when its workflow skipped it.
+STATES = ("scheduled", "pending", "active", "succeeded", "dead", "paused", "cancelled", "waiting", "skipped")
 # What the queue counts report. Succeeded jobs are history, counted by the daily stats instead.
-COUNTED_STATES = ("pending", "scheduled", "active", "paused", "dead", "cancelled")
+COUNTED_STATES = ("pending", "scheduled", "active", "paused", "dead", "cancelled", "waiting", "skipped")
 Order = Literal["newest", "oldest"]
 
 # A list no index serves in id order (text search; a queue or kind among all or succeeded jobs)
@@ -40,7 +41,7 @@ TEXT_SCAN_WINDOW = 20_000
 # Which states each action starts from (the same rule is the WHERE of its statement).
 ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "retry": (admin_jobs.RETRY_JOB, ("dead", "cancelled")),
-    "cancel": (admin_jobs.CANCEL_JOB, ("pending", "scheduled", "paused")),
+    "cancel": (admin_jobs.CANCEL_JOB, ("pending", "scheduled", "paused", "waiting")),
     "pause": (admin_jobs.PAUSE_JOB, ("pending", "scheduled")),
     "resume": (admin_jobs.RESUME_JOB, ("paused",)),
     "run-now": (admin_jobs.RUN_JOB_NOW, ("scheduled",)),

@@ -1,10 +1,10 @@
 """Retention: the worker's trimming of old history, one worker of the cluster at a time.
 
-A pass deletes succeeded, dead and cancelled jobs older than their retention, expired idempotency
-keys, the expired rows of result waiters that died waiting (store/results.py) and old daily and minute
-stats, in batches that each commit on their own (no long row locks, no long transaction holding back
-vacuum), and a bounded number of batches per kind so one pass never runs long. What is left over is
-taken by the next pass. Every statement lives in store/sql/retention.py.
+A pass deletes succeeded, dead and cancelled jobs (skipped ones with the cancelled) older than their
+retention, expired idempotency keys, the expired rows of result waiters that died waiting
+(store/results.py) and old daily and minute stats, in batches that each commit on their own (no long row
+locks, no long transaction holding back vacuum), and a bounded number of batches per kind so one pass
+never runs long. What is left over is taken by the next pass. Every statement lives in store/sql/retention.py.
 
 Each batch takes the cluster-wide retention lock in its own transaction (a transaction-level advisory
 lock, so it works through PgBouncer in transaction mode, where a session lock would stay with a server
@@ -63,6 +63,7 @@ class Trimmed:
     succeeded: int = 0
     dead: int = 0
     cancelled: int = 0
+    skipped: int = 0  # kept as long as cancelled jobs (cancelled_retention)
     workflows: int = 0
     idempotency_keys: int = 0
     result_waiters: int = 0
@@ -116,6 +117,7 @@ async def trim(connections: Connections, periods: RetentionPeriods, walk: Succee
             trimmed.dead = await _repeat(connections, sql.TRIM_DEAD, periods.dead, trimmed)
         if periods.cancelled:
             trimmed.cancelled = await _repeat(connections, sql.TRIM_CANCELLED, periods.cancelled, trimmed)
+            trimmed.skipped = await _repeat(connections, sql.TRIM_SKIPPED, periods.cancelled, trimmed)
         if periods.workflows:
             trimmed.workflows = await _repeat(connections, sql.TRIM_WORKFLOWS, periods.workflows, trimmed)
         trimmed.idempotency_keys = await _repeat(connections, sql.TRIM_EXPIRED_KEYS, 0.0, trimmed)

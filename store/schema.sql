@@ -74,11 +74,13 @@ BEGIN
             END IF;
         END IF;
 
-        -- Running nodes whose jobs have all ended end now, with their outcome.
+        -- Running nodes whose jobs have all ended end now, with their outcome; so does a waiting node all of
+        -- whose jobs an operator skipped, cancelled or deleted (an empty group, which has none, waits its turn).
         WITH done AS (
             UPDATE dygo_nodes n
             SET state = dygo_node_outcome(n.jobs, n.succeeded, n.dead, n.cancelled, n.allow_failures), finished_at = now()
-            WHERE n.id = ANY(v_frontier) AND n.state = 'running' AND n.jobs_left = 0 AND n.sealed
+            WHERE n.id = ANY(v_frontier) AND (n.state = 'running' OR (n.state = 'waiting' AND n.jobs > 0))
+              AND n.jobs_left = 0 AND n.sealed
             RETURNING n.id
         )
         SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_ended FROM done;
@@ -376,6 +378,22 @@ CREATE FUNCTION public.dygo_notify_schedule() RETURNS trigger
     AS $$
 BEGIN
     PERFORM pg_notify('dygo_schedules', NEW.name);
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: dygo_notify_workflow_ended(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_notify_workflow_ended() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
+    -- A later statement: its snapshot sees every waiter committed before the lock was granted.
+    PERFORM pg_notify('dygo_finished', (-NEW.id)::text)
+    WHERE EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = -NEW.id);
     RETURN NULL;
 END
 $$;
@@ -970,7 +988,7 @@ CREATE INDEX dygo_jobs_node ON public.dygo_jobs USING btree (node_id, id) WHERE 
 -- Name: dygo_jobs_parked; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX dygo_jobs_parked ON public.dygo_jobs USING btree (state, id) INCLUDE (queue) WHERE (state = ANY (ARRAY['dead'::text, 'paused'::text, 'cancelled'::text]));
+CREATE INDEX dygo_jobs_parked ON public.dygo_jobs USING btree (state, id) INCLUDE (queue) WHERE (state = ANY (ARRAY['dead'::text, 'paused'::text, 'cancelled'::text, 'waiting'::text, 'skipped'::text]));
 
 --
 -- Name: dygo_jobs_ready; Type: INDEX; Schema: public; Owner: -
@@ -1061,6 +1079,12 @@ CREATE TRIGGER dygo_schedules_added AFTER INSERT ON public.dygo_schedules FOR EA
 --
 
 CREATE TRIGGER dygo_schedules_sooner AFTER UPDATE ON public.dygo_schedules FOR EACH ROW WHEN ((new.enabled AND (NOT new.paused) AND (new.next_run_at IS NOT NULL) AND ((NOT old.enabled) OR old.paused OR (old.next_run_at IS NULL) OR (new.next_run_at < old.next_run_at)))) EXECUTE FUNCTION public.dygo_notify_schedule();
+
+--
+-- Name: dygo_workflows dygo_workflows_ended; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER dygo_workflows_ended AFTER UPDATE OF state ON public.dygo_workflows FOR EACH ROW WHEN (((old.state = 'running'::text) AND (new.state <> 'running'::text))) EXECUTE FUNCTION public.dygo_notify_workflow_ended();
 
 --
 -- Name: dygo_edges dygo_edges_downstream_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -46,7 +46,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from dygo.store import tracing
+from dygo.store import results, tracing
 from dygo.store.db import one
 from dygo.store.enqueue import JobRequest, prepare
 from dygo.store.errors import Conflict, EnqueueError, NotFound
@@ -672,3 +672,25 @@ def node_of_job(conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
     or None for a job outside any workflow (or no such job)."""
     with conn.cursor(row_factory=dict_row) as cursor:
         return cursor.execute(sql.NODE_OF_JOB, (job_id,)).fetchone()
+
+
+# --- Waiting for a workflow to end (serve's GET /api/v1/workflows/{id}?wait=) ---------------------------------
+
+
+def waiter_key(workflow_id: int) -> int:
+    """The id a workflow's waiter registers as in dygo_result_waiters and hears on `dygo_finished` when the
+    workflow ends (migration 0017, dygo_notify_workflow_ended): minus the workflow's id, never a job's."""
+    return -workflow_id
+
+
+async def aregister_waiter(conn: psycopg.AsyncConnection, workflow_id: int, seconds: float) -> int:
+    """Register a waiter for the workflow's end, for `seconds` (at most results.WAITER_LIFETIME): the
+    waiter's id. A job's registration (store/results.py), under the same lock: a read of the workflow
+    after it returns sees every end committed before, and an end after it notifies. `conn` is autocommit
+    and idle; delete the row with results.aunregister when done."""
+    waiter, _ = await results.aregister(conn, waiter_key(workflow_id), seconds)
+    return waiter
+
+
+# What a workflow's state may be (dygo_workflows.state): running until every node has ended.
+WORKFLOW_STATES = ("running", "succeeded", "failed", "cancelled")

@@ -44,6 +44,8 @@ def test_queues_list_their_counts_concurrency_and_pause(api, conn):
         "paused": 1,
         "dead": 1,
         "cancelled": 1,
+        "waiting": 0,
+        "skipped": 0,
     }
     assert (queues["default"]["concurrency"], queues["other"]["concurrency"]) == (8, 2)
     assert queues["other"]["counts"]["pending"] == 1 and not queues["other"]["paused"]

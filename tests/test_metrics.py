@@ -124,13 +124,15 @@ def test_status_prints_queues_by_state_lag_pause_and_workers(conn, spawn):
         "PAUSED",
         "DEAD",
         "CANCELLED",
+        "WAITING",
+        "SKIPPED",
         "LAG",
         "STATUS",
     ]
     default, other = lines[1].split(), lines[2].split()
-    assert default[:7] == ["default", "2", "1", "1", "1", "1", "1"] and default[8] == "active"
-    assert 100 <= float(default[7].rstrip("s")) < 160
-    assert other == ["other", "0", "0", "0", "0", "0", "0", "0.0s", "paused"]
+    assert default[:9] == ["default", "2", "1", "1", "1", "1", "1", "0", "0"] and default[10] == "active"
+    assert 100 <= float(default[9].rstrip("s")) < 160
+    assert other == ["other", "0", "0", "0", "0", "0", "0", "0", "0", "0.0s", "paused"]
     assert lines[3] == "" and lines[4] == "workers: 1 live"
     assert lines[5].split()[:2] == ["WORKER", "QUEUES"]
     assert lines[6].startswith("box:1:aaa ") and "default=8, other=2" in lines[6]
@@ -141,7 +143,7 @@ def test_status_says_when_no_worker_is_live(conn, spawn):
     cli = spawn("status")
     assert cli.wait() == 0, cli.stderr()
     assert "workers: none seen in the last 30s\n" in cli.lines
-    assert cli.lines[1].split() == ["default", "0", "0", "0", "0", "0", "0", "0.0s", "active"]
+    assert cli.lines[1].split() == ["default", "0", "0", "0", "0", "0", "0", "0", "0", "0.0s", "active"]
 
 
 def test_status_lists_failing_kinds_worst_first(conn, spawn):

@@ -46,14 +46,15 @@ def run_trim(url: str, retention: RetentionPeriods, walk: SucceededWalk | None =
 
 
 def test_old_finished_jobs_are_trimmed_and_recent_and_live_ones_kept(conn, db_url):
-    old = {state: add_job(conn, state, 3) for state in ("succeeded", "dead", "cancelled")}
-    recent = {state: add_job(conn, state, 0.5) for state in ("succeeded", "dead", "cancelled")}
+    old = {state: add_job(conn, state, 3) for state in ("succeeded", "dead", "cancelled", "skipped")}
+    recent = {state: add_job(conn, state, 0.5) for state in ("succeeded", "dead", "cancelled", "skipped")}
     live = enqueue(conn, "test.record", {}).id
     trimmed = run_trim(db_url, KEEP_A_DAY)
-    assert (trimmed.succeeded, trimmed.dead, trimmed.cancelled) == (1, 1, 1)
+    # Skipped jobs (a workflow's nodes that did not run) go with the cancelled ones, by cancelled_retention.
+    assert (trimmed.succeeded, trimmed.dead, trimmed.cancelled, trimmed.skipped) == (1, 1, 1, 1)
     assert job_ids(conn) == {*recent.values(), live}
     assert not job_ids(conn) & set(old.values())
-    assert "1 succeeded, 1 dead, 1 cancelled" in trimmed.summary()
+    assert "1 succeeded, 1 dead, 1 cancelled, 1 skipped" in trimmed.summary()
 
 
 def test_zero_retention_keeps_history_forever(conn, db_url):

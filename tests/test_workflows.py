@@ -329,3 +329,20 @@ def test_a_job_adds_to_its_open_batch_only_with_the_settle_of_its_success(conn, 
     assert nodes(conn, handle.id)["on_success"] == "waiting"  # open: done so far, but not sealed
     workflows.seal_batch(conn, handle.id)
     assert work(db_url) == ["cb"]
+
+
+def test_an_operator_cancel_of_a_waiting_node_ends_it_and_its_retry_waits_for_the_nodes_before(conn, db_url):
+    handle = enqueue_workflow(conn, diamond("cancel"))
+    workflows.act_on_node(conn, handle.id, "d", "cancel")
+    assert nodes(conn, handle.id) == {
+        "a": "running",
+        "b": "waiting",
+        "c": "waiting",
+        "d": "cancelled",
+        "e": "cancelled",
+    }
+    # Retried before b and c ended, d waits for them again (its job is not claimable), and so does e.
+    workflows.act_on_node(conn, handle.id, "d", "retry")
+    assert job_states(conn, handle.id)["d"] == ["waiting"]
+    assert work(db_url) == ["a", "b", "c", "d", "e"]
+    assert workflows.get_workflow(conn, handle.id)["state"] == "succeeded"

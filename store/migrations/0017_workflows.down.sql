@@ -6,6 +6,11 @@ BEGIN
     END IF;
 END
 $$;
+DROP INDEX dygo_jobs_parked;
+CREATE INDEX dygo_jobs_parked ON dygo_jobs (state, id) INCLUDE (queue)
+    WHERE state IN ('dead', 'paused', 'cancelled');
+DROP TRIGGER dygo_workflows_ended ON dygo_workflows;
+DROP FUNCTION dygo_notify_workflow_ended();
 DROP TRIGGER dygo_jobs_moved ON dygo_jobs;
 DROP TRIGGER dygo_jobs_removed ON dygo_jobs;
 DROP FUNCTION dygo_jobs_moved();

@@ -214,11 +214,13 @@ BEGIN
             END IF;
         END IF;
 
-        -- Running nodes whose jobs have all ended end now, with their outcome.
+        -- Running nodes whose jobs have all ended end now, with their outcome; so does a waiting node all of
+        -- whose jobs an operator skipped, cancelled or deleted (an empty group, which has none, waits its turn).
         WITH done AS (
             UPDATE dygo_nodes n
             SET state = dygo_node_outcome(n.jobs, n.succeeded, n.dead, n.cancelled, n.allow_failures), finished_at = now()
-            WHERE n.id = ANY(v_frontier) AND n.state = 'running' AND n.jobs_left = 0 AND n.sealed
+            WHERE n.id = ANY(v_frontier) AND (n.state = 'running' OR (n.state = 'waiting' AND n.jobs > 0))
+              AND n.jobs_left = 0 AND n.sealed
             RETURNING n.id
         )
         SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_ended FROM done;
@@ -422,3 +424,27 @@ LANGUAGE sql STABLE AS $$
 SELECT node IS NULL OR NOT EXISTS (
     SELECT FROM dygo_nodes n WHERE n.id = node AND (n.cancels > 0 OR n.skips > 0 OR n.deps_left > 0 OR n.held > 0))
 $$;
+
+-- The admin's lists, counts and retention of parked jobs (migration 0016) take the two new states: a job
+-- that waits for its node, and one its workflow skipped.
+DROP INDEX dygo_jobs_parked;
+CREATE INDEX dygo_jobs_parked ON dygo_jobs (state, id) INCLUDE (queue)
+    WHERE state IN ('dead', 'paused', 'cancelled', 'waiting', 'skipped');
+
+-- A workflow's waiter (GET /api/v1/workflows/{id}?wait=) registers in dygo_result_waiters as job id minus
+-- the workflow's id, and hears the workflow end on dygo_finished as a job's waiter hears its job: whatever
+-- ended it (a settle, a cancel, a seal), under the same lock as dygo_notify_finished, so none is missed.
+CREATE FUNCTION dygo_notify_workflow_ended() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
+    -- A later statement: its snapshot sees every waiter committed before the lock was granted.
+    PERFORM pg_notify('dygo_finished', (-NEW.id)::text)
+    WHERE EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = -NEW.id);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER dygo_workflows_ended AFTER UPDATE OF state ON dygo_workflows
+    FOR EACH ROW WHEN (OLD.state = 'running' AND NEW.state <> 'running')
+    EXECUTE FUNCTION dygo_notify_workflow_ended();

@@ -7,10 +7,11 @@ reads QUEUE_LIST and QUEUE_LAG through it). A queue's dead jobs: sql/dead_jobs.p
 # The queue list in one round trip, as rows tagged 'count' (queue, state, number), 'paused' (name,
 # paused_at) and 'succeeded' (queue, number).
 # The counts are instantaneous, each part read from a partial index: pending and scheduled from
-# dygo_jobs_ready, active from dygo_jobs_leases (at most the workers' concurrency), dead, paused and
-# cancelled from dygo_jobs_parked. Succeeded rows are history (kept for completed_retention, no index
-# counts them), so the jobs each queue finished today (UTC) come from the stats rollups instead, like the
-# throughput window: today's folded row plus the deltas not folded yet, a handful of small rows.
+# dygo_jobs_ready, active from dygo_jobs_leases (at most the workers' concurrency), dead, paused,
+# cancelled, waiting and skipped from dygo_jobs_parked. Succeeded rows are history (kept for
+# completed_retention, no index counts them), so the jobs each queue finished today (UTC) come from the
+# stats rollups instead, like the throughput window: today's folded row plus the deltas not folded yet, a
+# handful of small rows.
 QUEUE_LIST = """
 SELECT 'count', queue, state, number, NULL::timestamptz FROM (
 SELECT queue, CASE WHEN run_at > now() THEN 'scheduled' ELSE 'pending' END, count(*)
@@ -18,7 +19,8 @@ FROM dygo_jobs WHERE state = 'pending' GROUP BY 1, 2
 UNION ALL
 SELECT queue, 'active', count(*) FROM dygo_jobs WHERE state = 'active' GROUP BY 1
 UNION ALL
-SELECT queue, state, count(*) FROM dygo_jobs WHERE state IN ('dead', 'paused', 'cancelled') GROUP BY 1, 2) AS c(queue, state, number)
+SELECT queue, state, count(*) FROM dygo_jobs WHERE state IN ('dead', 'paused', 'cancelled', 'waiting', 'skipped')
+GROUP BY 1, 2) AS c(queue, state, number)
 UNION ALL
 SELECT 'paused', name, NULL, NULL, paused_at FROM dygo_queues WHERE paused
 UNION ALL

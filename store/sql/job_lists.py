@@ -35,6 +35,8 @@ JOB_STATE_FILTERS = {
     "dead": "state = 'dead'",
     "paused": "state = 'paused'",
     "cancelled": "state = 'cancelled'",
+    "waiting": "state = 'waiting'",
+    "skipped": "state = 'skipped'",
 }
 # Both ends of the primary key: two index probes, however big the table.
 JOB_ID_RANGE = "SELECT min(id), max(id) FROM dygo_jobs"

@@ -4,10 +4,14 @@ Run by store/job_reads.py (GET /api/v1/jobs/{id}, the dashboard's job page) and 
 waiter's read after it registers); the actions of store/admin.py (sql/admin_jobs.py) return JOB_COLUMNS.
 """
 
-# A job's columns in the API's order, 'scheduled' told apart from 'pending' by the database clock.
+# A job's columns in the API's order, 'scheduled' told apart from 'pending' by the database clock. A job of a
+# workflow names its node, the node's workflow and name (a primary-key probe, only for such a job).
 JOB_COLUMNS = """id, kind, queue, args, meta,
     CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END AS state,
     priority, run_at, attempt, max_attempts, lease_owner, lease_deadline, enqueued_at, started_at,
     finished_at, (errors -> -1 ->> 'at')::timestamptz AS failed_at, result, last_error, errors, reap_count,
-    idempotency_key, progress"""
+    idempotency_key, progress, node_id,
+    CASE WHEN node_id IS NOT NULL THEN (SELECT n.workflow_id FROM dygo_nodes n WHERE n.id = node_id) END
+        AS workflow_id,
+    CASE WHEN node_id IS NOT NULL THEN (SELECT n.name FROM dygo_nodes n WHERE n.id = node_id) END AS node"""
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM dygo_jobs WHERE id = %s"

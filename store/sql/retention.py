@@ -32,8 +32,9 @@ WITH first AS (
 )
 SELECT (SELECT count(*) FROM trimmed), (SELECT id + %(window)s - 1 FROM first WHERE old)"""
 
-# Dead, then cancelled, jobs finished before the retention window, oldest ids first, from
-# dygo_jobs_parked. The state is written out (not a parameter) so every plan can use that partial index.
+# Dead, then cancelled, then skipped jobs (a workflow's nodes that did not run: kept as long as cancelled
+# ones) finished before the retention window, oldest ids first, from dygo_jobs_parked. The state is
+# written out (not a parameter) so every plan can use that partial index.
 TRIM_DEAD = """
 WITH doomed AS (
     SELECT id FROM dygo_jobs
@@ -47,6 +48,15 @@ TRIM_CANCELLED = """
 WITH doomed AS (
     SELECT id FROM dygo_jobs
     WHERE state = 'cancelled' AND finished_at < now() - make_interval(secs => %(keep)s)
+    ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), trimmed AS (
+    DELETE FROM dygo_jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1
+)
+SELECT count(*) FROM trimmed"""
+TRIM_SKIPPED = """
+WITH doomed AS (
+    SELECT id FROM dygo_jobs
+    WHERE state = 'skipped' AND finished_at < now() - make_interval(secs => %(keep)s)
     ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
 ), trimmed AS (
     DELETE FROM dygo_jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1

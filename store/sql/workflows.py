@@ -90,10 +90,12 @@ WITH marked AS (
 )
 SELECT dygo_advance(dygo_stop_workflows(ARRAY(SELECT id FROM marked))), (SELECT count(*) FROM marked)"""
 
-# Retry a node: its dead and cancelled jobs back to pending (the REVIVED of sql/admin_jobs.py); the job
+# Retry a node: its dead and cancelled jobs back to pending (the REVIVED of sql/admin_jobs.py), or to waiting
+# when the node may not run yet (cancelled by an operator before the nodes before it ended); the job
 # trigger re-arms the node and what it had cancelled or skipped.
 RETRY_NODE_JOBS = """
-UPDATE dygo_jobs SET state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
+UPDATE dygo_jobs SET state = CASE WHEN dygo_may_revive(node_id) THEN 'pending' ELSE 'waiting' END,
+    run_at = now(), attempt = 0, reap_count = 0,
     started_at = NULL, finished_at = NULL, result = NULL
 WHERE node_id = %(node)s AND state IN ('dead', 'cancelled')
 RETURNING id"""
