@@ -276,6 +276,19 @@ END
 $$;
 
 --
+-- Name: dygo_lock_workflows(bigint[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_lock_workflows(p_nodes bigint[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM 1 FROM dygo_workflows WHERE id IN (SELECT workflow_id FROM dygo_nodes WHERE id = ANY(p_nodes))
+    ORDER BY id FOR NO KEY UPDATE;
+END
+$$;
+
+--
 -- Name: dygo_may_revive(bigint); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -413,6 +426,7 @@ CREATE FUNCTION public.dygo_tally(p_nodes bigint[], p_succeeded integer[], p_dea
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM dygo_lock_workflows(p_nodes);
     WITH d AS (
         SELECT * FROM unnest(p_nodes, p_succeeded, p_dead, p_cancelled, p_skipped, p_results)
                       AS d(node, ds, df, dc, dk, result)

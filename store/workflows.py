@@ -592,6 +592,7 @@ def act_on_node(conn: psycopg.Connection, workflow_id: int, node_name: str, acti
     started) one node; the workflow as it is after. NotFound, or Conflict when nothing of it could move."""
     statement = {"retry": sql.RETRY_NODE_JOBS, "skip": sql.SKIP_NODE_JOBS, "cancel": sql.CANCEL_NODE_JOBS}[action]
     with conn.transaction():
+        conn.execute(sql.LOCK_WORKFLOW, (workflow_id,))
         node = _node(conn, workflow_id, node_name)
         if action == "retry" and (node["cancels"] or node["skips"]):
             raise Conflict(
@@ -657,6 +658,7 @@ def add_to_batch(
 def seal_batch(conn: psycopg.Connection, workflow_id: int) -> dict[str, Any]:
     """Seal an open batch: it takes no more jobs and ends when its jobs have (at once if they all have)."""
     with conn.transaction():
+        conn.execute(sql.LOCK_WORKFLOW, (workflow_id,))
         node = _node(conn, workflow_id, BATCH_JOBS)
         _, sealed = one(conn.execute(sql.SEAL_NODE, {"node": node["id"]}).fetchone())
         if not sealed:

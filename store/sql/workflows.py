@@ -62,6 +62,11 @@ SELECT u.name AS upstream, d.name AS downstream, e.policy, e.state
 FROM dygo_edges e JOIN dygo_nodes u ON u.id = e.upstream JOIN dygo_nodes d ON d.id = e.downstream
 WHERE e.workflow_id = %s ORDER BY e.upstream, e.downstream"""
 
+# What an operator's action on a workflow takes first, as the job triggers do (dygo_lock_workflows): the
+# workflow's row, then its nodes and jobs; an action that locked a job before it would deadlock with a settle
+# that holds the workflow and is releasing that job.
+LOCK_WORKFLOW = "SELECT id FROM dygo_workflows WHERE id = %s FOR NO KEY UPDATE"
+
 NODE_BY_NAME = f"""
 SELECT {NODE_COLUMNS} FROM dygo_nodes n WHERE n.workflow_id = %(workflow)s AND n.name = %(node)s"""
 
