@@ -94,11 +94,12 @@ WITH marked AS (
 SELECT dygo_advance(dygo_stop_workflows(ARRAY(SELECT id FROM marked))), (SELECT count(*) FROM marked)"""
 
 # Retry a node: its dead and cancelled jobs back to pending (the REVIVED of sql/admin_jobs.py); the job
-# trigger re-arms the node and what it had cancelled or skipped.
+# trigger re-arms the node and what it had cancelled or skipped. Not while the node waits (its jobs would run
+# before the nodes it waits for): dygo_may_revive, as a single job's retry asks.
 RETRY_NODE_JOBS = """
 UPDATE dygo_jobs SET state = 'pending', run_at = now(), attempt = 0, reap_count = 0,
     started_at = NULL, finished_at = NULL, result = NULL
-WHERE node_id = %(node)s AND state IN ('dead', 'cancelled')
+WHERE node_id = %(node)s AND state IN ('dead', 'cancelled') AND dygo_may_revive(node_id)
 RETURNING id"""
 
 # Skip a node: its jobs not yet started are skipped (a waiting node's whole); the job trigger ends the node
