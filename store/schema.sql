@@ -69,8 +69,13 @@ BEGIN
             SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_later FROM undone
             WHERE state IN ('cancelled', 'skipped') AND cancels = 0 AND skips = 0;
             IF cardinality(v_later) > 0 THEN
-                PERFORM count(*) FROM dygo_move_node_jobs(v_later, ARRAY['cancelled', 'skipped'], 'waiting');
-                UPDATE dygo_nodes SET jobs_left = jobs, cancelled = 0, skipped = 0 WHERE id = ANY(v_later);
+                -- Counted from the jobs that came back: one deleted meanwhile (retention) stays cancelled.
+                WITH back AS (
+                    SELECT * FROM dygo_move_node_jobs(v_later, ARRAY['cancelled', 'skipped'], 'waiting')
+                )
+                UPDATE dygo_nodes n SET jobs_left = coalesce(b.n, 0), cancelled = n.jobs - coalesce(b.n, 0), skipped = 0
+                FROM unnest(v_later) AS v(id) LEFT JOIN back b ON b.node_id = v.id
+                WHERE n.id = v.id;
             END IF;
         END IF;
 

@@ -321,6 +321,40 @@ def test_retention_deleting_finished_members_of_a_running_workflow_does_not_stal
     assert "retention: trimmed" in worker.stderr() and "Traceback" not in worker.stderr()
 
 
+def test_a_node_re_armed_after_retention_deleted_some_of_its_cancelled_jobs_still_ends(conn, db_url):
+    """u fails and so cancels group d; retention deletes one of d's cancelled jobs; u is retried. d waits
+    again with the jobs that are left, the deleted one still counted cancelled, and ends when they have
+    (cancelled: one of its jobs never ran), rather than waiting forever for a job that no longer exists."""
+    wf = Workflow("re-armed")
+    wf.add("u", "test.noop", {})
+    wf.map("d", "test.noop", [{}] * 3, after="u")
+    handle = enqueue_workflow(conn, wf)
+
+    async def settle_ready(dead: bool) -> None:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            jobs = await claim(c, "default", 10, "w1", 30)
+            outcomes = [Unsuccessful(j, "dead", error="u failed") if dead else Succeeded(j, "1") for j in jobs]
+            await leases.settle(c, outcomes)
+
+    asyncio.run(settle_ready(dead=True))
+    assert {node["name"]: node["state"] for node in workflows.get_workflow(conn, handle.id)["nodes"]} == {
+        "u": "failed",
+        "d": "cancelled",
+    }
+    first_of_d = "SELECT min(id) FROM dygo_jobs WHERE node_id = %s"
+    conn.execute(f"DELETE FROM dygo_jobs WHERE id = ({first_of_d})", (handle.nodes["d"],))  # as retention does
+    workflows.act_on_node(conn, handle.id, "u", "retry")
+    d = workflows.get_workflow(conn, handle.id)["nodes"][1]
+    assert (d["state"], d["jobs"], d["jobs_left"], d["cancelled"]) == ("waiting", 3, 2, 1)
+    asyncio.run(settle_ready(dead=False))  # u
+    asyncio.run(settle_ready(dead=False))  # d's two jobs
+    shown = workflows.get_workflow(conn, handle.id)
+    d = shown["nodes"][1]
+    assert (d["state"], d["succeeded"], d["cancelled"], d["jobs_left"]) == ("cancelled", 2, 1, 0)
+    assert shown["state"] == "failed"
+    assert check_invariants(conn) == []
+
+
 def test_a_settle_chosen_as_a_deadlocks_victim_is_settled_again_and_the_worker_stays_up(conn, db_url, spawn):
     """An operator's transaction holds a workflow's row; the worker's settle of a job of it waits for that
     row while holding the job's; the operator then asks for the job's row: a deadlock, and the worker's
