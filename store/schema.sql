@@ -79,11 +79,14 @@ BEGIN
             END IF;
         END IF;
 
-        -- Running nodes whose jobs have all ended end now, with their outcome.
+        -- Running nodes whose jobs have all ended end now, with their outcome; so does a held node whose jobs
+        -- an operator skipped or cancelled (besides a retry of the node before it, the way out of a hold).
         WITH done AS (
             UPDATE dygo_nodes n
             SET state = dygo_node_outcome(n.jobs, n.succeeded, n.dead, n.cancelled, n.allow_failures), finished_at = now()
-            WHERE n.id = ANY(v_frontier) AND n.state = 'running' AND n.jobs_left = 0 AND n.sealed
+            WHERE n.id = ANY(v_frontier) AND n.jobs_left = 0 AND n.sealed
+              AND (n.state = 'running' OR (n.state = 'waiting' AND n.held > 0 AND n.jobs > 0 AND n.deps_left = 0
+                                           AND n.cancels = 0 AND n.skips = 0))
             RETURNING n.id
         )
         SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_ended FROM done;

@@ -204,7 +204,10 @@ WITH scope AS (
         (CASE WHEN ended <> (finished_at IS NOT NULL) THEN format('%%s, finished_at %%s', state, finished_at) END),
         (CASE WHEN state = 'waiting' AND (deps_left, held, cancels, skips) = (0, 0, 0, 0)
               THEN 'stranded: waiting with nothing open, held, cancelling or skipping it' END),
-        (CASE WHEN state = 'running' AND jobs_left = 0 AND sealed THEN 'stranded: running with no job left' END)
+        (CASE WHEN state = 'running' AND jobs_left = 0 AND sealed THEN 'stranded: running with no job left' END),
+        (CASE WHEN state = 'waiting' AND held > 0 AND jobs > 0 AND jobs_left = 0 AND sealed
+                   AND (deps_left, cancels, skips) = (0, 0, 0)
+              THEN 'stranded: held, its jobs all skipped or cancelled' END)
     ) AS checks(v) WHERE v IS NOT NULL
 ), edge_violations AS (
     SELECT e.workflow_id, d.name, v
