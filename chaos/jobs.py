@@ -26,6 +26,12 @@ RECORD_PATIENCE = 120.0  # the database may be restarting (scenario 2): keep try
 
 async def record(ctx: JobContext) -> str:
     """Insert this execution into chaos_runs on the process's own connection; returns the lease token."""
+    await execute(RECORD, params(ctx))
+    return str(ctx.lease_token)
+
+
+async def execute(statement: str, values: dict[str, object]) -> None:
+    """Run `statement` on the process's own connection, reconnecting while the database restarts."""
     global _conn
     deadline = time.monotonic() + RECORD_PATIENCE
     while True:
@@ -34,8 +40,8 @@ async def record(ctx: JobContext) -> str:
                 _conn = await psycopg.AsyncConnection.connect(
                     os.environ["DATABASE_URL"], autocommit=True, **connect_kwargs()
                 )
-            await _conn.execute(RECORD, params(ctx))
-            return str(ctx.lease_token)
+            await _conn.execute(statement, values)
+            return
         except psycopg.OperationalError:
             if _conn is not None:
                 await _conn.close()
@@ -69,6 +75,23 @@ async def work(ctx: JobContext, args: Work) -> dict:
 @job("chaos.probe", queue="probe", max_attempts=25, retry_backoff="100ms")
 async def probe(ctx: JobContext, args: dict) -> dict:
     return {"token": await record(ctx)}
+
+
+# --- Scenario 6: a batch's callback. Its run is recorded under a unique index on its job id as well, so a
+# second run fails there (and shows as an error on the job); it also records the counts it was given.
+
+CALLBACK_RECORD = (
+    "INSERT INTO chaos_callbacks (job_id, lease_token, members_succeeded) VALUES (%(id)s, %(token)s, %(succeeded)s)"
+)
+
+
+@job("chaos.callback", max_attempts=25, retry_backoff="100ms")
+async def callback(ctx: JobContext, args: dict) -> dict:
+    token = await record(ctx)
+    members = ctx.deps.get("jobs")
+    succeeded = members.counts["succeeded"] if members is not None else None
+    await execute(CALLBACK_RECORD, {"id": ctx.id, "token": ctx.lease_token, "succeeded": succeeded})
+    return {"token": token}
 
 
 # --- Scenario 5: handlers that misbehave. Each runs once (max_attempts=1) and must end dead with a

@@ -19,6 +19,7 @@ then checks the books (`check_books`, the same for every scenario and for the sh
   Must be 0. Settles that fencing refused are counted from the workers' logs ("lease lost before
   settling"): freezing a worker past its lease TTL (scenario 1) makes them happen for real.
 * duplicates: executions beyond the first, per job, summed; each is explained by a crash.
+* workflows: their counters agree with their rows (store/workflows.py check_invariants). Must hold.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dygo.store import JobRequest, embedded, enqueue, enqueue_many
 from dygo.store.config import load_settings
 from dygo.store.loading import load_jobs
 from dygo.store.migrate import migrate
+from dygo.store.workflows import BATCH_JOBS, batch, check_invariants, enqueue_workflow
 from psycopg.conninfo import make_conninfo
 
 from chaos.jobs import MISBEHAVING  # also registers the chaos kinds here, which enqueue validates against
@@ -89,6 +91,14 @@ BEGIN
 END $$;
 CREATE TRIGGER chaos_lease_ended AFTER UPDATE ON dygo_jobs FOR EACH ROW
     WHEN (OLD.state = 'active' AND NEW.state <> 'active') EXECUTE FUNCTION chaos_lease_ended();
+-- Scenario 6's callback runs (chaos/jobs.py): a second run of one callback job would break the unique index.
+CREATE TABLE chaos_callbacks (
+    job_id            bigint      NOT NULL,
+    lease_token       uuid,
+    members_succeeded integer,
+    at                timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE UNIQUE INDEX ON chaos_callbacks (job_id);
 """
 
 # Per job: executions (distinct lease tokens and rows), and how its leases ended.
@@ -118,10 +128,24 @@ class Plan:
     workers: int = 3
     concurrency: int = 8
     timeout: float = 900.0  # a scenario that has not finished by then fails
+    # Scenario 6: a batch of this many members with one callback, this many runs, on this many workers.
+    members: int = 10_000
+    workflow_runs: int = 3
+    workflow_workers: int = 4
 
     @classmethod
     def short(cls) -> Plan:
-        return cls(jobs=300, faults=2, job_seconds=0.08, workers=2, concurrency=8, timeout=90.0)
+        return cls(
+            jobs=300,
+            faults=2,
+            job_seconds=0.08,
+            workers=2,
+            concurrency=8,
+            timeout=90.0,
+            members=2_000,
+            workflow_runs=1,
+            workflow_workers=2,
+        )
 
 
 @dataclass
@@ -390,6 +414,10 @@ def check_books(conn: psycopg.Connection, report: Report, expect_dead: dict[str,
     for name, value in (("lost", lost), ("stuck active", stuck), ("over-run", over), ("stale settles", stale)):
         if value:
             report.problems.append(f"{value} {name}")
+    # Workflows' counters against their rows (scenario 6 runs one; the others have none to disagree).
+    violations = check_invariants(conn)
+    if violations:
+        report.problems.append(f"{len(violations)} workflow invariant violations: {violations[:5]}")
     if examples:
         report.notes["examples"] = examples[:10]
 
@@ -760,12 +788,122 @@ def scenario_bad_handlers(lab: Lab, plan: Plan, rng: random.Random) -> Report:
     return report
 
 
+CALLBACK_LAG = 1.0  # seconds from the last member's settle to the callback's start, at most
+KILL_EVERY = (1.5, 3.5)  # seconds between two kills of scenario 6, drawn at random
+
+# The batch's two nodes, and what the callback's start lagged behind the members' last settle.
+BATCH_FACTS = """
+SELECT w.state, g.state, g.jobs, g.succeeded, g.jobs_left, c.state, c.job_id, cb.state, cb.errors,
+       extract(epoch FROM cb.started_at - (SELECT max(finished_at) FROM dygo_jobs WHERE node_id = g.id))::float8
+FROM dygo_workflows w
+JOIN dygo_nodes g ON g.workflow_id = w.id AND g.name = 'jobs'
+JOIN dygo_nodes c ON c.workflow_id = w.id AND c.name = 'on_success'
+LEFT JOIN dygo_jobs cb ON cb.id = c.job_id
+WHERE w.id = %s"""
+
+
+def scenario_workflow(lab: Lab, plan: Plan, rng: random.Random) -> Report:
+    """6. A batch of `plan.members` jobs with one on_success callback, `plan.workflow_workers` workers, one of
+    them SIGKILLed every few seconds (and restarted) until the members have all ended (at most `plan.faults`
+    kills a run); `plan.workflow_runs`
+    runs, each on a fresh database. Each run: every member ran and succeeded (the books), the callback ran
+    exactly once (its record sits under a unique index on its job id) and saw every member succeeded, the
+    counters agree with the rows (store/workflows.py check_invariants), and the callback started within
+    CALLBACK_LAG of the last member's settle (its started_at against the members' latest finished_at)."""
+    report = Report("6. Batch callback, SIGKILL workers", recovery_means="last member settled to callback started")
+    lags: list[float] = []
+    kills_per_run: list[int] = []
+    started = time.monotonic()
+    for run_number in range(1, plan.workflow_runs + 1):
+        part = Report(f"run {run_number}")
+        url = lab.database(f"workflow_{run_number}")
+        members = [{"seconds": round(rng.uniform(0, plan.job_seconds), 4)} for _ in range(plan.members)]
+        with psycopg.connect(url, autocommit=True) as conn:
+            handle = enqueue_workflow(
+                conn, batch(f"chaos batch {run_number}", "chaos.work", members, on_success=("chaos.callback", {}))
+            )
+            workers = [lab.worker(url, concurrency=plan.concurrency) for _ in range(plan.workflow_workers)]
+            kills = 0
+            next_kill = time.monotonic() + rng.uniform(*KILL_EVERY)
+            deadline = time.monotonic() + plan.timeout
+            while conn.execute("SELECT state = 'running' FROM dygo_workflows WHERE id = %s", (handle.id,)).fetchone()[
+                0
+            ]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the batch of run {run_number} had not ended after {plan.timeout:g}s")
+                members_left = conn.execute(
+                    "SELECT jobs_left FROM dygo_nodes WHERE id = %s", (handle.nodes[BATCH_JOBS],)
+                ).fetchone()[0]
+                # Kills stop once the members have ended: a kill during the callback's own run would run it
+                # again by design (at least once), which is not what this scenario proves.
+                if members_left and kills < plan.faults and time.monotonic() >= next_kill:
+                    victim = rng.choice([w for w in workers if w.alive()])
+                    victim.process.kill()
+                    victim.process.wait(10)
+                    workers.remove(victim)
+                    workers.append(lab.worker(url, concurrency=plan.concurrency, wait=False))
+                    kills += 1
+                    next_kill = time.monotonic() + rng.uniform(*KILL_EVERY)
+                time.sleep(0.05)
+            settle_down(conn)
+            check_books(conn, part)
+            facts = conn.execute(BATCH_FACTS, (handle.id,)).fetchone()
+            workflow_state, group_state, jobs, succeeded, jobs_left, callback_node, callback_id = facts[:7]
+            callback_state, callback_errors, lag = facts[7:]
+            callback_runs = conn.execute("SELECT members_succeeded FROM chaos_callbacks").fetchall()
+        kills_per_run.append(kills)
+        if lag is not None:
+            lags.append(lag)
+        expected = (
+            ("workflow", workflow_state, "succeeded"),
+            ("members node", (group_state, jobs, succeeded, jobs_left), ("succeeded", plan.members, plan.members, 0)),
+            ("callback node and job", (callback_node, callback_state), ("succeeded", "succeeded")),
+            ("callback's errors", callback_errors, []),
+            ("callback runs (members it saw succeeded)", callback_runs, [(plan.members,)]),
+        )
+        for what, found, wanted in expected:
+            if found != wanted:
+                part.problems.append(f"{what}: {found!r}, expected {wanted!r}")
+        if lag is None or lag > CALLBACK_LAG:
+            part.problems.append(f"the callback started {lag}s after the last member settled (at most {CALLBACK_LAG}s)")
+        if not kills:
+            part.problems.append("no worker was killed while the members ran")
+        for worker in workers:
+            if not worker.alive():
+                part.problems.append(f"worker pid {worker.pid} exited: {worker.stderr()[-500:]}")
+        part.refused_settles = worker_log_counts(lab.processes)["refused_settles"]
+        lab.stop_all()
+        for name in ("jobs", "duplicates", "lost", "stuck", "over_run", "stale_settles", "refused_settles"):
+            setattr(report, name, getattr(report, name) + getattr(part, name))
+        report.problems += [f"run {run_number}: {problem}" for problem in part.problems]
+        if "examples" in part.notes:
+            report.notes.setdefault("examples", []).extend(part.notes["examples"])
+        print(
+            f"workflow run {run_number}: {plan.members:,} members, {kills} kill(s), callback started "
+            f"{'-' if lag is None else f'{lag:.3f}s'} after the last member settled",
+            file=sys.stderr,
+        )
+    report.seconds = time.monotonic() - started
+    report.faults = sum(kills_per_run)
+    report.max_recovery = max(lags) if lags else None
+    report.notes.update(
+        runs=plan.workflow_runs,
+        members=plan.members,
+        workers=plan.workflow_workers,
+        kills_per_run=kills_per_run,
+        callback_lags=[round(lag, 3) for lag in lags],
+        callback_lag_limit=CALLBACK_LAG,
+    )
+    return report
+
+
 SCENARIOS: dict[str, Callable[[Lab, Plan, random.Random], Report]] = {
     "kill": scenario_kill,
     "restart": scenario_db_restart,
     "terminate": scenario_terminate,
     "deploy": scenario_deploy,
     "handlers": scenario_bad_handlers,
+    "workflow": scenario_workflow,
 }
 
 

@@ -183,7 +183,8 @@ def act_on_job(conn: psycopg.Connection, action: str, job_id: int) -> dict[str, 
     """Run one of ACTIONS on a job; return the job as it is now."""
     statement, allowed = ACTIONS[action]
     try:
-        with conn.cursor(row_factory=dict_row) as cursor:
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cursor:
+            cursor.execute(admin_jobs.LOCK_JOB_WORKFLOW, {"id": job_id})
             job = cursor.execute(statement, {"id": job_id}).fetchone()
     except psycopg.errors.UniqueViolation:
         # Only a retry brings a job back to a live state, where its idempotency key must be unique.
@@ -199,7 +200,10 @@ def act_on_job(conn: psycopg.Connection, action: str, job_id: int) -> dict[str, 
 
 def delete_job(conn: psycopg.Connection, job_id: int, state: str | None = None) -> None:
     """Delete a job that is not active; with `state`, only while it is in that state (else Conflict)."""
-    if conn.execute(admin_jobs.DELETE_JOB, {"id": job_id, "state": state}).fetchone() is None:
+    with conn.transaction():
+        conn.execute(admin_jobs.LOCK_JOB_WORKFLOW, {"id": job_id})
+        deleted = conn.execute(admin_jobs.DELETE_JOB, {"id": job_id, "state": state}).fetchone()
+    if deleted is None:
         _refuse(conn, job_id, "delete", DELETABLE if state is None else (state,))
     # Anyone waiting for its result stops waiting now rather than at their timeout.
     results.notify_deleted(conn, [job_id])

@@ -151,6 +151,8 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
             # Its own statement, not on_indexes: a settle's arrays grow with the batch, and binding them
             # client-side costs the worker more CPU per job than binding them server-side.
             await conn.execute(SETTLE_SETTINGS)
+            if explicit and any(o.job.node_id is not None for o in outcomes):
+                await conn.execute(sql.LOCK_SETTLE_WORKFLOWS, {"lock": plain_array(map(str, batch))})
             if successes:
                 ids = plain_array([str(o.job.id) for o in successes])
                 params = {

@@ -50,8 +50,10 @@ def is_outage(exc: BaseException) -> bool:
     the schema and the code do not match), a value or parameter refused (`DataError`,
     `InvalidParameterValue`), a statement cancelled by a `statement_timeout` (`QueryCanceled`, 57014) or
     a deadlock (40P01): dygo's statements neither wait long nor deadlock by design, so either says
-    the server's settings or dygo's statements need a look. So is a client-side error of psycopg
-    (`ProgrammingError`, `InterfaceError`: the driver used wrongly). A failed login is libpq's too and
+    the server's settings or dygo's statements need a look (the settler alone runs a settle that was a
+    deadlock's victim once more, `is_rolled_back`: an operator's bulk action on a workflow's jobs can
+    hold what its settle needs). So is a client-side error of psycopg (`ProgrammingError`,
+    `InterfaceError`: the driver used wrongly). A failed login is libpq's too and
     has no SQLSTATE: a wrong password counts as an outage, with the server's reason in the lost line.
     """
     if isinstance(exc, OSError):
@@ -62,6 +64,18 @@ def is_outage(exc: BaseException) -> bool:
     if isinstance(exc, psycopg.Error):
         return (exc.sqlstate or "").startswith(OUTAGE_SQLSTATES)
     return False
+
+
+# SQLSTATE class 40, transaction rollback: a deadlock (40P01) or a serialization failure (40001). The server
+# rolled the whole transaction back, and the same transaction run again can succeed.
+ROLLBACK_SQLSTATE = "40"
+
+
+def is_rolled_back(exc: BaseException) -> bool:
+    """Whether `exc` says the server chose this transaction as a deadlock's victim (or failed to serialize it):
+    nothing of it was done, and running it again is the cure. A settle of workflow jobs moves the workflow's
+    rows as well, which an operator's action on that workflow may hold (store/workflows.py)."""
+    return isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith(ROLLBACK_SQLSTATE)
 
 
 def describe(exc: BaseException) -> str:

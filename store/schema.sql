@@ -69,13 +69,19 @@ BEGIN
             SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_later FROM undone
             WHERE state IN ('cancelled', 'skipped') AND cancels = 0 AND skips = 0;
             IF cardinality(v_later) > 0 THEN
-                PERFORM count(*) FROM dygo_move_node_jobs(v_later, ARRAY['cancelled', 'skipped'], 'waiting');
-                UPDATE dygo_nodes SET jobs_left = jobs, cancelled = 0, skipped = 0 WHERE id = ANY(v_later);
+                -- Counted from the jobs that came back: one deleted meanwhile (retention) stays cancelled.
+                WITH back AS (
+                    SELECT * FROM dygo_move_node_jobs(v_later, ARRAY['cancelled', 'skipped'], 'waiting')
+                )
+                UPDATE dygo_nodes n SET jobs_left = coalesce(b.n, 0), cancelled = n.jobs - coalesce(b.n, 0), skipped = 0
+                FROM unnest(v_later) AS v(id) LEFT JOIN back b ON b.node_id = v.id
+                WHERE n.id = v.id;
             END IF;
         END IF;
 
         -- Running nodes whose jobs have all ended end now, with their outcome; so does a waiting node all of
-        -- whose jobs an operator skipped, cancelled or deleted (an empty group, which has none, waits its turn).
+        -- whose jobs an operator skipped, cancelled or deleted, held or not (an empty group, which has none, waits
+        -- its turn).
         WITH done AS (
             UPDATE dygo_nodes n
             SET state = dygo_node_outcome(n.jobs, n.succeeded, n.dead, n.cancelled, n.allow_failures), finished_at = now()
@@ -283,6 +289,19 @@ END
 $$;
 
 --
+-- Name: dygo_lock_workflows(bigint[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_lock_workflows(p_nodes bigint[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM 1 FROM dygo_workflows WHERE id IN (SELECT workflow_id FROM dygo_nodes WHERE id = ANY(p_nodes))
+    ORDER BY id FOR NO KEY UPDATE;
+END
+$$;
+
+--
 -- Name: dygo_may_revive(bigint); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -436,6 +455,7 @@ CREATE FUNCTION public.dygo_tally(p_nodes bigint[], p_succeeded integer[], p_dea
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM dygo_lock_workflows(p_nodes);
     WITH d AS (
         SELECT * FROM unnest(p_nodes, p_succeeded, p_dead, p_cancelled, p_skipped, p_results)
                       AS d(node, ds, df, dc, dk, result)

@@ -341,3 +341,17 @@ async def workflow_step(ctx: JobContext, args: dict) -> dict:
             for name, dep in ctx.deps.items()
         },
     }
+
+
+@job("test.until_trimmed", queue="other")
+def until_trimmed(ctx: JobContext, args: dict) -> dict:
+    """Runs until retention has deleted every job of the node before it (tests/test_workflow_concurrency.py),
+    at most 30 s; returns what ctx.deps says of that node, which needs none of its rows."""
+    record(ctx)
+    [before] = ctx.deps.values()
+    deadline = time.monotonic() + 30
+    while _local.conn.execute("SELECT count(*) FROM dygo_jobs WHERE node_id = %s", (before.node_id,)).fetchone()[0]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("retention left the jobs of the node before")
+        time.sleep(0.1)
+    return {"state": before.state, **before.counts}

@@ -316,6 +316,7 @@ def test_an_open_batch_takes_jobs_until_sealed_and_fires_its_callback_once(api, 
     created = response.json()
     assert set(created["nodes"]) == {"jobs", "on_complete", "on_failure"}
     batch_id = created["id"]
+
     # Its first jobs run, but the batch cannot end, nor its callback fire, before it is sealed.
     def group() -> dict:
         return next(node for node in workflow(api, batch_id)["nodes"] if node["name"] == "jobs")

@@ -127,3 +127,15 @@ def test_a_job_reclaimed_by_the_same_worker_during_its_first_run_leaves_the_work
         )
     ]
     assert notes == ["start", "start", "end", "end"]
+
+
+def test_a_batch_callback_runs_once_soon_after_its_last_member_while_workers_are_killed(data_dir, tmp_path):
+    """A batch of 2,000 members and one callback, two workers, a worker SIGKILLed once or twice while the members run:
+    every member ran, the callback ran exactly once (a second run would break a unique index) and started
+    within a second of the last member's settle, and the counters agree with the rows."""
+    report = short(data_dir, "workflow", tmp_path)
+    assert 1 <= report["notes"]["kills_per_run"][0] <= 2
+    assert report["jobs"] == 2_001
+    [lag] = report["notes"]["callback_lags"]
+    assert lag <= report["notes"]["callback_lag_limit"], report["notes"]
+    print(f"callback started {lag:.3f}s after the last member settled")

@@ -170,6 +170,20 @@ def test_hold_policy_keeps_the_next_node_waiting_and_says_why(conn, db_url):
     assert workflows.get_workflow(conn, handle.id)["state"] == "succeeded"
 
 
+def test_an_operator_skipping_a_held_node_ends_it_and_what_follows(conn, db_url):
+    handle = enqueue_workflow(conn, diamond("hold"))
+    work(db_url, dead={"b"})
+    shown = workflows.act_on_node(conn, handle.id, "d", "skip")
+    assert {node["name"]: node["state"] for node in shown["nodes"]} == {
+        "a": "succeeded",
+        "b": "failed",
+        "c": "succeeded",
+        "d": "skipped",
+        "e": "skipped",
+    }
+    assert shown["state"] == "failed" and workflows.check_invariants(conn) == []
+
+
 def test_fail_fast_cancels_every_node_not_ended(conn, db_url):
     handle = enqueue_workflow(conn, diamond("continue", fail_fast=True))
 

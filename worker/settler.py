@@ -17,6 +17,7 @@ from typing import Protocol
 import psycopg
 from dygo.store import leases, limits
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
+from dygo.store.outage import describe, is_rolled_back
 from dygo.worker.database import WorkerConnections
 from dygo.worker.telemetry import WorkerStats, outcome_name
 
@@ -80,14 +81,16 @@ class Settler:
             await asyncio.shield(self.flush())
 
     async def flush(self) -> None:
-        """Settle everything in the outbox; in an outage keep it and retry (leases cover it). Any other database
-        error is raised (WorkerConnections.failed): the batch stays in the outbox, its leases run out, and another
-        worker recovers its jobs."""
+        """Settle everything in the outbox; in an outage keep it and retry (leases cover it). A batch the server
+        rolled back as a deadlock's victim is settled again at once, once. Any other database error (or that one
+        twice running) is raised (WorkerConnections.failed): the batch stays in the outbox, its leases run out,
+        and another worker recovers its jobs."""
         async with self.flushing:
             await self._flush_outbox()
 
     async def _flush_outbox(self) -> None:
         delay = 0.1
+        again = True  # a batch rolled back by a deadlock is settled once more before its error counts
         while self.outbox:
             # Removed from the outbox only once settled, so a cancelled flush loses nothing.
             batch = self.outbox[:SETTLE_BATCH]
@@ -101,7 +104,12 @@ class Settler:
                 if claimed_here:
                     self.wakeups.limit_slots_freed(claimed_here)
                 await self.database.back()
+                again = True
             except (psycopg.Error, OSError) as exc:
+                if again and is_rolled_back(exc):
+                    again = False
+                    log.warning("settling %d job(s): %s; settling them again", len(batch), describe(exc))
+                    continue
                 await self.database.failed(f"settling {len(batch)} job(s)", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)

@@ -16,6 +16,7 @@ DROP TRIGGER dygo_jobs_removed ON dygo_jobs;
 DROP FUNCTION dygo_jobs_moved();
 DROP FUNCTION dygo_jobs_removed();
 DROP FUNCTION dygo_tally(bigint[], integer[], integer[], integer[], integer[], jsonb[]);
+DROP FUNCTION dygo_lock_workflows(bigint[]);
 DROP FUNCTION dygo_advance(bigint[]);
 DROP FUNCTION dygo_stop_workflows(bigint[]);
 DROP FUNCTION dygo_move_node_jobs(bigint[], text[], text);

@@ -147,8 +147,8 @@ $$;
 -- * each edge out of an ended node settles by its policy, and its downstream node counts it: cancelled or
 --   skipped by it (with all its jobs), held, or released (its jobs pending) once nothing is open;
 -- * a workflow counts its ended nodes, and under fail_fast its first failure cancels every node not ended.
--- Node rows are locked as they are updated; nodes are created upstream first, so in increasing id order,
--- and every transaction takes them in that order: upstream, then downstream.
+-- The caller holds the workflows' rows (dygo_lock_workflows): every node row it locks here, and every
+-- job row it moves, is taken under them, so two transactions never take them in opposite orders.
 CREATE FUNCTION dygo_advance(start bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -209,13 +209,19 @@ BEGIN
             SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_later FROM undone
             WHERE state IN ('cancelled', 'skipped') AND cancels = 0 AND skips = 0;
             IF cardinality(v_later) > 0 THEN
-                PERFORM count(*) FROM dygo_move_node_jobs(v_later, ARRAY['cancelled', 'skipped'], 'waiting');
-                UPDATE dygo_nodes SET jobs_left = jobs, cancelled = 0, skipped = 0 WHERE id = ANY(v_later);
+                -- Counted from the jobs that came back: one deleted meanwhile (retention) stays cancelled.
+                WITH back AS (
+                    SELECT * FROM dygo_move_node_jobs(v_later, ARRAY['cancelled', 'skipped'], 'waiting')
+                )
+                UPDATE dygo_nodes n SET jobs_left = coalesce(b.n, 0), cancelled = n.jobs - coalesce(b.n, 0), skipped = 0
+                FROM unnest(v_later) AS v(id) LEFT JOIN back b ON b.node_id = v.id
+                WHERE n.id = v.id;
             END IF;
         END IF;
 
         -- Running nodes whose jobs have all ended end now, with their outcome; so does a waiting node all of
-        -- whose jobs an operator skipped, cancelled or deleted (an empty group, which has none, waits its turn).
+        -- whose jobs an operator skipped, cancelled or deleted, held or not (an empty group, which has none, waits
+        -- its turn).
         WITH done AS (
             UPDATE dygo_nodes n
             SET state = dygo_node_outcome(n.jobs, n.succeeded, n.dead, n.cancelled, n.allow_failures), finished_at = now()
@@ -305,6 +311,19 @@ BEGIN
 END
 $$;
 
+-- Locks the rows of the workflows the given nodes belong to, in id order. Whatever changes a workflow's
+-- counters takes them first: its workflow rows, then node rows, then the job rows its advance moves. A
+-- node's end updates its workflow's row, and a later round or an operator's cancel locks more nodes and
+-- jobs of that workflow, so a transaction that locked a node before the workflow could wait for one that
+-- holds the workflow and wants that node: a deadlock. Under the workflow's row they queue instead.
+CREATE FUNCTION dygo_lock_workflows(p_nodes bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM dygo_workflows WHERE id IN (SELECT workflow_id FROM dygo_nodes WHERE id = ANY(p_nodes))
+    ORDER BY id FOR NO KEY UPDATE;
+END
+$$;
+
 -- Counts, per node, jobs that entered an ended state (succeeded, dead, cancelled, skipped) or left one (a
 -- retry), and advances the workflows from those nodes. Only rows a statement really moved count: a settle
 -- fenced out by its lease token moves none.
@@ -312,6 +331,7 @@ CREATE FUNCTION dygo_tally(p_nodes bigint[], p_succeeded integer[], p_dead integ
                            p_skipped integer[], p_results jsonb[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM dygo_lock_workflows(p_nodes);
     WITH d AS (
         SELECT * FROM unnest(p_nodes, p_succeeded, p_dead, p_cancelled, p_skipped, p_results)
                       AS d(node, ds, df, dc, dk, result)

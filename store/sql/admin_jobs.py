@@ -12,6 +12,11 @@ JOB_STATE = """
 SELECT CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END
 FROM dygo_jobs WHERE id = %s"""
 
+# Run first in an action's transaction: a job of a workflow is moved under its workflow's row, as the job
+# triggers move it (migration 0017, dygo_lock_workflows); nothing for any other job.
+LOCK_JOB_WORKFLOW = """
+SELECT dygo_lock_workflows(ARRAY(SELECT node_id FROM dygo_jobs WHERE id = %(id)s AND node_id IS NOT NULL))"""
+
 # What every retry sets (this one, and those of sql/dead_jobs.py and sql/bulk.py): pending now, with a fresh
 # attempt budget; the error history is kept.
 REVIVED = """state = 'pending', run_at = now(), attempt = 0, reap_count = 0,

@@ -60,6 +60,16 @@ WITH locked AS MATERIALIZED (
 )
 SELECT id FROM settled"""  # noqa: E501
 
+# A settle of both kinds (two statements) that holds jobs of workflows: the batch's rows, then its workflows'
+# rows, in id order, before either statement. Each statement's trigger locks the workflows of its own jobs
+# (migration 0017, dygo_lock_workflows), so without this the second could take a workflow of a lower id
+# than the first had taken, while another settle holding that one waited for the first's: a deadlock.
+LOCK_SETTLE_WORKFLOWS = """
+WITH locked AS MATERIALIZED (
+    SELECT id, node_id FROM dygo_jobs WHERE id = ANY(%(lock)s::bigint[]) ORDER BY id FOR NO KEY UPDATE
+)
+SELECT dygo_lock_workflows(ARRAY(SELECT node_id FROM locked WHERE node_id IS NOT NULL))"""
+
 # Retry (pending after a delay), dead, snooze and hand-back (pending, attempt refunded) in one
 # statement per batch; an error, when given, is appended to the attempt history. A hand-back keeps
 # its run_at, so the job keeps its place at the head of the line instead of queueing behind the backlog.
