@@ -502,7 +502,6 @@ async def aget_workflow(conn: psycopg.AsyncConnection, workflow_id: int) -> dict
 
 
 def _shown(workflow: dict[str, Any], nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str, Any]:
-    names = {node["id"]: node["name"] for node in nodes}
     waiting_on: dict[str, list[str]] = {}
     blocked_by: dict[str, list[str]] = {}
     upstream_states = {node["name"]: node["state"] for node in nodes}
@@ -519,7 +518,6 @@ def _shown(workflow: dict[str, Any], nodes: list[dict[str, Any]], edges: list[di
         node["blocked_by"] = blocked_by.get(node["name"], [])
         node["wait"] = _wait_reason(node, upstream_states)
         shown_nodes.append(node)
-    del names
     workflow = dict(workflow)
     workflow["nodes"] = shown_nodes
     workflow["edges"] = edges
