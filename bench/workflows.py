@@ -1,13 +1,15 @@
 """Workflows through real workers: fan-in latency, and jobs/s through chains and a fan-out/fan-in against
-plain jobs of the same count.
+plain jobs of the same count (bench/README.md, "Workflows").
 
-    .venv/bin/python bench/workflows.py --markdown                 # everything: 1 and 4 workers, 3 repeats
-    .venv/bin/python bench/workflows.py --quick                    # smaller counts, one repeat: a smoke run
-    .venv/bin/python bench/workflows.py --only fan-in --fan-in 1000 10000 100000 --workers 1 4 --repeat 3
+    .venv/bin/python bench/workflows.py --markdown                 # everything: 1 and 4 workers, 3 passes
+    .venv/bin/python bench/workflows.py --quick                    # smaller counts, one pass: a smoke run
+    .venv/bin/python bench/workflows.py --functions --repeat 1     # + time in the trigger functions per drain
+    .venv/bin/python bench/workflows.py --only fan-out --workers 4 --concurrency 4 --fan-out-groups 100
+    .venv/bin/python bench/workflows.py --quick --variants current,row,deferred
 
 On a fresh database (`bench_workflows` on the embedded server, `dygo db url`), for each fleet size in
 `--workers` (real `dygo worker` processes, `--concurrency` 200 and claims of `--claim-batch-size` 100 each,
-log level WARNING, no-op jobs of `bench/bench_jobs.py`), `--repeat` times, the scenarios taking turns:
+log level WARNING, the no-op jobs of `bench/bench_jobs.py`), `--repeat` times, the fleets taking turns:
 
 * fan-in: a batch of N no-op jobs with an `on_complete` callback (`store.workflows.batch`), for each N of
   `--fan-in`. Fan-in latency = the callback job's `started_at` - the last member's `finished_at`: the last
@@ -17,17 +19,21 @@ log level WARNING, no-op jobs of `bench/bench_jobs.py`), `--repeat` times, the s
   transaction, then as many plain no-op jobs in one transaction (the bare reference). jobs/s = jobs /
   (last finish - first start), from the rows. Chain latency = the workflow's `finished_at` - the
   enqueue's commit (a `clock_timestamp()` just before it): under a burst, a chain waits behind the others.
-* fan-out: one workflow of a start job, a group of `--fan-out` jobs after it and an end job after the
-  group (1 + N + 1 jobs), then as many plain jobs.
-* paced chains: `--paced-chains` 3-step chains enqueued one at a time `--pace` seconds apart on idle
-  workers: end-to-end latency (the workflow's `finished_at` - `created_at`) and each hop (a node's
-  `started_at` - the node before's `finished_at`).
+* fan-out: one workflow of a start job, a group of `--fan-out` jobs after it (or as many jobs in
+  `--fan-out-groups` sibling groups) and an end job after it, then as many plain jobs.
+* paced: `--paced-chains` 3-step chains enqueued one at a time `--pace` seconds apart on idle workers:
+  end-to-end latency (the workflow's `finished_at` - `created_at`), each hop (a node's `started_at` - the
+  node before's `finished_at`) and each job's run; then as many plain jobs at the same pace, whose pickup
+  (`started_at` - `enqueued_at`) is what a hop compares with.
 
-Each drain also records the CPU of the workers and of the server per job (from the enqueue's start to the
-drain's end: the enqueue is in it, for the workflows and the plain jobs alike), and samples what the worker
-backends wait on (`pg_stat_activity`, every `--sample-interval` s; for a lock, its type and relation from
-`pg_locks`), as bench/fleet.py does: a node row that serialises settles shows as lock waits there.
-Everything is measured from the database rows (`now()` of the writing transactions).
+With `track_commit_timestamp = on` on the server, the fan-in latency and each hop are split at the commit of
+the transaction that ended the node (`pg_xact_commit_timestamp` of the node row's xmin). Each drain records
+the CPU per job of the workers and of the server from the enqueue's commit to the drain's end, and samples
+what the worker backends wait on (`pg_stat_activity` every `--sample-interval` s; for a lock, its type and
+relation from `pg_locks`), as bench/fleet.py does: a node row that serialises settles shows there.
+`--functions` also reads `pg_stat_user_functions` around each drain (`track_functions = pl` on the
+database). `--variants` installs, fleet by fleet in turn, the ways of counting workflow jobs of
+bench/workflow_triggers.py. Everything else is measured from the rows (`now()` of the writing transactions).
 """
 
 from __future__ import annotations
