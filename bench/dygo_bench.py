@@ -19,6 +19,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import psycopg
+import workflow_triggers
 from common import (
     OTHER_CLIENTS,
     OUTPUT_DIR,
@@ -64,6 +65,13 @@ def main() -> int:
         action="store_true",
         help="give the queue a concurrency_limit and a rate_limit it never reaches (issue 13's cost)",
     )
+    parser.add_argument(
+        "--workflow-triggers",
+        choices=workflow_triggers.VARIANTS,
+        default="current",
+        help="how workflow jobs are counted (bench/workflow_triggers.py): migration 0017's statement triggers "
+        "(current), none (what workflows cost a plain job), or row triggers",
+    )
     args = parser.parse_args()
     plan = plan_from(args)
 
@@ -76,11 +84,14 @@ def main() -> int:
         conn = psycopg.connect(plan.url, autocommit=True)
         refuse_other_clients(conn.execute(OTHER_CLIENTS).fetchall(), "dygo")
         migrate(conn)
+        if args.workflow_triggers != "current":
+            workflow_triggers.install(conn, args.workflow_triggers)
         result = Result(
             system="dygo-limited" if args.generous_limit else "dygo",
             version=dygo_version(),
             settings=f"dygo worker --queue {QUEUE} --concurrency {args.concurrency}, "
             f"{GENEROUS_LIMIT.strip() + ', ' if args.generous_limit else ''}"
+            f"{'' if args.workflow_triggers == 'current' else f'workflow triggers: {args.workflow_triggers}, '}"
             f"claim_batch_size {args.claim_batch_size}, claim_ahead {args.claim_ahead}, "
             f"log level {args.log_level}; "
             f"enqueue_many batches of {plan.batch_size}",

@@ -124,6 +124,7 @@ def main() -> int:
         if len(results) > 1:
             print(peer_report(passes))
     print(small_concurrency_report(results))
+    print(workflow_overhead_report(passes))
     for result in results:
         if result.profile:
             print(f"\n{result.system}:", profile_report(result.profile))
@@ -173,6 +174,14 @@ def all_systems() -> list[System]:
         # Larger claims for a backlog at pgqueuer_b500's concurrency: the fastest setting here (issue 12, item 7).
         dygo("dygo_c1000", settings=("--concurrency", "1000", "--claim-batch-size", "500")),
         dygo("dygo_c4", settings=("--concurrency", "4")),
+        # The same code with migration 0017's workflow triggers dropped (what workflows cost plain jobs), or
+        # counted another way (bench/workflow_triggers.py: row triggers; one update trigger for all).
+        dygo("dygo_no_workflows", settings=("--workflow-triggers", "none")),
+        dygo("dygo_c4_no_workflows", settings=("--concurrency", "4", "--workflow-triggers", "none")),
+        dygo("dygo_row_workflows", settings=("--workflow-triggers", "row")),
+        dygo("dygo_c4_row_workflows", settings=("--concurrency", "4", "--workflow-triggers", "row")),
+        dygo("dygo_merged_workflows", settings=("--workflow-triggers", "merged")),
+        dygo("dygo_c4_merged_workflows", settings=("--concurrency", "4", "--workflow-triggers", "merged")),
         # The same without claiming ahead (claim_ahead 0): a claim only for free slots, as before it.
         dygo("dygo_c4_exact", settings=("--concurrency", "4", "--claim-ahead", "0")),
         pgqueuer("pgqueuer"),
@@ -434,6 +443,48 @@ def small_concurrency_report(results: list[Result]) -> str:
             f"{theirs[peer]:,.0f}/s (target >= 2)"
         )
     return "\n".join(["", "processing at small concurrency and at best (issue 12, item 7):", *lines]) if lines else ""
+
+
+# A line's twins: the same code with migration 0017's workflow triggers dropped, or counting another way.
+WITHOUT_WORKFLOWS, OTHER_WAYS = "_no_workflows", ("_row_workflows", "_merged_workflows")
+
+
+def workflow_overhead_report(passes: dict[str, list[Result]]) -> str:
+    """A line and its other-way twins against its twin without the workflow triggers: processed/s pass by
+    pass (the passes took turns), the pooled latency percentiles and the CPU per job (target: within 2%)."""
+    lines = []
+    for base, twin in passes.items():
+        if not base.endswith(WITHOUT_WORKFLOWS) or not twin:
+            continue
+        name = base.removesuffix(WITHOUT_WORKFLOWS)
+        for line in (name, *(name + way for way in OTHER_WAYS)):
+            runs = passes.get(line, [])
+            if not runs:
+                continue
+            ratios = [a.processed / b.processed for a, b in zip(runs, twin, strict=False) if b.processed]
+            with_, without = combine(runs), combine(twin)
+            lines.append(
+                f"  {line} {with_.processed:,.0f}/s = {with_.processed / without.processed:.1%} of {base} "
+                f"{without.processed:,.0f}/s (medians; pass by pass {', '.join(f'{r:.1%}' for r in ratios)}; "
+                f"target >= 98%)"
+            )
+            lines.append(
+                f"    latency p50/p95/p99 {with_.p50_ms:.2f}/{with_.p95_ms:.2f}/{with_.p99_ms:.2f} ms against "
+                f"{without.p50_ms:.2f}/{without.p95_ms:.2f}/{without.p99_ms:.2f} ms"
+            )
+            lines.append(f"    CPU per job, worker + server (server) us, each round: {cpu_per_job(runs)}")
+        lines.append(f"    {base}: {cpu_per_job(twin)}")
+    if not lines:
+        return ""
+    return "\n".join(["", "workflows installed but unused (against the same code without their triggers):", *lines])
+
+
+def cpu_per_job(runs: list[Result]) -> str:
+    shown = []
+    for r in (r for run in runs for r in run.rounds):
+        total = 1e6 * (r.worker_cpu_seconds + r.postgres_cpu_seconds) / r.jobs
+        shown.append(f"{total:.0f} ({1e6 * r.postgres_cpu_seconds / r.jobs:.0f})")
+    return ", ".join(shown)
 
 
 def better_on(attribute: str, a: Result, b: Result) -> bool:

@@ -1,0 +1,231 @@
+"""The ways of counting workflow jobs that bench/cycle_cost.py and bench/workflows.py compare, installed on a
+benchmark's own database after migrating (migration 0017's are what dygo runs; the others are measured only).
+
+* `current`: migration 0017 as it is: statement triggers on dygo_jobs with transition tables (the update's
+  OLD and NEW rows, the delete's OLD rows), run by every update and delete, plain jobs' included.
+* `none`: those two triggers dropped: the same code as if workflows were not installed (what a plain job
+  cost before), and no workflow can move.
+* `row`: row triggers instead, whose WHEN clause leaves out every row that is not a workflow job entering or
+  leaving an ended state. The executor tests the clause itself, without calling a function or keeping a
+  transition table, so a plain job's update or delete costs nothing more; each workflow row that moves calls
+  dygo_tally for its node (a count, and dygo_advance) on its own, where 0017 calls it once per statement.
+* `deferred`: the same WHEN-filtered row triggers, each only writing its job's counts to an unlogged inbox
+  (dygo_node_moves, no lock taken); the transaction's first such row arms one deferred constraint trigger,
+  which at commit takes the transaction's rows out of the inbox and calls dygo_tally once, nodes in id order.
+  Plain jobs cost nothing; a workflow job costs a row insert and delete; nodes are counted at the commit, not
+  at the end of each statement.
+* `merged`: 0017's counting unchanged, but one statement trigger on update instead of three: the function of
+  dygo_jobs_moved, dygo_jobs_finished (result waiters) and dygo_jobs_updated (wake-ups) in one, which reads
+  the NEW rows once to learn which of its three parts have anything to do. The delete trigger stays.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import psycopg
+
+MIGRATIONS = Path(__file__).resolve().parent.parent / "store" / "migrations"
+MIGRATION = MIGRATIONS / "0017_workflows.sql"
+# The baseline's own statement triggers on update, which `merged` folds into one.
+UPDATE_TRIGGERS = ("dygo_jobs_updated", "dygo_jobs_finished")
+
+VARIANTS = ("current", "none", "row", "deferred", "merged")
+WORKFLOW_TRIGGERS = ("dygo_jobs_moved", "dygo_jobs_removed")
+
+ENDED = "('succeeded', 'dead', 'cancelled', 'skipped')"
+
+ROW_TRIGGERS = f"""
+CREATE OR REPLACE FUNCTION dygo_job_moved() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    was_ended boolean := OLD.state IN {ENDED};
+    state text := CASE WHEN was_ended THEN OLD.state ELSE NEW.state END;
+    delta integer := CASE WHEN was_ended THEN -1 ELSE 1 END;
+BEGIN
+    PERFORM dygo_tally(ARRAY[NEW.node_id],
+        ARRAY[CASE WHEN state = 'succeeded' THEN delta ELSE 0 END],
+        ARRAY[CASE WHEN state = 'dead' THEN delta ELSE 0 END],
+        ARRAY[CASE WHEN state = 'cancelled' THEN delta ELSE 0 END],
+        ARRAY[CASE WHEN state = 'skipped' THEN delta ELSE 0 END],
+        ARRAY[CASE WHEN NOT was_ended AND NEW.state = 'succeeded' THEN NEW.result END]);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION dygo_job_removed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM dygo_tally(ARRAY[OLD.node_id], ARRAY[0], ARRAY[0], ARRAY[1], ARRAY[0], ARRAY[NULL::jsonb]);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER dygo_job_moved AFTER UPDATE OF state ON dygo_jobs FOR EACH ROW
+    WHEN (NEW.node_id IS NOT NULL AND (OLD.state IN {ENDED}) <> (NEW.state IN {ENDED})
+          AND current_setting('dygo.advancing', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION dygo_job_moved();
+CREATE TRIGGER dygo_job_removed AFTER DELETE ON dygo_jobs FOR EACH ROW
+    WHEN (OLD.node_id IS NOT NULL AND OLD.state NOT IN {ENDED})
+    EXECUTE FUNCTION dygo_job_removed();
+"""
+
+
+DEFERRED_TRIGGERS = f"""
+CREATE UNLOGGED TABLE IF NOT EXISTS dygo_node_moves (
+    node_id bigint NOT NULL, ds integer NOT NULL, df integer NOT NULL, dc integer NOT NULL, dk integer NOT NULL,
+    result jsonb
+);
+
+CREATE OR REPLACE FUNCTION dygo_job_moved_later() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    was_ended boolean := OLD.state IN {ENDED};
+    state text := CASE WHEN was_ended THEN OLD.state ELSE NEW.state END;
+    delta integer := CASE WHEN was_ended THEN -1 ELSE 1 END;
+BEGIN
+    INSERT INTO dygo_node_moves VALUES (NEW.node_id,
+        CASE WHEN state = 'succeeded' THEN delta ELSE 0 END, CASE WHEN state = 'dead' THEN delta ELSE 0 END,
+        CASE WHEN state = 'cancelled' THEN delta ELSE 0 END, CASE WHEN state = 'skipped' THEN delta ELSE 0 END,
+        CASE WHEN NOT was_ended AND NEW.state = 'succeeded' THEN NEW.result END);
+    PERFORM set_config('dygo.moves', 'on', true);  -- after the insert, whose event this armed
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION dygo_job_removed_later() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO dygo_node_moves VALUES (OLD.node_id, 0, 0, 1, 0, NULL);
+    PERFORM set_config('dygo.moves', 'on', true);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION dygo_tally_moves() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    moved_nodes bigint[]; n_succeeded integer[]; n_dead integer[]; n_cancelled integer[]; n_skipped integer[];
+    n_results jsonb[];
+BEGIN
+    PERFORM set_config('dygo.moves', '', true);
+    -- Every row another transaction wrote is either not committed (unseen) or was taken out before its commit.
+    WITH taken AS (
+        DELETE FROM dygo_node_moves RETURNING *
+    ), d AS (
+        SELECT node_id, sum(ds)::integer AS ds, sum(df)::integer AS df, sum(dc)::integer AS dc,
+               sum(dk)::integer AS dk, (array_agg(result) FILTER (WHERE ds > 0))[1] AS result
+        FROM taken GROUP BY node_id
+    )
+    SELECT array_agg(node_id ORDER BY node_id), array_agg(ds ORDER BY node_id), array_agg(df ORDER BY node_id),
+           array_agg(dc ORDER BY node_id), array_agg(dk ORDER BY node_id), array_agg(result ORDER BY node_id)
+    INTO moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results FROM d;
+    IF moved_nodes IS NOT NULL THEN
+        PERFORM dygo_tally(moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER dygo_job_moved AFTER UPDATE OF state ON dygo_jobs FOR EACH ROW
+    WHEN (NEW.node_id IS NOT NULL AND (OLD.state IN {ENDED}) <> (NEW.state IN {ENDED})
+          AND current_setting('dygo.advancing', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION dygo_job_moved_later();
+CREATE TRIGGER dygo_job_removed AFTER DELETE ON dygo_jobs FOR EACH ROW
+    WHEN (OLD.node_id IS NOT NULL AND OLD.state NOT IN {ENDED})
+    EXECUTE FUNCTION dygo_job_removed_later();
+CREATE CONSTRAINT TRIGGER dygo_node_moves_tally AFTER INSERT ON dygo_node_moves
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (current_setting('dygo.moves', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION dygo_tally_moves();
+"""
+
+
+MERGED_TRIGGER = f"""
+CREATE OR REPLACE FUNCTION dygo_jobs_updated_all() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    any_pending boolean; any_ended boolean; any_workflow boolean;
+    moved_nodes bigint[]; n_succeeded integer[]; n_dead integer[]; n_cancelled integer[]; n_skipped integer[];
+    n_results jsonb[];
+BEGIN
+    SELECT bool_or(state = 'pending'), bool_or(state IN {ENDED}), bool_or(node_id IS NOT NULL)
+    INTO any_pending, any_ended, any_workflow FROM new_rows;
+    -- dygo_notify_pending: wake the workers of queues with jobs pending again.
+    IF any_pending THEN
+        PERFORM pg_notify('dygo_jobs', q.queue) FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'pending') AS q;
+    END IF;
+    -- dygo_notify_finished: the result waiters of jobs that ended.
+    IF any_ended THEN
+        PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
+        PERFORM pg_notify('dygo_finished', string_agg(f.id::text, ','))
+        FROM (SELECT n.id, (row_number() OVER ()) / 390 AS chunk FROM new_rows n
+              WHERE n.state IN {ENDED}
+                AND EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = n.id)) AS f
+        GROUP BY f.chunk;
+    END IF;
+    -- dygo_jobs_moved: count the workflow jobs that entered or left an ended state.
+    IF NOT any_workflow OR current_setting('dygo.advancing', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    WITH moved AS (
+        SELECT n.node_id, o.state AS was, n.state AS now, n.result
+        FROM new_rows n JOIN old_rows o USING (id)
+        WHERE n.node_id IS NOT NULL AND (o.state IN {ENDED}) <> (n.state IN {ENDED})
+    ), d AS (
+        SELECT node_id,
+            (count(*) FILTER (WHERE now = 'succeeded') - count(*) FILTER (WHERE was = 'succeeded'))::integer AS ds,
+            (count(*) FILTER (WHERE now = 'dead') - count(*) FILTER (WHERE was = 'dead'))::integer AS df,
+            (count(*) FILTER (WHERE now = 'cancelled') - count(*) FILTER (WHERE was = 'cancelled'))::integer AS dc,
+            (count(*) FILTER (WHERE now = 'skipped') - count(*) FILTER (WHERE was = 'skipped'))::integer AS dk,
+            (array_agg(result) FILTER (WHERE now = 'succeeded'))[1] AS result
+        FROM moved GROUP BY node_id
+    )
+    SELECT array_agg(node_id ORDER BY node_id), array_agg(ds ORDER BY node_id), array_agg(df ORDER BY node_id),
+           array_agg(dc ORDER BY node_id), array_agg(dk ORDER BY node_id), array_agg(result ORDER BY node_id)
+    INTO moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results FROM d;
+    IF moved_nodes IS NOT NULL THEN
+        PERFORM dygo_tally(moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER dygo_jobs_updated_all AFTER UPDATE ON dygo_jobs
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION dygo_jobs_updated_all();
+"""
+
+
+def migration_triggers(migration: Path, names: tuple[str, ...]) -> list[str]:
+    """A migration's CREATE TRIGGER statements for the triggers `names`, read from the migration itself."""
+    text = migration.read_text()
+    found = [re.search(rf"CREATE TRIGGER {name} .*?;", text, re.DOTALL) for name in names]
+    if not all(found):
+        raise SystemExit(f"{migration}: no CREATE TRIGGER for one of {', '.join(names)}")
+    return [match.group(0) for match in found if match]
+
+
+def install(conn: psycopg.Connection, variant: str) -> None:
+    """Put `variant` in place on a migrated database, whichever was there before."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
+    with conn.transaction():
+        for trigger in (*WORKFLOW_TRIGGERS, *UPDATE_TRIGGERS, "dygo_job_moved", "dygo_job_removed"):
+            conn.execute(f"DROP TRIGGER IF EXISTS {trigger} ON dygo_jobs")
+        conn.execute("DROP TRIGGER IF EXISTS dygo_jobs_updated_all ON dygo_jobs")
+        conn.execute("DROP TABLE IF EXISTS dygo_node_moves")  # with its trigger
+        if variant != "merged":
+            for statement in migration_triggers(MIGRATIONS / "0016_baseline.sql", UPDATE_TRIGGERS):
+                conn.execute(statement)
+        if variant == "current":
+            for statement in migration_triggers(MIGRATION, WORKFLOW_TRIGGERS):
+                conn.execute(statement)
+        elif variant == "merged":
+            conn.execute(MERGED_TRIGGER)
+            conn.execute(migration_triggers(MIGRATION, ("dygo_jobs_removed",))[0])
+        elif variant == "row":
+            conn.execute(ROW_TRIGGERS)
+        elif variant == "deferred":
+            conn.execute(DEFERRED_TRIGGERS)
