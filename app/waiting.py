@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -116,19 +117,20 @@ class ResultWaiters:
             self._wake(job_id)
 
 
-class _Watch:
+class _Watch(ABC):
     """What a wait is for: its key in `waiting` (the id its notification carries), how to read it, and
     the states that end the wait."""
 
     def __init__(self, key: int, final: frozenset[str]) -> None:
         self.key, self.final = key, final
 
+    @abstractmethod
     async def read(self, conn: psycopg.AsyncConnection) -> dict[str, Any] | None:
-        raise NotImplementedError
+        """The job or workflow as it is now; None if it does not exist."""
 
+    @abstractmethod
     async def register(self, conn: psycopg.AsyncConnection, seconds: float) -> tuple[int, dict[str, Any] | None]:
         """Register the waiter's row, then what a read after it finds."""
-        raise NotImplementedError
 
     def waits_on(self, found: dict[str, Any] | None) -> bool:
         return found is not None and found["state"] not in self.final
