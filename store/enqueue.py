@@ -277,13 +277,14 @@ def _single_statement(row: dict[str, Any]) -> tuple[str, str | None]:
     return sql.INSERT_JOB, None
 
 
-def _copy_row(job_id: int, row: dict[str, Any], db_now: datetime) -> tuple[Any, ...]:
+def copy_row(job_id: int, row: dict[str, Any], db_now: datetime) -> tuple[Any, ...]:
+    """A prepared row as COPY_JOBS takes it (store/workflows.py adds its state and node after)."""
     run_at = row["run_at"] or db_now + timedelta(seconds=row["delay"])
     return (job_id, row["kind"], row["queue"], row["args"], row["meta"], row["priority"], run_at, row["max_attempts"])
 
 
 def _keyed_params(ids: list[int], rows: list[dict[str, Any]], db_now: datetime) -> dict[str, list[Any]]:
-    copied = [_copy_row(job_id, row, db_now) for job_id, row in zip(ids, rows, strict=True)]
+    copied = [copy_row(job_id, row, db_now) for job_id, row in zip(ids, rows, strict=True)]
     columns = list(zip(*copied, strict=True))
     names = ["ids", "kinds", "queues", "args", "metas", "priorities", "run_ats", "max_attempts"]
     params = {name: list(values) for name, values in zip(names, columns, strict=True)}
@@ -493,7 +494,7 @@ def _enqueue_batch(conn: psycopg.Connection, plan: _BatchPlan) -> list[Enqueued]
         if plan.plain:
             with conn.cursor().copy(sql.COPY_JOBS) as copy:
                 for job_id, i in zip(ids, plan.plain, strict=False):
-                    values = _copy_row(job_id, rows[i], db_now)
+                    values = copy_row(job_id, rows[i], db_now)
                     copy.write_row(values)
                     results[i] = Enqueued(job_id, False, values[6])
         if plan.keyed:
@@ -519,7 +520,7 @@ async def _aenqueue_batch(conn: psycopg.AsyncConnection, plan: _BatchPlan) -> li
         if plan.plain:
             async with conn.cursor().copy(sql.COPY_JOBS) as copy:
                 for job_id, i in zip(ids, plan.plain, strict=False):
-                    values = _copy_row(job_id, rows[i], db_now)
+                    values = copy_row(job_id, rows[i], db_now)
                     await copy.write_row(values)
                     results[i] = Enqueued(job_id, False, values[6])
         if plan.keyed:

@@ -42,13 +42,13 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
 from dygo.store import results, tracing
 from dygo.store.db import one
-from dygo.store.enqueue import JobRequest, prepare
+from dygo.store.enqueue import JobRequest, copy_row, prepare
 from dygo.store.errors import Conflict, EnqueueError, NotFound
 from dygo.store.sql import enqueue as enqueue_sql
 from dygo.store.sql import workflows as sql
@@ -320,19 +320,7 @@ class _WorkflowPlan:
         for node, rows in zip(self.nodes, self.rows, strict=True):
             state = "waiting" if node.after else "pending"
             for row in rows:
-                run_at = row["run_at"] or db_now + timedelta(seconds=row["delay"])
-                yield (
-                    next(ids),
-                    row["kind"],
-                    row["queue"],
-                    row["args"],
-                    row["meta"],
-                    row["priority"],
-                    run_at,
-                    row["max_attempts"],
-                    state,
-                    node_ids[node.name],
-                )
+                yield (*copy_row(next(ids), row, db_now), state, node_ids[node.name])
 
     def empty_starts(self, node_ids: dict[str, int]) -> list[int]:
         """Nodes that start running without a job: they end at once."""
@@ -635,21 +623,7 @@ def add_to_batch(
         db_now, job_ids = one(conn.execute(enqueue_sql.RESERVE_JOB_IDS, (len(rows),)).fetchone())
         with conn.cursor().copy(sql.COPY_NODE_JOBS) as copy:
             for job_id, row in zip(job_ids, rows, strict=True):
-                run_at = row["run_at"] or db_now + timedelta(seconds=row["delay"])
-                copy.write_row(
-                    (
-                        job_id,
-                        row["kind"],
-                        row["queue"],
-                        row["args"],
-                        row["meta"],
-                        row["priority"],
-                        run_at,
-                        row["max_attempts"],
-                        state,
-                        node["id"],
-                    )
-                )
+                copy.write_row((*copy_row(job_id, row, db_now), state, node["id"]))
     return list(job_ids)
 
 
