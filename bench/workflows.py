@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +65,9 @@ from common import (  # noqa: E402
     process_cpu_seconds,
     server_cpu_seconds,
     wait_until,
+)
+from common import (
+    paced as pacing,  # this module's `paced` is the scenario
 )
 from run import background_load, embedded_server_url, fresh_database  # noqa: E402
 
@@ -477,15 +480,6 @@ def paced(conn: psycopg.Connection, setting: Setting, count: int) -> list[Drain]
     reference.hops_ms = [float(pickup) for pickup, _ in rows]
     reference.runs_ms = [float(ran) for _, ran in rows]
     return [drain, reference]
-
-
-def pacing(count: int, interval: float) -> Iterator[int]:
-    start = time.perf_counter()
-    for i in range(count):
-        delay = start + i * interval - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        yield i
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
