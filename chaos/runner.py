@@ -681,22 +681,28 @@ def scenario_terminate(lab: Lab, plan: Plan, rng: random.Random) -> Report:
 
 
 def running_a_long_job(
-    conn: psycopg.Connection, worker: WorkerProcess, seconds: float, count: int, timeout: float = 10.0
+    conn: psycopg.Connection, worker: WorkerProcess, seconds: float, count: int, timeout: float = 30.0
 ) -> None:
     """Make sure the deploy about to stop `worker` catches a long job: a deploy that catches none proves
     nothing, and with long jobs spread at random among short ones some deploys caught none (a flaky test).
-    Unless it already runs one, `count` long jobs jump the queue and this waits until it has claimed one."""
+    Unless it already runs one, `count` long jobs jump the queue and this waits until it has claimed one.
+    Other workers, the new one above all, may take every long job first: then `count` more jump the queue."""
     mine = (
         "SELECT EXISTS (SELECT FROM dygo_jobs WHERE state = 'active' AND kind = 'chaos.work' "
         "AND (args->>'seconds')::float8 = %s AND split_part(lease_owner, ':', 2) = %s)"
     )
-    if conn.execute(mine, (seconds, str(worker.pid))).fetchone()[0]:
-        return
-    enqueue_many(conn, [JobRequest("chaos.work", {"seconds": seconds}, priority=10) for _ in range(count)])
+    queued = (
+        "SELECT EXISTS (SELECT FROM dygo_jobs WHERE state = 'available' AND kind = 'chaos.work' "
+        "AND (args->>'seconds')::float8 = %s AND priority = 10)"
+    )
     deadline = time.monotonic() + timeout
+    batches = 0
     while not conn.execute(mine, (seconds, str(worker.pid))).fetchone()[0]:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"worker pid {worker.pid} claimed none of {count} long jobs in {timeout:g}s")
+            raise TimeoutError(f"worker pid {worker.pid} claimed none of {batches} x {count} long jobs in {timeout:g}s")
+        if not conn.execute(queued, (seconds,)).fetchone()[0]:
+            enqueue_many(conn, [JobRequest("chaos.work", {"seconds": seconds}, priority=10) for _ in range(count)])
+            batches += 1
         time.sleep(0.02)
 
 
