@@ -16,7 +16,11 @@ def test_a_worker_runs_a_workflow_and_each_job_reads_the_nodes_before_it(conn, s
     handle = enqueue_workflow(conn, wf)
     worker = spawn("worker")
     worker.wait_for_line("started")
-    wait_until(lambda: workflows.get_workflow(conn, handle.id)["state"] == "succeeded", message="workflow done")
+    try:
+        wait_until(lambda: workflows.get_workflow(conn, handle.id)["state"] == "succeeded", message="workflow done")
+    except AssertionError as error:
+        shown = workflows.get_workflow(conn, handle.id)
+        raise AssertionError(f"{error}: {shown['nodes']}\n{worker.stderr()[-3000:]}") from None
     result = workflows.get_workflow(conn, handle.id)["result"]["report"]
     assert result["node"] == "report"
     assert result["deps"]["receipt"] == {
