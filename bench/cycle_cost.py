@@ -10,11 +10,11 @@ second connection, with the store's own functions (store/claim.py claim_jobs, st
 producer and settler send). It prints, per job: wall time, this client's CPU, and the CPU of each of the two
 PostgreSQL backends (read from /proc, so run it on the machine of the server), and the median wall time of
 one settle call. `--variants` names what each round runs with, taking turns: `current` (as migrated),
-`no-notify` (the two statement triggers on job updates disabled: dygo_jobs_updated, wake-ups for retries;
-dygo_jobs_finished, result waiters), and the ways of counting workflow jobs of bench/workflow_triggers.py:
-`none` (migration 0017's triggers dropped: what workflows cost a plain job) and `row` (row triggers in their
-place). No peer, no concurrency: a breakdown of one cycle, not a throughput figure (bench/run.py's dygo_c4
-line is that).
+`no-notify` (the statement trigger on job updates disabled, dygo_jobs_updated: wake-ups for retries, result
+waiters, workflow counts), and the ways of counting workflow jobs of bench/workflow_triggers.py: `none`
+(migration 0016's triggers: what a plain job cost before workflows), `separate`, `row` and `deferred`.
+No peer, no concurrency: a breakdown of one cycle, not a throughput figure (bench/run.py's dygo_c4 line
+is that).
 
     .venv/bin/python bench/cycle_cost.py --variants current,none,row --rounds 5 --jobs 20000
 """
@@ -44,7 +44,7 @@ from dygo.store.loading import load_jobs  # noqa: E402
 from dygo.store.migrate import migrate  # noqa: E402
 
 DATABASE = "bench_cycle_cost"
-NOTIFY_TRIGGERS = ("dygo_jobs_updated", "dygo_jobs_finished")
+NOTIFY_TRIGGERS = ("dygo_jobs_updated",)
 VARIANTS = ("current", "no-notify", *workflow_triggers.VARIANTS[1:])
 
 

@@ -69,8 +69,8 @@ def main() -> int:
         "--workflow-triggers",
         choices=workflow_triggers.VARIANTS,
         default="current",
-        help="how workflow jobs are counted (bench/workflow_triggers.py): migration 0017's statement triggers "
-        "(current), none (what workflows cost a plain job), or row triggers",
+        help="how workflow jobs are counted (bench/workflow_triggers.py): migration 0017's triggers (current), "
+        "none (what workflows cost a plain job), or another way (separate, row, deferred)",
     )
     args = parser.parse_args()
     plan = plan_from(args)

@@ -28,11 +28,6 @@ measured in the same run, so dygo's own fall from its best fleet size can be tol
 
 `--repeat N` runs every fleet size N times, the sizes taking turns, and judges each phase by its median
 pass: on this VM one pass of a 64-worker fleet can be 15 points off another.
-
-`--compare` runs each fleet size twice, back to back in the same run: first with migration 0006's
-`dygo_notify_finished` trigger function put back (a NOTIFY at every settle that leaves jobs final,
-whether anyone waits or not: what dygo did before migration 0013), then with the current one (a NOTIFY
-only for jobs a waiter registered for). Nobody waits in this bench, so the second sends none.
 """
 
 from __future__ import annotations
@@ -40,7 +35,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -87,7 +81,7 @@ class Phase:
     duplicates: int  # jobs claimed more than once
     max_attempt: int
     waits: Counter[str] = field(default_factory=Counter)  # worker backends seen waiting, by wait event
-    trigger: str = ""  # with --compare: the migration whose dygo_notify_finished was in place
+    runner: str = ""  # BARE for the phases of bench/bare_worker.py (--reference), "" for dygo's
     cpu: Cpu | None = None  # from just before the enqueue's commit to the drain
 
     @property
@@ -165,47 +159,23 @@ def run(server: str, args: argparse.Namespace) -> int:
             if args.repeat > 1:
                 log(f"pass {number} of {args.repeat}")
             for count in args.workers:
-                if args.compare:
-                    for migration in COMPARED_TRIGGERS:
-                        install_trigger_function(url, migration)
-                        phases += run_fleet(url, env, count, args, trigger=migration)
-                    continue
                 phases += run_fleet(url, env, count, args)
                 if args.reference:
-                    phases += run_fleet(url, env, count, args, trigger=BARE)
+                    phases += run_fleet(url, env, count, args, runner=BARE)
     print(table(phases))
     if args.repeat > 1:
         phases = medians(phases)
         print(f"the median pass of {args.repeat} (by jobs/s), per fleet and phase:")
         print(table(phases))
-    for trigger in dict.fromkeys(p.trigger for p in phases):
-        if trigger == BARE:
+    for runner in dict.fromkeys(p.runner for p in phases):
+        if runner == BARE:
             print("the bare reference (bench/bare_worker.py, the same fleet sizes, in the same run):")
-        elif trigger:
-            print(f"with the dygo_notify_finished of {trigger}:")
-        print(verdict([p for p in phases if p.trigger == trigger], pooled=args.pgbouncer))
+        print(verdict([p for p in phases if p.runner == runner], pooled=args.pgbouncer))
     return 0
 
 
-# --compare: the trigger function as migration 0006 created it (a NOTIFY at every settle), then as
-# migration 0013 replaced it (a NOTIFY only for the jobs a waiter registered for).
-COMPARED_TRIGGERS = ("0006", "0013")
 # --reference: after each dygo fleet, the same number of bench/bare_worker.py processes drain the same jobs.
 BARE = "bare"
-MIGRATIONS = ROOT / "store" / "migrations" / "legacy"
-
-
-def install_trigger_function(url: str, migration: str) -> None:
-    """Put `migration`'s dygo_notify_finished in place, read from the migration file itself."""
-    path = next(MIGRATIONS.glob(f"{migration}_*.sql"))
-    found = re.search(
-        r"CREATE (?:OR REPLACE )?FUNCTION dygo_notify_finished\(\).*?\n\$\$;", path.read_text(), re.DOTALL
-    )
-    if found is None:
-        raise SystemExit(f"{path}: no dygo_notify_finished function in it")
-    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
-        conn.execute(re.sub(r"^CREATE (OR REPLACE )?", "CREATE OR REPLACE ", found.group(0)))
-    log(f"dygo_notify_finished as migration {migration} has it")
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -228,12 +198,6 @@ def parse_arguments() -> argparse.Namespace:
         help="through a PgBouncer of its own in front of the server (transaction pooling)",
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="per phase")
-    parser.add_argument(
-        "--compare",
-        action="store_true",
-        help="each fleet twice: with migration 0006's dygo_notify_finished (a NOTIFY at every "
-        "settle), then with the current one (only for waited-for jobs)",
-    )
     parser.add_argument(
         "--repeat",
         type=int,
@@ -311,14 +275,14 @@ def migrate(env: dict[str, str]) -> None:
 # --- one fleet ---------------------------------------------------------------------------------------
 
 
-def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespace, trigger: str = "") -> list[Phase]:
-    """One fleet of `count` dygo workers, or with trigger BARE of `count` bare_worker.py processes."""
+def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespace, runner: str = "") -> list[Phase]:
+    """One fleet of `count` dygo workers, or with runner BARE of `count` bare_worker.py processes."""
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
         conn.execute("DELETE FROM dygo_jobs")
         conn.execute("DELETE FROM dygo_workers")
         conn.execute("VACUUM ANALYZE dygo_jobs")
-    log(f"{count} {'bare ' if trigger == BARE else ''}worker(s): starting")
-    if trigger == BARE:
+    log(f"{count} {'bare ' if runner == BARE else ''}worker(s): starting")
+    if runner == BARE:
         command = [
             sys.executable,
             str(Path(__file__).resolve().parent / "bare_worker.py"),
@@ -343,7 +307,7 @@ def run_fleet(url: str, env: dict[str, str], count: int, args: argparse.Namespac
 
             wait_until(registered, args.timeout, f"{count} workers registered", interval=0.5)
         phases = [
-            run_phase(url, workers, name, kind, job_args, jobs, args.timeout, trigger)
+            run_phase(url, workers, name, kind, job_args, jobs, args.timeout, runner)
             for name, kind, job_args, jobs in [
                 ("no-op", "bench.noop", {}, args.noop_jobs),
                 (f"{args.sleep_ms} ms", "bench.sleep", {"ms": args.sleep_ms}, args.sleep_jobs),
@@ -366,7 +330,7 @@ def run_phase(
     job_args: dict,
     jobs: int,
     timeout: float,
-    trigger: str = "",
+    runner: str = "",
 ) -> Phase:
     import bench_jobs  # noqa: F401  (registers the kinds, as a producer that enqueues them would)
     from dygo.store import enqueue_many  # the bench's own interpreter is dygo's .venv
@@ -407,7 +371,7 @@ def run_phase(
         duplicates,
         max_attempt,
         sampler.waits,
-        trigger,
+        runner,
         cpu,
     )
     log(line(phase))
@@ -461,7 +425,7 @@ class Sampler:
 # --- the report ------------------------------------------------------------------------------------------
 
 HEADER = (
-    "trigger",
+    "runner",
     "workers",
     "jobs",
     "jobs/s",
@@ -477,7 +441,7 @@ HEADER = (
 
 def cells(p: Phase) -> tuple[str, ...]:
     return (
-        p.trigger or "current",
+        p.runner or "dygo",
         f"{p.workers}",
         f"{p.jobs:,} {p.name}",
         f"{p.rate:,.0f}",
@@ -518,7 +482,7 @@ def medians(phases: list[Phase]) -> list[Phase]:
     Duplicates are every pass's together, and connections the most any pass held."""
     groups: dict[tuple[str, int, str], list[Phase]] = {}
     for phase in phases:
-        groups.setdefault((phase.trigger, phase.workers, phase.name), []).append(phase)
+        groups.setdefault((phase.runner, phase.workers, phase.name), []).append(phase)
     return [
         dataclasses.replace(
             sorted(runs, key=lambda p: p.rate)[(len(runs) - 1) // 2],

@@ -175,13 +175,13 @@ def all_systems() -> list[System]:
         dygo("dygo_c1000", settings=("--concurrency", "1000", "--claim-batch-size", "500")),
         dygo("dygo_c4", settings=("--concurrency", "4")),
         # The same code with migration 0017's workflow triggers dropped (what workflows cost plain jobs), or
-        # counted another way (bench/workflow_triggers.py: row triggers; one update trigger for all).
+        # counted another way (bench/workflow_triggers.py: row triggers; a third update trigger of its own).
         dygo("dygo_no_workflows", settings=("--workflow-triggers", "none")),
         dygo("dygo_c4_no_workflows", settings=("--concurrency", "4", "--workflow-triggers", "none")),
         dygo("dygo_row_workflows", settings=("--workflow-triggers", "row")),
         dygo("dygo_c4_row_workflows", settings=("--concurrency", "4", "--workflow-triggers", "row")),
-        dygo("dygo_merged_workflows", settings=("--workflow-triggers", "merged")),
-        dygo("dygo_c4_merged_workflows", settings=("--concurrency", "4", "--workflow-triggers", "merged")),
+        dygo("dygo_separate_workflows", settings=("--workflow-triggers", "separate")),
+        dygo("dygo_c4_separate_workflows", settings=("--concurrency", "4", "--workflow-triggers", "separate")),
         # The same without claiming ahead (claim_ahead 0): a claim only for free slots, as before it.
         dygo("dygo_c4_exact", settings=("--concurrency", "4", "--claim-ahead", "0")),
         pgqueuer("pgqueuer"),
@@ -446,7 +446,7 @@ def small_concurrency_report(results: list[Result]) -> str:
 
 
 # A line's twins: the same code with migration 0017's workflow triggers dropped, or counting another way.
-WITHOUT_WORKFLOWS, OTHER_WAYS = "_no_workflows", ("_row_workflows", "_merged_workflows")
+WITHOUT_WORKFLOWS, OTHER_WAYS = "_no_workflows", ("_row_workflows", "_separate_workflows")
 
 
 def workflow_overhead_report(passes: dict[str, list[Result]]) -> str:

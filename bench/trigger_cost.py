@@ -13,7 +13,8 @@ transaction, and finally deleted 1,000 at a time as retention deletes them. Ever
 lines time each trigger's function (not the transition tables' capture, which is in the update's own time).
 
 It prints, per variant, the median execution time of each kind of statement, its difference from `none`
-(migration 0017's triggers dropped) round by round, and the median time of the workflow trigger's function.
+(migration 0016's update triggers: no workflow counting) round by round, and the median time of the
+functions of its update and delete triggers (wake-ups and result waiters included: every variant has them).
 Besides the variants, `capture` is `none` plus statement triggers with migration 0017's transition tables
 whose functions return at once: what keeping the OLD rows costs, apart from the functions. The order of the
 variants turns each round. Times are wall times inside the server: no client round trip, no commit's WAL flush.
@@ -53,15 +54,8 @@ SETTLE = """UPDATE dygo_jobs SET state = 'succeeded', finished_at = now(), resul
 WHERE id = ANY(%s) AND state = 'active'"""
 DELETE = "DELETE FROM dygo_jobs WHERE id = ANY(%s)"
 KINDS = ("claim", "settle", "delete")
-# The workflow triggers' functions, by variant: their time is shown apart.
-WORKFLOW_FUNCTIONS = (
-    "dygo_jobs_moved",
-    "dygo_jobs_removed",
-    "dygo_job_moved",
-    "dygo_job_removed",
-    "bench_moved",
-    "bench_removed",
-)
+# The update and delete triggers of every variant: their functions' time is shown apart.
+TIMED_TRIGGERS = (*workflow_triggers.TRIGGERS, "bench_moved", "bench_removed")
 
 # `capture`: migration 0017's transition tables kept, nothing done with them.
 CAPTURE = """
@@ -80,7 +74,7 @@ def timed(conn: psycopg.Connection, statement: str, ids: list[int], kind: str, t
     assert row is not None
     plan: dict[str, Any] = (row[0] if isinstance(row[0], list) else json.loads(row[0]))[0]
     times[kind].append(plan["Execution Time"])
-    triggered = [t["Time"] for t in plan.get("Triggers", []) if t["Trigger Name"] in WORKFLOW_FUNCTIONS]
+    triggered = [t["Time"] for t in plan.get("Triggers", []) if t["Trigger Name"] in TIMED_TRIGGERS]
     times[f"{kind} trigger"].append(sum(triggered))
 
 
@@ -145,7 +139,7 @@ def report(batch: int, pairs: int, rounds: dict[str, list[Times]]) -> str:
         f"batches of {batch}: {pairs} claims and settles and {-(-pairs * batch // 1000)} deletes of up to 1,000 "
         f"per variant and round, {count} rounds. us per statement: the median over all rounds; 'added': the "
         f"round's median less none's in the same round, median (lowest to highest) of the rounds; 'trigger': "
-        f"the workflow trigger's function"
+        f"the update and delete triggers' functions"
     ]
     for variant, runs in rounds.items():
         cells = []
@@ -159,7 +153,7 @@ def report(batch: int, pairs: int, rounds: dict[str, list[Times]]) -> str:
             cells.append(
                 f"{kind} {statistics.median(pooled) * 1000:6.1f}"
                 + (
-                    ""
+                    f" (trigger {statistics.median(trigger) * 1000:.1f})"
                     if variant == "none"
                     else f" (added {statistics.median(added) * 1000:+5.1f}, {added[0] * 1000:+.1f} to "
                     f"{added[-1] * 1000:+.1f}; trigger {statistics.median(trigger) * 1000:.1f})"

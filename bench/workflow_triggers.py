@@ -1,22 +1,22 @@
-"""The ways of counting workflow jobs that bench/cycle_cost.py and bench/workflows.py compare, installed on a
-benchmark's own database after migrating (migration 0017's are what dygo runs; the others are measured only).
+"""The ways of counting workflow jobs that bench/cycle_cost.py, bench/trigger_cost.py, bench/workflows.py and
+bench/run.py compare, installed on a benchmark's own database after migrating (migration 0017's is what dygo
+runs; the others are measured only).
 
-* `current`: migration 0017 as it is: statement triggers on dygo_jobs with transition tables (the update's
-  OLD and NEW rows, the delete's OLD rows), run by every update and delete, plain jobs' included.
-* `none`: those two triggers dropped: the same code as if workflows were not installed (what a plain job
-  cost before), and no workflow can move.
-* `row`: row triggers instead, whose WHEN clause leaves out every row that is not a workflow job entering or
-  leaving an ended state. The executor tests the clause itself, without calling a function or keeping a
-  transition table, so a plain job's update or delete costs nothing more; each workflow row that moves calls
-  dygo_tally for its node (a count, and dygo_advance) on its own, where 0017 calls it once per statement.
+* `current`: migration 0017 as it is: one statement trigger on update (`dygo_jobs_updated`: wake-ups, result
+  waiters and workflow counts, reading the NEW rows once) and one on delete, both with transition tables,
+  run by every update and delete, plain jobs' included.
+* `none`: no workflow counting: migration 0016's two update triggers (wake-ups; result waiters, `skipped`
+  included) and no delete trigger: what a plain job cost before workflows. No workflow can move.
+* `separate`: `none` plus the counting as a third update trigger of its own (`dygo_jobs_moved`) and 0017's
+  delete trigger: 0017's first draft. A plain statement calls three functions instead of one.
+* `row`: `none` plus row triggers, whose WHEN clause leaves out every row that is not a workflow job entering
+  or leaving an ended state. The executor tests the clause itself, without calling a function or keeping a
+  transition table; each workflow row that moves calls dygo_tally for its node (a count, and dygo_advance) on
+  its own, where 0017 calls it once per statement.
 * `deferred`: the same WHEN-filtered row triggers, each only writing its job's counts to an unlogged inbox
   (dygo_node_moves, no lock taken); the transaction's first such row arms one deferred constraint trigger,
   which at commit takes the transaction's rows out of the inbox and calls dygo_tally once, nodes in id order.
-  Plain jobs cost nothing; a workflow job costs a row insert and delete; nodes are counted at the commit, not
-  at the end of each statement.
-* `merged`: 0017's counting unchanged, but one statement trigger on update instead of three: the function of
-  dygo_jobs_moved, dygo_jobs_finished (result waiters) and dygo_jobs_updated (wake-ups) in one, which reads
-  the NEW rows once to learn which of its three parts have anything to do. The delete trigger stays.
+  Workflow jobs cost a row insert and delete; nodes are counted at the commit, not at each statement's end.
 """
 
 from __future__ import annotations
@@ -28,11 +28,16 @@ import psycopg
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "store" / "migrations"
 MIGRATION = MIGRATIONS / "0017_workflows.sql"
-# The baseline's own statement triggers on update, which `merged` folds into one.
-UPDATE_TRIGGERS = ("dygo_jobs_updated", "dygo_jobs_finished")
-
-VARIANTS = ("current", "none", "row", "deferred", "merged")
-WORKFLOW_TRIGGERS = ("dygo_jobs_moved", "dygo_jobs_removed")
+VARIANTS = ("current", "none", "separate", "row", "deferred")
+# Every trigger on dygo_jobs that some variant puts on update or delete (dygo_jobs_updated is 0017's or 0016's).
+TRIGGERS = (
+    "dygo_jobs_updated",
+    "dygo_jobs_finished",
+    "dygo_jobs_moved",
+    "dygo_jobs_removed",
+    "dygo_job_moved",
+    "dygo_job_removed",
+)
 
 ENDED = "('succeeded', 'dead', 'cancelled', 'skipped')"
 
@@ -142,49 +147,61 @@ CREATE CONSTRAINT TRIGGER dygo_node_moves_tally AFTER INSERT ON dygo_node_moves
 """
 
 
-MERGED_TRIGGER = f"""
-CREATE OR REPLACE FUNCTION dygo_jobs_updated_all() RETURNS trigger
+# Migration 0016's update triggers: wake-ups, and result waiters (with 0017's `skipped` among the final states).
+BASELINE_TRIGGERS = f"""
+CREATE OR REPLACE FUNCTION dygo_notify_finished() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM new_rows WHERE state IN {ENDED}) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
+    PERFORM pg_notify('dygo_finished', string_agg(f.id::text, ','))
+    FROM (SELECT n.id, (row_number() OVER ()) / 390 AS chunk FROM new_rows n
+          WHERE n.state IN {ENDED}
+            AND EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = n.id)) AS f
+    GROUP BY f.chunk;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER dygo_jobs_updated AFTER UPDATE ON dygo_jobs
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION dygo_notify_pending();
+CREATE TRIGGER dygo_jobs_finished AFTER UPDATE ON dygo_jobs
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION dygo_notify_finished();
+"""
+
+# The counting as a trigger of its own, beside BASELINE_TRIGGERS.
+SEPARATE_TRIGGER = f"""
+CREATE OR REPLACE FUNCTION dygo_jobs_moved() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    any_pending boolean; any_ended boolean; any_workflow boolean;
     moved_nodes bigint[]; n_succeeded integer[]; n_dead integer[]; n_cancelled integer[]; n_skipped integer[];
     n_results jsonb[];
 BEGIN
-    SELECT bool_or(state = 'pending'), bool_or(state IN {ENDED}), bool_or(node_id IS NOT NULL)
-    INTO any_pending, any_ended, any_workflow FROM new_rows;
-    -- dygo_notify_pending: wake the workers of queues with jobs pending again.
-    IF any_pending THEN
-        PERFORM pg_notify('dygo_jobs', q.queue) FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'pending') AS q;
-    END IF;
-    -- dygo_notify_finished: the result waiters of jobs that ended.
-    IF any_ended THEN
-        PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
-        PERFORM pg_notify('dygo_finished', string_agg(f.id::text, ','))
-        FROM (SELECT n.id, (row_number() OVER ()) / 390 AS chunk FROM new_rows n
-              WHERE n.state IN {ENDED}
-                AND EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = n.id)) AS f
-        GROUP BY f.chunk;
-    END IF;
-    -- dygo_jobs_moved: count the workflow jobs that entered or left an ended state.
-    IF NOT any_workflow OR current_setting('dygo.advancing', true) = 'on' THEN
+    IF NOT EXISTS (SELECT FROM new_rows WHERE node_id IS NOT NULL)
+       OR current_setting('dygo.advancing', true) = 'on' THEN
         RETURN NULL;
     END IF;
-    WITH moved AS (
-        SELECT n.node_id, o.state AS was, n.state AS now, n.result
-        FROM new_rows n JOIN old_rows o USING (id)
-        WHERE n.node_id IS NOT NULL AND (o.state IN {ENDED}) <> (n.state IN {ENDED})
-    ), d AS (
-        SELECT node_id,
-            (count(*) FILTER (WHERE now = 'succeeded') - count(*) FILTER (WHERE was = 'succeeded'))::integer AS ds,
-            (count(*) FILTER (WHERE now = 'dead') - count(*) FILTER (WHERE was = 'dead'))::integer AS df,
-            (count(*) FILTER (WHERE now = 'cancelled') - count(*) FILTER (WHERE was = 'cancelled'))::integer AS dc,
-            (count(*) FILTER (WHERE now = 'skipped') - count(*) FILTER (WHERE was = 'skipped'))::integer AS dk,
-            (array_agg(result) FILTER (WHERE now = 'succeeded'))[1] AS result
-        FROM moved GROUP BY node_id
-    )
-    SELECT array_agg(node_id ORDER BY node_id), array_agg(ds ORDER BY node_id), array_agg(df ORDER BY node_id),
-           array_agg(dc ORDER BY node_id), array_agg(dk ORDER BY node_id), array_agg(result ORDER BY node_id)
-    INTO moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results FROM d;
+    EXECUTE $query$
+        WITH moved AS (
+            SELECT n.node_id, o.state AS was, n.state AS now, n.result
+            FROM new_rows n JOIN old_rows o USING (id)
+            WHERE n.node_id IS NOT NULL AND (o.state IN {ENDED}) <> (n.state IN {ENDED})
+        ), d AS (
+            SELECT node_id,
+                (count(*) FILTER (WHERE now = 'succeeded') - count(*) FILTER (WHERE was = 'succeeded'))::integer AS ds,
+                (count(*) FILTER (WHERE now = 'dead') - count(*) FILTER (WHERE was = 'dead'))::integer AS df,
+                (count(*) FILTER (WHERE now = 'cancelled') - count(*) FILTER (WHERE was = 'cancelled'))::integer AS dc,
+                (count(*) FILTER (WHERE now = 'skipped') - count(*) FILTER (WHERE was = 'skipped'))::integer AS dk,
+                (array_agg(result) FILTER (WHERE now = 'succeeded'))[1] AS result
+            FROM moved GROUP BY node_id
+        )
+        SELECT array_agg(node_id ORDER BY node_id), array_agg(ds ORDER BY node_id), array_agg(df ORDER BY node_id),
+               array_agg(dc ORDER BY node_id), array_agg(dk ORDER BY node_id), array_agg(result ORDER BY node_id)
+        FROM d
+    $query$
+    INTO moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results;
     IF moved_nodes IS NOT NULL THEN
         PERFORM dygo_tally(moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results);
     END IF;
@@ -192,9 +209,9 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER dygo_jobs_updated_all AFTER UPDATE ON dygo_jobs
+CREATE TRIGGER dygo_jobs_moved AFTER UPDATE ON dygo_jobs
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION dygo_jobs_updated_all();
+    FOR EACH STATEMENT EXECUTE FUNCTION dygo_jobs_moved();
 """
 
 
@@ -212,18 +229,16 @@ def install(conn: psycopg.Connection, variant: str) -> None:
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
     with conn.transaction():
-        for trigger in (*WORKFLOW_TRIGGERS, *UPDATE_TRIGGERS, "dygo_job_moved", "dygo_job_removed"):
+        for trigger in TRIGGERS:
             conn.execute(f"DROP TRIGGER IF EXISTS {trigger} ON dygo_jobs")
-        conn.execute("DROP TRIGGER IF EXISTS dygo_jobs_updated_all ON dygo_jobs")
         conn.execute("DROP TABLE IF EXISTS dygo_node_moves")  # with its trigger
-        if variant != "merged":
-            for statement in migration_triggers(MIGRATIONS / "0016_baseline.sql", UPDATE_TRIGGERS):
-                conn.execute(statement)
         if variant == "current":
-            for statement in migration_triggers(MIGRATION, WORKFLOW_TRIGGERS):
+            for statement in migration_triggers(MIGRATION, ("dygo_jobs_updated", "dygo_jobs_removed")):
                 conn.execute(statement)
-        elif variant == "merged":
-            conn.execute(MERGED_TRIGGER)
+            return
+        conn.execute(BASELINE_TRIGGERS)
+        if variant == "separate":
+            conn.execute(SEPARATE_TRIGGER)
             conn.execute(migration_triggers(MIGRATION, ("dygo_jobs_removed",))[0])
         elif variant == "row":
             conn.execute(ROW_TRIGGERS)

@@ -269,12 +269,12 @@ class Meter:
 STATS_FLUSH = 10.5
 # The functions of the job triggers on update and delete, and those they call (workflow_triggers.py's too).
 FUNCTIONS = (
+    "dygo_jobs_updated",
     "dygo_jobs_moved",
     "dygo_jobs_removed",
     "dygo_tally",
     "dygo_advance",
     "dygo_move_node_jobs",
-    "dygo_notify_finished",
     "dygo_job_moved",
     "dygo_job_moved_later",
     "dygo_tally_moves",
@@ -535,7 +535,8 @@ def parse_arguments() -> argparse.Namespace:
         "--variants",
         type=lambda text: text.split(","),
         default=["current"],
-        help="ways of counting workflow jobs, each fleet in turn (bench/workflow_triggers.py: current, row)",
+        help="ways of counting workflow jobs, each fleet in turn (bench/workflow_triggers.py: current, separate, "
+        "row, deferred)",
     )
     parser.add_argument("--fan-in", type=int, nargs="+", default=[1_000, 10_000, 100_000], help="group sizes")
     parser.add_argument("--chains", type=int, default=2_000, help="3-step chains enqueued at once")
@@ -564,8 +565,10 @@ def parse_arguments() -> argparse.Namespace:
         args.fan_in, args.chains, args.fan_out, args.paced_chains, args.repeat = [1_000, 10_000], 500, 2_000, 50, 1
     if unknown := set(args.only) - set(SCENARIOS):
         parser.error(f"unknown scenario(s) {', '.join(sorted(unknown))}: choose from {', '.join(SCENARIOS)}")
-    if unknown := set(args.variants) - {"current", "row", "deferred"}:
-        parser.error(f"unknown variant(s) {', '.join(sorted(unknown))}: current, row or deferred (none moves nothing)")
+    if unknown := set(args.variants) - {"current", "separate", "row", "deferred"}:
+        parser.error(
+            f"unknown variant(s) {', '.join(sorted(unknown))}: current, separate, row or deferred (none moves nothing)"
+        )
     return args
 
 

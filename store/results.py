@@ -1,6 +1,6 @@
 """Waiting for a job's result: LISTEN for the ids of jobs that reach a final state, no polling.
 
-The dygo_notify_finished trigger (store/migrations/0016_baseline.sql) sends those ids on the `dygo_finished` channel
+The dygo_jobs_updated trigger (store/migrations/0017_workflows.sql) sends those ids on the `dygo_finished` channel
 when the settling transaction commits, but only the ids that a waiter registered for in
 dygo_result_waiters: a settle nobody waits for sends nothing (a notifying commit is serialised with
 every other one cluster-wide, which capped a fleet's settles). Deleting one job sends its id, and an
@@ -47,7 +47,7 @@ from psycopg.rows import dict_row
 CHANNEL = "dygo_finished"
 FINAL_STATES = frozenset({"succeeded", "dead", "cancelled", "skipped"})
 # Ids per notification: 390 ids of at most 20 bytes each stay under NOTIFY's 8000-byte payload limit. The
-# trigger dygo_notify_finished chunks by the same number (tests/test_migrations.py checks they agree).
+# trigger dygo_jobs_updated chunks by the same number (tests/test_migrations.py checks they agree).
 NOTIFY_IDS_MAX = 390
 # A registration lives at most this long past its last refresh (the longest `?wait=` of the API is 60 s);
 # a longer Python wait refreshes its row this often.

@@ -217,22 +217,63 @@ SELECT regexp_replace(regexp_replace(regexp_replace(
 $$;
 
 --
--- Name: dygo_jobs_moved(); Type: FUNCTION; Schema: public; Owner: -
+-- Name: dygo_jobs_removed(); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.dygo_jobs_moved() RETURNS trigger
+CREATE FUNCTION public.dygo_jobs_removed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    removed_nodes bigint[]; removed integer[];
+BEGIN
+    SELECT array_agg(node_id ORDER BY node_id), array_agg(n ORDER BY node_id) INTO removed_nodes, removed
+    FROM (SELECT node_id, count(*)::integer AS n FROM old_rows
+          WHERE node_id IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped')
+          GROUP BY node_id) AS d;
+    IF removed_nodes IS NOT NULL THEN
+        PERFORM dygo_tally(removed_nodes, array_fill(0, ARRAY[cardinality(removed_nodes)]),
+                           array_fill(0, ARRAY[cardinality(removed_nodes)]), removed,
+                           array_fill(0, ARRAY[cardinality(removed_nodes)]),
+                           array_fill(NULL::jsonb, ARRAY[cardinality(removed_nodes)]));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: dygo_jobs_updated(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_jobs_updated() RETURNS trigger
     LANGUAGE plpgsql
     AS $_$
 DECLARE
+    any_pending boolean; any_ended boolean; any_workflow boolean;
     moved_nodes bigint[]; n_succeeded integer[]; n_dead integer[]; n_cancelled integer[]; n_skipped integer[];
     n_results jsonb[];
 BEGIN
-    -- A statement without workflow jobs (every plain claim, renewal and settle) costs one scan of its rows.
-    IF NOT EXISTS (SELECT FROM new_rows WHERE node_id IS NOT NULL) THEN
-        RETURN NULL;
+    SELECT bool_or(state = 'pending'), bool_or(state IN ('succeeded', 'dead', 'cancelled', 'skipped')),
+           bool_or(node_id IS NOT NULL)
+    INTO any_pending, any_ended, any_workflow FROM new_rows;
+    -- Wake-ups: one NOTIFY per queue with jobs pending again (a retry, a snooze, a revived job).
+    IF any_pending THEN
+        PERFORM pg_notify('dygo_jobs', q.queue) FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'pending') AS q;
     END IF;
-    IF current_setting('dygo.advancing', true) = 'on' THEN
-        RETURN NULL;  -- dygo_advance moving jobs itself: it counts them
+    -- Result waiters. The key is store/sql/results.py's RESULT_WAITERS_LOCK (two int4 keys: apart from dygo's
+    -- one-bigint locks), which orders this against a waiter's registration, so no settle is missed.
+    IF any_ended THEN
+        PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
+        -- A later statement: its snapshot sees every waiter committed before the lock was granted.
+        -- At most 390 ids per notification (20 bytes each at most) to stay under the 8000-byte limit.
+        PERFORM pg_notify('dygo_finished', string_agg(f.id::text, ','))
+        FROM (SELECT n.id, (row_number() OVER ()) / 390 AS chunk FROM new_rows n
+              WHERE n.state IN ('succeeded', 'dead', 'cancelled', 'skipped')
+                AND EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = n.id)) AS f
+        GROUP BY f.chunk;
+    END IF;
+    -- Workflow counts; dygo_advance moving jobs itself counts them.
+    IF NOT any_workflow OR current_setting('dygo.advancing', true) = 'on' THEN
+        RETURN NULL;
     END IF;
     -- Planned afresh for each statement (EXECUTE): a plan kept from a first, one-row statement joins the
     -- transition tables by nested loop, quadratic in the rows of a later big one (a node's retry, a cancel).
@@ -263,30 +304,6 @@ BEGIN
     RETURN NULL;
 END
 $_$;
-
---
--- Name: dygo_jobs_removed(); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.dygo_jobs_removed() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    removed_nodes bigint[]; removed integer[];
-BEGIN
-    SELECT array_agg(node_id ORDER BY node_id), array_agg(n ORDER BY node_id) INTO removed_nodes, removed
-    FROM (SELECT node_id, count(*)::integer AS n FROM old_rows
-          WHERE node_id IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped')
-          GROUP BY node_id) AS d;
-    IF removed_nodes IS NOT NULL THEN
-        PERFORM dygo_tally(removed_nodes, array_fill(0, ARRAY[cardinality(removed_nodes)]),
-                           array_fill(0, ARRAY[cardinality(removed_nodes)]), removed,
-                           array_fill(0, ARRAY[cardinality(removed_nodes)]),
-                           array_fill(NULL::jsonb, ARRAY[cardinality(removed_nodes)]));
-    END IF;
-    RETURN NULL;
-END
-$$;
 
 --
 -- Name: dygo_lock_workflows(bigint[]); Type: FUNCTION; Schema: public; Owner: -
@@ -347,31 +364,6 @@ SELECT CASE
     WHEN dead > 0 THEN 'failed'
     WHEN cancelled > 0 THEN 'cancelled'
     ELSE 'skipped' END
-$$;
-
---
--- Name: dygo_notify_finished(); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.dygo_notify_finished() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    -- Claims, lease renewals and retries leave no job final: no lock, no notification.
-    IF NOT EXISTS (SELECT FROM new_rows WHERE state IN ('succeeded', 'dead', 'cancelled', 'skipped')) THEN
-        RETURN NULL;
-    END IF;
-    -- The key is store/sql/results.py's RESULT_WAITERS_LOCK (two int4 keys: apart from dygo's one-bigint locks).
-    PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
-    -- A later statement: its snapshot sees every waiter committed before the lock was granted.
-    -- At most 390 ids per notification (20 bytes each at most) to stay under the 8000-byte limit.
-    PERFORM pg_notify('dygo_finished', string_agg(f.id::text, ','))
-    FROM (SELECT n.id, (row_number() OVER ()) / 390 AS chunk FROM new_rows n
-          WHERE n.state IN ('succeeded', 'dead', 'cancelled', 'skipped')
-            AND EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = n.id)) AS f
-    GROUP BY f.chunk;
-    RETURN NULL;
-END
 $$;
 
 --
@@ -1059,22 +1051,10 @@ CREATE INDEX dygo_workflows_state ON public.dygo_workflows USING btree (state, i
 CREATE TRIGGER dygo_jobs_counted AFTER INSERT ON public.dygo_jobs REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.dygo_count_enqueued();
 
 --
--- Name: dygo_jobs dygo_jobs_finished; Type: TRIGGER; Schema: public; Owner: -
---
-
-CREATE TRIGGER dygo_jobs_finished AFTER UPDATE ON public.dygo_jobs REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.dygo_notify_finished();
-
---
 -- Name: dygo_jobs dygo_jobs_inserted; Type: TRIGGER; Schema: public; Owner: -
 --
 
 CREATE TRIGGER dygo_jobs_inserted AFTER INSERT ON public.dygo_jobs REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.dygo_notify_pending();
-
---
--- Name: dygo_jobs dygo_jobs_moved; Type: TRIGGER; Schema: public; Owner: -
---
-
-CREATE TRIGGER dygo_jobs_moved AFTER UPDATE ON public.dygo_jobs REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.dygo_jobs_moved();
 
 --
 -- Name: dygo_jobs dygo_jobs_removed; Type: TRIGGER; Schema: public; Owner: -
@@ -1086,7 +1066,7 @@ CREATE TRIGGER dygo_jobs_removed AFTER DELETE ON public.dygo_jobs REFERENCING OL
 -- Name: dygo_jobs dygo_jobs_updated; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER dygo_jobs_updated AFTER UPDATE ON public.dygo_jobs REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.dygo_notify_pending();
+CREATE TRIGGER dygo_jobs_updated AFTER UPDATE ON public.dygo_jobs REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.dygo_jobs_updated();
 
 --
 -- Name: dygo_schedules dygo_schedules_added; Type: TRIGGER; Schema: public; Owner: -

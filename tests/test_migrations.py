@@ -262,6 +262,6 @@ def test_migrate_to_a_version_it_does_not_have_says_which_it_has(empty_db: str, 
 
 def test_the_finished_trigger_and_python_chunk_ids_alike(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
-        (definition,) = conn.execute("SELECT pg_get_functiondef('dygo_notify_finished'::regproc)").fetchone()
+        (definition,) = conn.execute("SELECT pg_get_functiondef('dygo_jobs_updated'::regproc)").fetchone()
     chunks = re.findall(r"row_number\(\) OVER \(\)\) / (\d+) AS chunk", definition)
     assert chunks == [str(NOTIFY_IDS_MAX)]

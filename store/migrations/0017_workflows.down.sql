@@ -11,9 +11,9 @@ CREATE INDEX dygo_jobs_parked ON dygo_jobs (state, id) INCLUDE (queue)
     WHERE state IN ('dead', 'paused', 'cancelled');
 DROP TRIGGER dygo_workflows_ended ON dygo_workflows;
 DROP FUNCTION dygo_notify_workflow_ended();
-DROP TRIGGER dygo_jobs_moved ON dygo_jobs;
+DROP TRIGGER dygo_jobs_updated ON dygo_jobs;
 DROP TRIGGER dygo_jobs_removed ON dygo_jobs;
-DROP FUNCTION dygo_jobs_moved();
+DROP FUNCTION dygo_jobs_updated();
 DROP FUNCTION dygo_jobs_removed();
 DROP FUNCTION dygo_tally(bigint[], integer[], integer[], integer[], integer[], jsonb[]);
 DROP FUNCTION dygo_lock_workflows(bigint[]);
@@ -31,7 +31,7 @@ ALTER TABLE dygo_jobs DROP COLUMN node_id;
 ALTER TABLE dygo_jobs DROP CONSTRAINT dygo_jobs_state_check;
 ALTER TABLE dygo_jobs ADD CONSTRAINT dygo_jobs_state_check CHECK (state IN
     ('pending', 'active', 'succeeded', 'dead', 'paused', 'cancelled'));
-CREATE OR REPLACE FUNCTION dygo_notify_finished() RETURNS trigger
+CREATE FUNCTION dygo_notify_finished() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     -- Claims, lease renewals and retries leave no job final: no lock, no notification.
@@ -50,3 +50,8 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+CREATE TRIGGER dygo_jobs_updated AFTER UPDATE ON dygo_jobs
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION dygo_notify_pending();
+CREATE TRIGGER dygo_jobs_finished AFTER UPDATE ON dygo_jobs
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION dygo_notify_finished();

@@ -346,18 +346,44 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION dygo_jobs_moved() RETURNS trigger
+-- Every update of jobs calls one statement trigger, which reads its NEW rows once to learn which of its
+-- three parts have work: wake the workers of queues with jobs pending again (0016's dygo_jobs_updated),
+-- tell result waiters of jobs that ended (0016's dygo_jobs_finished), and count workflow jobs that entered or
+-- left an ended state. One function call per statement instead of three keeps a plain job's claim and
+-- settle at their cost without workflows (bench/trigger_cost.py).
+DROP TRIGGER dygo_jobs_updated ON dygo_jobs;
+DROP TRIGGER dygo_jobs_finished ON dygo_jobs;
+DROP FUNCTION dygo_notify_finished();
+
+CREATE FUNCTION dygo_jobs_updated() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
+    any_pending boolean; any_ended boolean; any_workflow boolean;
     moved_nodes bigint[]; n_succeeded integer[]; n_dead integer[]; n_cancelled integer[]; n_skipped integer[];
     n_results jsonb[];
 BEGIN
-    -- A statement without workflow jobs (every plain claim, renewal and settle) costs one scan of its rows.
-    IF NOT EXISTS (SELECT FROM new_rows WHERE node_id IS NOT NULL) THEN
-        RETURN NULL;
+    SELECT bool_or(state = 'pending'), bool_or(state IN ('succeeded', 'dead', 'cancelled', 'skipped')),
+           bool_or(node_id IS NOT NULL)
+    INTO any_pending, any_ended, any_workflow FROM new_rows;
+    -- Wake-ups: one NOTIFY per queue with jobs pending again (a retry, a snooze, a revived job).
+    IF any_pending THEN
+        PERFORM pg_notify('dygo_jobs', q.queue) FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'pending') AS q;
     END IF;
-    IF current_setting('dygo.advancing', true) = 'on' THEN
-        RETURN NULL;  -- dygo_advance moving jobs itself: it counts them
+    -- Result waiters. The key is store/sql/results.py's RESULT_WAITERS_LOCK (two int4 keys: apart from dygo's
+    -- one-bigint locks), which orders this against a waiter's registration, so no settle is missed.
+    IF any_ended THEN
+        PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
+        -- A later statement: its snapshot sees every waiter committed before the lock was granted.
+        -- At most 390 ids per notification (20 bytes each at most) to stay under the 8000-byte limit.
+        PERFORM pg_notify('dygo_finished', string_agg(f.id::text, ','))
+        FROM (SELECT n.id, (row_number() OVER ()) / 390 AS chunk FROM new_rows n
+              WHERE n.state IN ('succeeded', 'dead', 'cancelled', 'skipped')
+                AND EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = n.id)) AS f
+        GROUP BY f.chunk;
+    END IF;
+    -- Workflow counts; dygo_advance moving jobs itself counts them.
+    IF NOT any_workflow OR current_setting('dygo.advancing', true) = 'on' THEN
+        RETURN NULL;
     END IF;
     -- Planned afresh for each statement (EXECUTE): a plan kept from a first, one-row statement joins the
     -- transition tables by nested loop, quadratic in the rows of a later big one (a node's retry, a cancel).
@@ -389,6 +415,10 @@ BEGIN
 END
 $$;
 
+CREATE TRIGGER dygo_jobs_updated AFTER UPDATE ON dygo_jobs
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION dygo_jobs_updated();
+
 -- A job deleted before it ended (a purge, a delete) counts as cancelled: what waits on it is not stranded.
 CREATE FUNCTION dygo_jobs_removed() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -409,33 +439,9 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER dygo_jobs_moved AFTER UPDATE ON dygo_jobs
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION dygo_jobs_moved();
 CREATE TRIGGER dygo_jobs_removed AFTER DELETE ON dygo_jobs
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION dygo_jobs_removed();
-
--- A result waiter of a workflow's node or of the workflow also hears the jobs that end it.
-CREATE OR REPLACE FUNCTION dygo_notify_finished() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    -- Claims, lease renewals and retries leave no job final: no lock, no notification.
-    IF NOT EXISTS (SELECT FROM new_rows WHERE state IN ('succeeded', 'dead', 'cancelled', 'skipped')) THEN
-        RETURN NULL;
-    END IF;
-    -- The key is store/sql/results.py's RESULT_WAITERS_LOCK (two int4 keys: apart from dygo's one-bigint locks).
-    PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
-    -- A later statement: its snapshot sees every waiter committed before the lock was granted.
-    -- At most 390 ids per notification (20 bytes each at most) to stay under the 8000-byte limit.
-    PERFORM pg_notify('dygo_finished', string_agg(f.id::text, ','))
-    FROM (SELECT n.id, (row_number() OVER ()) / 390 AS chunk FROM new_rows n
-          WHERE n.state IN ('succeeded', 'dead', 'cancelled', 'skipped')
-            AND EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = n.id)) AS f
-    GROUP BY f.chunk;
-    RETURN NULL;
-END
-$$;
 
 -- A job of a workflow may be retried only when its node may run: one cancelled or skipped because of a node
 -- before it waits for that node's retry instead (store/sql/admin_jobs.py REVIVED's statements ask this).
@@ -453,7 +459,7 @@ CREATE INDEX dygo_jobs_parked ON dygo_jobs (state, id) INCLUDE (queue)
 
 -- A workflow's waiter (GET /api/v1/workflows/{id}?wait=) registers in dygo_result_waiters as job id minus
 -- the workflow's id, and hears the workflow end on dygo_finished as a job's waiter hears its job: whatever
--- ended it (a settle, a cancel, a seal), under the same lock as dygo_notify_finished, so none is missed.
+-- ended it (a settle, a cancel, a seal), under the same lock as dygo_jobs_updated's, so none is missed.
 CREATE FUNCTION dygo_notify_workflow_ended() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN

@@ -5,7 +5,7 @@ and app/waiting.py; NOTIFY_RECHECK also through store/admin.py's bulk deletes). 
 trimmed by sql/retention.py's TRIM_EXPIRED_WAITERS.
 """
 
-# The channel the dygo_notify_finished trigger sends the ids of jobs that reached a final state to:
+# The channel the dygo_jobs_updated trigger sends the ids of jobs that reached a final state to:
 # only the ids some waiter registered for in dygo_result_waiters.
 LISTEN_FOR_FINISHED = "LISTEN dygo_finished"
 # The same notification for a statement the trigger does not see (a deleted job: its waiters find it gone).
