@@ -274,16 +274,30 @@ def resume_queue(conn: psycopg.Connection, queue: str) -> None:
     conn.execute(admin_queues.RESUME_QUEUE, (queue,))
 
 
+def _lock_workflows_of(conn: psycopg.Connection, jobs: sql.Composable, params: Mapping[str, Any]) -> None:
+    """First in a transaction that moves many jobs: lock the workflows of those `jobs` selects. The job
+    triggers lock a workflow's row before its jobs' rows, and so must a statement that takes the job rows
+    first, or it and a settle of the same workflow could each hold what the other waits for."""
+    conn.execute(sql.SQL(admin_jobs.LOCK_JOBS_WORKFLOWS).format(jobs=jobs), params)
+
+
 def retry_dead(conn: psycopg.Connection, queue: str | None) -> int:
     """Every dead job of the queue (None: of every queue) back to pending now; returns how many."""
-    if queue is None:
-        return len(conn.execute(dead_jobs.RETRY_ALL_DEAD_JOBS).fetchall())
-    return len(conn.execute(dead_jobs.RETRY_DEAD_JOBS, {"queue": queue}).fetchall())
+    which, statement = (
+        (dead_jobs.DEAD_ANYWHERE, dead_jobs.RETRY_ALL_DEAD_JOBS)
+        if queue is None
+        else (dead_jobs.DEAD_IN_QUEUE, dead_jobs.RETRY_DEAD_JOBS)
+    )
+    params = {"queue": queue}
+    with conn.transaction():
+        _lock_workflows_of(conn, sql.SQL(which), params)
+        return len(conn.execute(statement, params).fetchall())
 
 
 def purge_queue(conn: psycopg.Connection, queue: str) -> dict[str, int]:
     """Delete the queue's pending, scheduled and dead jobs; report them and the jobs left alone."""
     with conn.transaction():
+        _lock_workflows_of(conn, sql.SQL(admin_queues.PURGED), {"queue": queue})
         pending, scheduled, dead, active, paused = one(
             conn.execute(admin_queues.PURGE_QUEUE, {"queue": queue}).fetchone()
         )
@@ -393,7 +407,9 @@ def dead_letter_groups(conn: psycopg.Connection, limit: int = 100) -> list[dict[
 def retry_dead_group(conn: psycopg.Connection, kind: str, fingerprint: str) -> int:
     """Every dead job of one group back to pending now; returns how many."""
     params = {"kind": kind, "fingerprint": fingerprint}
-    return len(conn.execute(dead_jobs.RETRY_DEAD_GROUP, params).fetchall())
+    with conn.transaction():
+        _lock_workflows_of(conn, sql.SQL(dead_jobs.DEAD_IN_GROUP), params)
+        return len(conn.execute(dead_jobs.RETRY_DEAD_GROUP, params).fetchall())
 
 
 # --- bulk actions and the overview's extras (the dashboard) -----------------------------------------
@@ -444,6 +460,9 @@ def bulk_act(
     statement = sql.SQL(BULK_ACTIONS[action]).format(filters=filters)
     try:
         with conn.transaction():
+            _lock_workflows_of(
+                conn, sql.SQL(bulk.BULK_MATCHED_IDS).format(filters=filters), {**params, "cap": BULK_LIMIT}
+            )
             matched, changed = one(conn.execute(statement, {**params, "cap": BULK_LIMIT}).fetchone())
             if action == "delete" and changed:
                 results.notify_recheck(conn)  # cancel and archive are seen by the trigger

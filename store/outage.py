@@ -49,10 +49,9 @@ def is_outage(exc: BaseException) -> bool:
     role lacks (`InsufficientPrivilege`), a table or column missing (`UndefinedTable`, `UndefinedColumn`:
     the schema and the code do not match), a value or parameter refused (`DataError`,
     `InvalidParameterValue`), a statement cancelled by a `statement_timeout` (`QueryCanceled`, 57014) or
-    a deadlock (40P01): dygo's statements neither wait long nor deadlock by design, so either says
-    the server's settings or dygo's statements need a look (the settler alone runs a settle that was a
-    deadlock's victim once more, `is_rolled_back`: an operator's bulk action on a workflow's jobs can
-    hold what its settle needs). So is a client-side error of psycopg (`ProgrammingError`,
+    a deadlock (40P01). A deadlock is no outage either, but running the transaction again cures it: the
+    worker does (`is_rolled_back`, worker/database.py), since an operator's action on a workflow's jobs
+    can hold what a settle or a recovery pass needs. So is a client-side error of psycopg (`ProgrammingError`,
     `InterfaceError`: the driver used wrongly). A failed login is libpq's too and
     has no SQLSTATE: a wrong password counts as an outage, with the server's reason in the lost line.
     """

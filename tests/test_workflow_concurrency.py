@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -387,6 +388,57 @@ def test_a_settle_chosen_as_a_deadlocks_victim_is_settled_again_and_the_worker_s
     for (job_id,) in conn.execute("SELECT job_id FROM test_runs"):
         runs[job_id] += 1
     assert runs == {job_a: 1, handle.jobs["b"]: 1}
-    assert "DeadlockDetected" in worker.stderr() and "settling them again" in worker.stderr()
+    assert "DeadlockDetected" in worker.stderr() and "running it again" in worker.stderr()
     assert worker.process.poll() is None and "Traceback" not in worker.stderr()
+    assert check_invariants(conn) == []
+
+
+# An operator's statements over many jobs, each with whether the job it must meet is dead first.
+MANY_JOBS = {
+    "bulk by ids": (lambda c, job: admin.bulk_act(c, "cancel", ids=[job]), False),
+    "bulk by filter": (lambda c, job: admin.bulk_act(c, "cancel", where=admin.JobFilter(queue="other")), False),
+    "purge": (lambda c, job: admin.purge_queue(c, "other"), False),
+    "retry a queue's dead": (lambda c, job: admin.retry_dead(c, "other"), True),
+    "retry all dead": (lambda c, job: admin.retry_dead(c, None), True),
+    "retry a dead group": (lambda c, job: admin.retry_dead_group(c, "test.record", ""), True),
+}
+
+
+@pytest.mark.parametrize("name", list(MANY_JOBS))
+def test_an_operator_moving_many_jobs_takes_their_workflows_first_and_meets_no_deadlock(conn, db_url, name):
+    """A transaction holds a workflow's row, as a settle of one of its jobs does in the job trigger, and then
+    asks for one of its jobs' rows, as that settle's advance does. An operator's statement over many jobs,
+    that job among them, sent in between, waits for the workflow's row before it takes any job's: the
+    transaction gets the job at once, and the operator's statement runs once it commits."""
+    action, dead = MANY_JOBS[name]
+    wf = Workflow("bulk")
+    wf.add("b", "test.record", {}, after=wf.add("a", "test.record", {}, queue="other"))
+    handle = enqueue_workflow(conn, wf)
+    job = handle.jobs["a"]
+    if dead:
+        conn.execute("UPDATE dygo_jobs SET state = 'dead', finished_at = now(), last_error = 'x' WHERE id = %s", (job,))
+    outcome: dict[str, object] = {}
+    with psycopg.connect(db_url) as engine, psycopg.connect(db_url, autocommit=True) as operator:
+        engine.execute("SET lock_timeout = '5s'")
+        engine.execute("SELECT FROM dygo_workflows WHERE id = %s FOR UPDATE", (handle.id,))
+
+        def act() -> None:
+            try:
+                outcome["result"] = action(operator, job)
+            except psycopg.Error as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=act)
+        thread.start()
+        waiting = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s"
+        wait_until(
+            lambda: conn.execute(waiting, (operator.info.backend_pid,)).fetchone()[0] == "Lock",
+            message="the operator's statement to wait",
+        )
+        engine.execute("SELECT FROM dygo_jobs WHERE id = %s FOR UPDATE", (job,))  # granted, or lock_timeout
+        engine.commit()
+        thread.join(10)
+    assert "error" not in outcome and "result" in outcome, outcome
+    state = conn.execute("SELECT state FROM dygo_jobs WHERE id = %s", (job,)).fetchone()
+    assert state == (None if name == "purge" else ("pending",) if dead else ("cancelled",))
     assert check_invariants(conn) == []

@@ -12,7 +12,8 @@ Nothing here keeps session state across transactions (no session advisory lock, 
 server-side prepared statement behind a transaction pooler: store.db.connect_kwargs), so every
 DATABASE_URL connection works through PgBouncer in transaction pooling mode.
 
-One lost/back line pair per outage for all services (store/outage.py). A database error that is not an
+One lost/back line pair per outage for all services (store/outage.py). A transaction the server rolled back
+as a deadlock's victim is logged and run again by its caller. Any other database error that is not an
 outage (store/outage.py is_outage) is raised as a StatementError by `failed`: the service that hit it dies,
 and the worker stops (worker/runtime.py).
 """
@@ -27,7 +28,7 @@ from typing import Any
 import psycopg
 from dygo.store.db import connect_kwargs, direct_url, through_transaction_pooler
 from dygo.store.errors import StatementError
-from dygo.store.outage import OutageLog, is_outage
+from dygo.store.outage import OutageLog, describe, is_outage, is_rolled_back
 from dygo.worker.service import failure_backoff
 from psycopg_pool import AsyncConnectionPool
 
@@ -88,8 +89,13 @@ class WorkerConnections:
         return await psycopg.AsyncConnection.connect(self.listen_url, **self.listen_options)
 
     async def failed(self, where: str, exc: psycopg.Error | OSError) -> None:
-        """A statement of `where` failed. An outage is logged (once per outage) and the caller retries; any other
-        error cannot be cured by retrying, and is raised as a StatementError naming `where`."""
+        """A statement of `where` failed. An outage is logged (once per outage) and the caller retries; so is a
+        deadlock's victim (each time), which an operator's action on a workflow's jobs can make of a settle
+        or a recovery pass. Any other error cannot be cured by retrying, and is raised as a StatementError
+        naming `where`."""
+        if is_rolled_back(exc):
+            log.warning("%s: %s; running it again", where, describe(exc))
+            return
         if not is_outage(exc):
             raise StatementError(where, exc) from exc
         if self.outage.lost(where, exc):

@@ -17,7 +17,6 @@ from typing import Protocol
 import psycopg
 from dygo.store import leases, limits
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
-from dygo.store.outage import describe, is_rolled_back
 from dygo.worker.database import WorkerConnections
 from dygo.worker.telemetry import WorkerStats, outcome_name
 
@@ -90,7 +89,6 @@ class Settler:
 
     async def _flush_outbox(self) -> None:
         delay = 0.1
-        again = True  # a batch rolled back by a deadlock is settled once more before its error counts
         while self.outbox:
             # Removed from the outbox only once settled, so a cancelled flush loses nothing.
             batch = self.outbox[:SETTLE_BATCH]
@@ -104,12 +102,7 @@ class Settler:
                 if claimed_here:
                     self.wakeups.limit_slots_freed(claimed_here)
                 await self.database.back()
-                again = True
             except (psycopg.Error, OSError) as exc:
-                if again and is_rolled_back(exc):
-                    again = False
-                    log.warning("settling %d job(s): %s; settling them again", len(batch), describe(exc))
-                    continue
                 await self.database.failed(f"settling {len(batch)} job(s)", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)

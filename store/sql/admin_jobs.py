@@ -16,6 +16,9 @@ FROM dygo_jobs WHERE id = %s"""
 # triggers move it (migration 0017, dygo_lock_workflows); nothing for any other job.
 LOCK_JOB_WORKFLOW = """
 SELECT dygo_lock_workflows(ARRAY(SELECT node_id FROM dygo_jobs WHERE id = %(id)s AND node_id IS NOT NULL))"""
+# The same for a statement that moves many jobs, those {jobs} selects: their workflows' rows first, then theirs.
+LOCK_JOBS_WORKFLOWS = """
+SELECT dygo_lock_workflows(ARRAY(SELECT DISTINCT node_id FROM dygo_jobs WHERE node_id IS NOT NULL AND {jobs}))"""
 
 # What every retry sets (this one, and those of sql/dead_jobs.py and sql/bulk.py): pending now, with a fresh
 # attempt budget; the error history is kept.

@@ -44,9 +44,10 @@ SELECT pg_notify('dygo_jobs', name) FROM resumed"""
 
 # Pending, scheduled and dead jobs go; active ones belong to their workers and paused ones were
 # parked on purpose, so both stay (and are reported).
-PURGE_QUEUE = """
+PURGED = "queue = %(queue)s AND state IN ('pending', 'dead')"
+PURGE_QUEUE = f"""
 WITH purged AS (
-    DELETE FROM dygo_jobs WHERE queue = %(queue)s AND state IN ('pending', 'dead')
+    DELETE FROM dygo_jobs WHERE {PURGED}
     RETURNING CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END AS state
 )
 SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'scheduled'),

@@ -11,6 +11,8 @@ difference is what was skipped.
 from dygo.store.sql.admin_jobs import REVIVED
 
 BULK_SELECTED = "id = ANY(%(ids)s::bigint[])"
+# The jobs a bulk action looks at, for sql/admin_jobs.py's LOCK_JOBS_WORKFLOWS.
+BULK_MATCHED_IDS = "id IN (SELECT id FROM dygo_jobs WHERE {filters} ORDER BY id LIMIT %(cap)s)"
 BULK_ALLOWED = {
     "retry": "state IN ('dead', 'cancelled')",
     "cancel": "state IN ('pending', 'paused')",

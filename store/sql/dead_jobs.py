@@ -12,9 +12,16 @@ jobs the statement is about. sql/bulk.py's BULK_RETRY applies the same rule.
 
 from dygo.store.sql.admin_jobs import REVIVED
 
-# Every dead job of the queue -> pending now.
-RETRY_DEAD_JOBS = f"""
-WITH dead AS (SELECT id, idempotency_key FROM dygo_jobs WHERE state = 'dead' AND queue = %(queue)s), keyed AS (
+# Which dead jobs a retry of many revives: a queue's, every queue's, or one dead-letter group's.
+DEAD_IN_QUEUE = "state = 'dead' AND queue = %(queue)s"
+DEAD_ANYWHERE = "state = 'dead'"
+DEAD_IN_GROUP = "state = 'dead' AND kind = %(kind)s AND coalesce(dead_fingerprint, '') = %(fingerprint)s"
+
+
+def _retry_dead(which: str) -> str:
+    """The dead jobs `which` selects -> pending now."""
+    return f"""
+WITH dead AS (SELECT id, idempotency_key FROM dygo_jobs WHERE {which}), keyed AS (
     SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM dead
     WHERE idempotency_key IS NOT NULL
     ORDER BY idempotency_key, id DESC
@@ -30,23 +37,10 @@ FROM chosen
 WHERE j.id = chosen.id AND j.state = 'dead'
 RETURNING j.id"""
 
-# The same for every queue at once.
-RETRY_ALL_DEAD_JOBS = f"""
-WITH dead AS (SELECT id, idempotency_key FROM dygo_jobs WHERE state = 'dead'), keyed AS (
-    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM dead
-    WHERE idempotency_key IS NOT NULL
-    ORDER BY idempotency_key, id DESC
-), chosen AS (
-    SELECT id FROM dead WHERE idempotency_key IS NULL
-    UNION ALL
-    SELECT k.id FROM keyed k WHERE NOT EXISTS (
-        SELECT 1 FROM dygo_jobs l
-        WHERE l.idempotency_key = k.idempotency_key AND l.state IN ('pending', 'active', 'paused'))
-)
-UPDATE dygo_jobs AS j SET {REVIVED}
-FROM chosen
-WHERE j.id = chosen.id AND j.state = 'dead'
-RETURNING j.id"""
+
+RETRY_DEAD_JOBS = _retry_dead(DEAD_IN_QUEUE)
+RETRY_ALL_DEAD_JOBS = _retry_dead(DEAD_ANYWHERE)
+RETRY_DEAD_GROUP = _retry_dead(DEAD_IN_GROUP)
 
 # Dead jobs grouped by kind and error fingerprint, biggest groups first, each with its newest job as the
 # sample (one index probe per group shown). The fingerprint (dygo_error_fingerprint) is stored when a job
@@ -63,26 +57,6 @@ FROM (SELECT kind, coalesce(dead_fingerprint, '') AS fingerprint, count(*) AS co
       LIMIT %(limit)s) AS g
 JOIN dygo_jobs s ON s.id = g.sample_id
 ORDER BY g.count DESC, g.last_seen DESC"""
-
-# Every dead job of one group -> pending now.
-RETRY_DEAD_GROUP = f"""
-WITH dead AS (
-    SELECT id, idempotency_key FROM dygo_jobs
-    WHERE state = 'dead' AND kind = %(kind)s AND coalesce(dead_fingerprint, '') = %(fingerprint)s), keyed AS (
-    SELECT DISTINCT ON (idempotency_key) id, idempotency_key FROM dead
-    WHERE idempotency_key IS NOT NULL
-    ORDER BY idempotency_key, id DESC
-), chosen AS (
-    SELECT id FROM dead WHERE idempotency_key IS NULL
-    UNION ALL
-    SELECT k.id FROM keyed k WHERE NOT EXISTS (
-        SELECT 1 FROM dygo_jobs l
-        WHERE l.idempotency_key = k.idempotency_key AND l.state IN ('pending', 'active', 'paused'))
-)
-UPDATE dygo_jobs AS j SET {REVIVED}
-FROM chosen
-WHERE j.id = chosen.id AND j.state = 'dead'
-RETURNING j.id"""
 
 VACUUM_DEAD = """
 DELETE FROM dygo_jobs
