@@ -144,7 +144,7 @@ def dygo_version() -> str:
 
 
 def truncate(conn: psycopg.Connection) -> None:
-    conn.execute("TRUNCATE dygo_jobs, dygo_steps")
+    conn.execute("TRUNCATE dygo_jobs")
 
 
 def vacuum_analyze(conn: psycopg.Connection) -> None:

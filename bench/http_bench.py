@@ -187,7 +187,7 @@ def hey(url: str, body: Path, concurrency: int, seconds: float, token: str | Non
 
 def truncate(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE dygo_jobs, dygo_steps")
+        conn.execute("TRUNCATE dygo_jobs")
 
 
 def measure(

@@ -75,7 +75,7 @@ def one_round(url: str, variant: str, rate: float, jobs: int) -> tuple[float, fl
     """(jobs/s, registrations/s, lock waits per sample by wait event) of one variant."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(trigger_function(ROW_LOCK if variant == "0014" else CURRENT))
-        conn.execute("TRUNCATE dygo_jobs, dygo_steps, dygo_result_waiters")
+        conn.execute("TRUNCATE dygo_jobs, dygo_result_waiters")
         waited = enqueue_many(conn, [{"kind": "example.noop", "delay": "1h"}])[0].id
         stop = threading.Event()
         registrations = [0]

@@ -169,7 +169,7 @@ def write_config(config: Path, concurrency: int, claim_batch_size: int) -> None:
 
 def empty(conn: psycopg.Connection) -> None:
     """No job, no workflow, fresh statistics: every drain starts from the same table."""
-    conn.execute("TRUNCATE dygo_jobs, dygo_steps, dygo_edges, dygo_nodes, dygo_workflows")
+    conn.execute("TRUNCATE dygo_jobs, dygo_edges, dygo_nodes, dygo_workflows")
     conn.execute("VACUUM ANALYZE dygo_jobs")
     conn.execute("VACUUM ANALYZE dygo_nodes")
 

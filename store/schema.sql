@@ -1138,12 +1138,5 @@ ALTER TABLE ONLY public.dygo_nodes
     ADD CONSTRAINT dygo_nodes_workflow_id_fkey FOREIGN KEY (workflow_id) REFERENCES public.dygo_workflows(id) ON DELETE CASCADE;
 
 --
--- Name: dygo_steps dygo_steps_job_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE ONLY public.dygo_steps
-    ADD CONSTRAINT dygo_steps_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.dygo_jobs(id) ON DELETE CASCADE;
-
---
 -- PostgreSQL database dump complete
 --

@@ -2,11 +2,13 @@
 -- attempt of the job (a retry, a recovery after a lost lease, an operator's retry) gets the stored result
 -- instead of running the step again (store/steps.py tells the whole rule).
 --
--- A step row belongs to its job and goes with it: ON DELETE CASCADE, whichever path deletes the job
--- (retention, an operator, a purge), so no sweeper and no orphan. The primary key's index serves the
--- cascade, the one read (all the steps of a job) and the write's conflict check.
+-- A step row outlives its job until the worker's retention pass deletes the rows whose job is gone
+-- (sql/retention.py TRIM_ORPHAN_STEPS), whichever path deleted the job. Not a foreign key with ON DELETE
+-- CASCADE: its per-row trigger would make every delete of jobs (retention's above all) several times
+-- slower, steps or none. Job ids are never reused, so an orphan is never read. The primary key's index
+-- serves the one read (all the steps of a job) and the write's conflict check.
 CREATE TABLE dygo_steps (
-    job_id      bigint      NOT NULL REFERENCES dygo_jobs (id) ON DELETE CASCADE,
+    job_id      bigint      NOT NULL,
     key         text        NOT NULL,  -- the step's name and occurrence in a run: 'charge#1', 'charge#2'
     -- How it was recorded: 'step' (at least once) or 'step_tx' (in the transaction of its own SQL).
     op          text        NOT NULL CHECK (op IN ('step', 'step_tx')),
