@@ -13,3 +13,14 @@ async def noop(ctx: JobContext, args: dict) -> None:
 @job("bench.sleep")
 async def sleep(ctx: JobContext, args: dict) -> None:
     await asyncio.sleep(args.get("ms", 10) / 1000)
+
+
+async def _nothing() -> None:
+    return None
+
+
+@job("bench.steps")
+async def steps(ctx: JobContext, args: dict) -> None:
+    """`steps` durable steps that do nothing (bench/steps.py): what a step costs on its own."""
+    for _ in range(args.get("steps", 0)):
+        await ctx.step("step", _nothing)

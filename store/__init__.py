@@ -1,7 +1,19 @@
 """dygo's shared core: configuration, job definitions, migrations and every SQL statement (store/sql/)."""
 
 from dygo.store.enqueue import Enqueued, JobRequest, aenqueue, aenqueue_many, enqueue, enqueue_many
-from dygo.store.errors import Abort, ConfigError, EnqueueError, Reportable, Retry, RetryAfter, SchemaError, Snooze
+from dygo.store.errors import (
+    Abort,
+    ConfigError,
+    EnqueueError,
+    LeaseLost,
+    Reportable,
+    Retry,
+    RetryAfter,
+    SchemaError,
+    Snooze,
+    StepError,
+    StepOrderError,
+)
 from dygo.store.registry import JobContext, job, make_context, registry
 from dygo.store.results import await_for_result, wait_for_result
 from dygo.store.results import result as result  # deprecated alias of await_for_result, for one release
@@ -15,11 +27,14 @@ __all__ = [
     "Enqueued",
     "JobContext",
     "JobRequest",
+    "LeaseLost",
     "Reportable",
     "Retry",
     "RetryAfter",
     "SchemaError",
     "Snooze",
+    "StepError",
+    "StepOrderError",
     "Workflow",
     "WorkflowError",
     "aenqueue",

@@ -301,6 +301,9 @@ class FileSettings(BaseModel):
     max_result_bytes: ByteCount = ByteSize(
         64 * 1024
     )  # a handler's result above this (as JSON) is stored as a note instead
+    # A step's result above this (as JSON) fails the step with an error naming it (store/steps.py).
+    max_step_result_bytes: ByteCount = ByteSize(1024 * 1024)
+    strict_steps: Switch = False  # a replay calling its steps out of the recorded order raises, not warns
     # (role, token) pairs for the API, from config/dygo.yml and DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN.
     # Kept out of repr so a logged Settings never shows a token.
     api_tokens: ApiTokens = Field((), repr=False)

@@ -101,6 +101,29 @@ class Snooze(DygoError):
         super().__init__(f"snoozed for {delay}s")
 
 
+class StepError(DygoError):
+    """A step (`ctx.step`, `ctx.step_tx`) broke a rule: a bad name, a result that cannot be stored, or (with
+    `strict_steps`) a replay whose steps come in another order than recorded. The message names the step. A
+    failed attempt like any exception: retried with the usual backoff."""
+
+    def __init__(self, key: str, rule: str) -> None:
+        self.key, self.rule = key, rule
+        super().__init__(f"step {key!r}: {rule}")
+
+
+class StepOrderError(StepError):
+    """With `strict_steps`: a replayed run calls its steps in another order than the run that recorded them."""
+
+
+class LeaseLost(DygoError):
+    """This run no longer holds its job's lease (recovered after its lease expired, or settled elsewhere), so
+    it may record no step: the handler should stop. Its outcome is dropped by the fenced settle anyway."""
+
+    def __init__(self, job_id: int, key: str) -> None:
+        self.job_id, self.key = job_id, key
+        super().__init__(f"job {job_id}: step {key!r} not recorded: this run lost the job's lease")
+
+
 # --- Admin operations ---------------------------------------------------------------------------
 
 

@@ -1,10 +1,11 @@
 """Retention: the worker's trimming of old history, one worker of the cluster at a time.
 
 A pass deletes succeeded, dead and cancelled jobs (skipped ones with the cancelled) older than their
-retention, expired idempotency keys, the expired rows of result waiters that died waiting
-(store/results.py) and old daily and minute stats, in batches that each commit on their own (no long row
-locks, no long transaction holding back vacuum), and a bounded number of batches per kind so one pass
-never runs long. What is left over is taken by the next pass. Every statement lives in store/sql/retention.py.
+retention, the recorded steps of jobs deleted since (store/steps.py), expired idempotency keys, the expired
+rows of result waiters that died waiting (store/results.py) and old daily and minute stats, in batches that
+each commit on their own (no long row locks, no long transaction holding back vacuum), and a bounded number
+of batches per kind so one pass never runs long. What is left over is taken by the next pass.
+Every statement lives in store/sql/retention.py.
 
 Each batch takes the cluster-wide retention lock in its own transaction (a transaction-level advisory
 lock, so it works through PgBouncer in transaction mode, where a session lock would stay with a server
@@ -65,6 +66,7 @@ class Trimmed:
     cancelled: int = 0
     skipped: int = 0  # kept as long as cancelled jobs (cancelled_retention)
     workflows: int = 0
+    steps: int = 0  # of jobs deleted since the last pass
     idempotency_keys: int = 0
     result_waiters: int = 0
     daily_stats: int = 0
@@ -120,6 +122,7 @@ async def trim(connections: Connections, periods: RetentionPeriods, walk: Succee
             trimmed.skipped = await _repeat(connections, sql.TRIM_SKIPPED, periods.cancelled, trimmed)
         if periods.workflows:
             trimmed.workflows = await _repeat(connections, sql.TRIM_WORKFLOWS, periods.workflows, trimmed)
+        trimmed.steps = await _repeat(connections, sql.TRIM_ORPHAN_STEPS, 0.0, trimmed)
         trimmed.idempotency_keys = await _repeat(connections, sql.TRIM_EXPIRED_KEYS, 0.0, trimmed)
         trimmed.result_waiters = await _repeat(connections, sql.TRIM_EXPIRED_WAITERS, 0.0, trimmed)
         async with connections() as conn:

@@ -16,7 +16,9 @@ from dygo.store.errors import ConfigError, EnqueueError
 from pydantic import BaseModel, ValidationError
 
 if TYPE_CHECKING:
+    import psycopg
     from dygo.store.leases import BatchAppend
+    from dygo.store.steps import Steps
     from dygo.store.workflows import Dep, NodeOf
 
 KIND_PATTERN = re.compile(r"^[A-Za-z0-9_]+(?:[.\-][A-Za-z0-9_]+)*$")
@@ -47,6 +49,9 @@ class JobContext:
     deps: Mapping[str, Dep] = field(default_factory=dict)
     # Jobs this run adds to its open batch, written by the settle of its success (`add_to_batch`).
     appends: list[BatchAppend] = field(default_factory=list, repr=False, compare=False)
+    # This run's durable steps (store/steps.py), set by the worker. None in `make_context` contexts: a step
+    # then just runs its function, recording nothing.
+    steps: Steps | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_retry(self) -> bool:
@@ -66,6 +71,35 @@ class JobContext:
         if rows:
             self.appends.append(BatchAppend(self.workflow.workflow_id, rows_json(rows), len(rows)))
 
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run `fn(*args, **kwargs)` (sync or async) once for this job across its attempts, as the step
+        `name#n` (its n-th call of `name` in this run): its JSON result is recorded when it returns, and a
+        later attempt gets the recorded result without running it. At least once: a worker that dies after
+        `fn`'s effect and before the record runs it again. Returns the result as JSON decodes it."""
+        if self.steps is None:
+            return await _awaited(fn(*args, **kwargs))
+        return await self.steps.step(name, fn, args, kwargs)
+
+    async def step_tx(self, name: str, fn: Callable[[psycopg.AsyncConnection[Any]], Any], /) -> Any:
+        """`step`, with `fn(conn)` run inside the transaction that records the step and checks this run's
+        lease: what `fn` does through `conn` commits with the step, exactly once. Keep it short: it holds
+        the worker's shared connection."""
+        if self.steps is None:
+            raise RuntimeError("ctx.step_tx needs a worker's database connection; this context has none")
+        return await self.steps.step_tx(name, fn)
+
+    def step_sync(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`step` for a sync handler (`def`, run in its own thread): `fn` must be a plain function."""
+        if self.steps is None:
+            return fn(*args, **kwargs)
+        return self.steps.step_sync(name, fn, args, kwargs)
+
+    def step_tx_sync(self, name: str, fn: Callable[[psycopg.Connection[Any]], Any], /) -> Any:
+        """`step_tx` for a sync handler: `fn(conn)` gets a sync connection, in the step's transaction."""
+        if self.steps is None:
+            raise RuntimeError("ctx.step_tx_sync needs a worker's database connection; this context has none")
+        return self.steps.step_tx_sync(name, fn)
+
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far the job is, 0 to 1, with an optional message. Cheap to call often: the
         worker keeps the latest value and writes it at most once a second (API and dashboard show it)."""
@@ -78,6 +112,10 @@ class JobContext:
         if self.reporter is not None and self.lease_token is not None:
             short = None if message is None else message[:MAX_PROGRESS_MESSAGE]
             self.reporter(self.lease_token, float(fraction), short)
+
+
+async def _awaited(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 def make_context(kind: str = "test.job", **overrides: Any) -> JobContext:

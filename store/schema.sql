@@ -750,6 +750,22 @@ CREATE TABLE public.dygo_stats_deltas (
 WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0');
 
 --
+-- Name: dygo_steps; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.dygo_steps (
+    job_id bigint NOT NULL,
+    key text NOT NULL,
+    op text NOT NULL,
+    seq integer NOT NULL,
+    attempt integer NOT NULL,
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    duration double precision NOT NULL,
+    result jsonb,
+    CONSTRAINT dygo_steps_op_check CHECK ((op = ANY (ARRAY['step'::text, 'step_tx'::text])))
+);
+
+--
 -- Name: dygo_timing_deltas; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -925,6 +941,13 @@ ALTER TABLE ONLY public.dygo_result_waiters
 
 ALTER TABLE ONLY public.dygo_schedules
     ADD CONSTRAINT dygo_schedules_pkey PRIMARY KEY (name);
+
+--
+-- Name: dygo_steps dygo_steps_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_steps
+    ADD CONSTRAINT dygo_steps_pkey PRIMARY KEY (job_id, key);
 
 --
 -- Name: dygo_timings dygo_timings_pkey; Type: CONSTRAINT; Schema: public; Owner: -

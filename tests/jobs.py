@@ -355,3 +355,116 @@ def until_trimmed(ctx: JobContext, args: dict) -> dict:
             raise TimeoutError("retention left the jobs of the node before")
         time.sleep(0.1)
     return {"state": before.state, **before.counts}
+
+
+# --- durable steps (tests/test_steps.py): each effect is a test_runs row whose note names it ----------------
+
+
+def effect(ctx: JobContext, note: str) -> int:
+    """A step's side effect: one test_runs row noted `note`; returns how many rows with that note the job has."""
+    record(ctx, note)
+    return _local.conn.execute(
+        "SELECT count(*) FROM test_runs WHERE job_id = %s AND note = %s", (ctx.id, note)
+    ).fetchone()[0]
+
+
+@job("test.steps_three", max_attempts=3, retry_backoff="50ms")
+async def steps_three(ctx: JobContext, args: dict) -> list:
+    """Three steps; after the second is recorded, its first run hangs (so a test can kill its worker)."""
+    one = await ctx.step("one", effect, ctx, "one")
+    two = await ctx.step("two", effect, ctx, "two")
+    if await asyncio.to_thread(effect, ctx, "pause") == 1:
+        await asyncio.sleep(60)
+    three = await ctx.step("three", effect, ctx, "three")
+    return [one, two, three]
+
+
+@job("test.step_hangs_before_record", max_attempts=3, retry_backoff="50ms")
+async def step_hangs_before_record(ctx: JobContext, args: dict) -> int:
+    """A step whose first run makes its effect, then hangs before the step can be recorded."""
+
+    async def charge() -> int:
+        runs = await asyncio.to_thread(effect, ctx, "charge")
+        if runs == 1:
+            await asyncio.sleep(60)
+        return runs
+
+    return await ctx.step("charge", charge)
+
+
+@job("test.step_tx_hangs_before_commit", max_attempts=3, retry_backoff="50ms")
+async def step_tx_hangs_before_commit(ctx: JobContext, args: dict) -> int:
+    """A step_tx whose first run writes its effect in the step's transaction, then hangs before it commits.
+    `tried` rows (outside the transaction) count the runs of the function."""
+
+    async def reserve(conn: psycopg.AsyncConnection) -> int:
+        await conn.execute(
+            "INSERT INTO test_runs (job_id, attempt, pid, note) VALUES (%s, %s, %s, 'reserve')",
+            (ctx.id, ctx.attempt, os.getpid()),
+        )
+        tried = await asyncio.to_thread(effect, ctx, "tried")
+        if tried == 1:
+            await asyncio.sleep(60)
+        return tried
+
+    return await ctx.step_tx("reserve", reserve)
+
+
+@job("test.steps_gather", max_attempts=3, retry_backoff="50ms")
+async def steps_gather(ctx: JobContext, args: dict) -> list:
+    """Three steps at once, finishing in the reverse of their call order; the first attempt then fails."""
+
+    async def slow(note: str, seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        await asyncio.to_thread(effect, ctx, note)
+        return note
+
+    results = await asyncio.gather(
+        ctx.step("x", slow, "x first", 0.4), ctx.step("y", slow, "y", 0.2), ctx.step("x", slow, "x second", 0.0)
+    )
+    if ctx.attempt == 1:
+        raise RuntimeError("failing once after the steps")
+    return results
+
+
+@job("test.steps_reorder", max_attempts=2, retry_backoff="50ms")
+async def steps_reorder(ctx: JobContext, args: dict) -> list:
+    """Steps a then b on the first attempt (which then fails), b then a on the next."""
+    names = ["a", "b"] if ctx.attempt == 1 else ["b", "a"]
+    results = [await ctx.step(name, effect, ctx, name) for name in names]
+    if ctx.attempt == 1:
+        raise RuntimeError("failing once after the steps")
+    return results
+
+
+@job("test.step_too_big", max_attempts=1)
+async def step_too_big(ctx: JobContext, args: dict) -> None:
+    await ctx.step("small", effect, ctx, "small")
+    await ctx.step("big", lambda: "x" * (args.get("bytes", 1024 * 1024)))
+
+
+@job("test.steps_sync", max_attempts=3, retry_backoff="50ms")
+def steps_sync(ctx: JobContext, args: dict) -> list:
+    """A sync handler's steps: a plain one twice and a transactional one; the first attempt then fails."""
+
+    def reserve(conn: psycopg.Connection) -> str:
+        conn.execute(
+            "INSERT INTO test_runs (job_id, attempt, pid, note) VALUES (%s, %s, %s, 'reserve')",
+            (ctx.id, ctx.attempt, os.getpid()),
+        )
+        return "reserved"
+
+    results = [ctx.step_sync("a", effect, ctx, "a#1"), ctx.step_sync("a", effect, ctx, "a#2")]
+    results.append(ctx.step_tx_sync("reserve", reserve))
+    if ctx.attempt == 1:
+        raise RuntimeError("failing once after the steps")
+    return results
+
+
+@job("test.steps_then_fail", max_attempts=1)
+async def steps_then_fail(ctx: JobContext, args: dict) -> int:
+    """One step, then dead on every run until `test_runs` holds a 'fixed' row for the job."""
+    charged = await ctx.step("charge", effect, ctx, "charge")
+    if await asyncio.to_thread(effect, ctx, "check") == 1:
+        raise RuntimeError("dies after its step")
+    return charged

@@ -218,3 +218,17 @@ def test_finished_workflows_are_trimmed_with_their_nodes_and_running_ones_kept(c
     assert {row[0] for row in conn.execute("SELECT id FROM dygo_workflows")} == {recent, running}
     assert conn.execute("SELECT count(*) FROM dygo_nodes WHERE workflow_id = %s", (old,)).fetchone() == (0,)
     assert conn.execute("SELECT count(*) FROM dygo_edges WHERE workflow_id = %s", (old,)).fetchone() == (0,)
+
+
+def test_the_steps_of_a_deleted_job_are_trimmed_and_a_live_jobs_kept(conn, db_url):
+    gone, kept = add_job(conn, "dead", 0.5), add_job(conn, "dead", 0.5)
+    for job_id in (gone, kept):
+        conn.execute(
+            "INSERT INTO dygo_steps (job_id, key, op, seq, attempt, duration, result) "
+            "VALUES (%s, 'charge#1', 'step', 1, 1, 0.01, '1'), (%s, 'ship#1', 'step', 2, 1, 0.01, NULL)",
+            (job_id, job_id),
+        )
+    conn.execute("DELETE FROM dygo_jobs WHERE id = %s", (gone,))  # as an operator's delete would
+    trimmed = run_trim(db_url, KEEP_FOREVER)
+    assert trimmed.steps == 2
+    assert conn.execute("SELECT DISTINCT job_id FROM dygo_steps").fetchall() == [(kept,)]

@@ -5,8 +5,11 @@
 * LISTEN  - the listener's session (worker/listener.py), on DATABASE_DIRECT_URL when one is given:
             through a transaction pooler a session's notifications cannot be relied on
 * shared  - a pool of one for everything else, one statement or short transaction at a time: settles,
-            lease renewals, progress, timings, heartbeat, recovery, schedules, retention (each batch
-            commits on its own, so a pass never holds it long)
+            lease renewals, progress, timings, heartbeat, recovery, schedules, retention, durable steps
+            (each batch commits on its own, so a pass never holds it long)
+
+A fourth, sync connection is opened only when a sync handler first calls `ctx.step_tx_sync` (its function
+takes a sync connection, which the shared async one is not), and kept for the next ones.
 
 Nothing here keeps session state across transactions (no session advisory lock, no SET, no
 server-side prepared statement behind a transaction pooler: store.db.connect_kwargs), so every
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from typing import Any
 
 import psycopg
@@ -30,7 +34,7 @@ from dygo.store.db import connect_kwargs, direct_url, through_transaction_pooler
 from dygo.store.errors import StatementError
 from dygo.store.outage import OutageLog, describe, is_outage, is_rolled_back
 from dygo.worker.service import failure_backoff
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 log = logging.getLogger("dygo.worker")
 
@@ -56,6 +60,8 @@ class WorkerConnections:
             "application_name": f"dygo-worker-listen {worker_id}",
         }
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=1, kwargs=self.options, open=False)
+        self.sync_pool: ConnectionPool | None = None  # opened at the first ctx.step_tx_sync (sync_connection)
+        self.sync_pool_lock = threading.Lock()
         self.outage = OutageLog(log)
 
     async def wait_until_reachable(self) -> None:
@@ -79,6 +85,20 @@ class WorkerConnections:
     def connection(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]:
         """The shared connection, for one statement or one short transaction."""
         return self.pool.connection()
+
+    def sync_connection(self) -> contextlib.AbstractContextManager[psycopg.Connection]:
+        """A sync connection of its own, for sync handlers' step transactions (from their threads)."""
+        with self.sync_pool_lock:
+            if self.sync_pool is None:
+                self.sync_pool = ConnectionPool(self.url, min_size=0, max_size=1, kwargs=self.options, open=True)
+            return self.sync_pool.connection()
+
+    async def close(self) -> None:
+        await self.pool.close()
+        with self.sync_pool_lock:
+            sync_pool, self.sync_pool = self.sync_pool, None
+        if sync_pool is not None:
+            await asyncio.to_thread(sync_pool.close)
 
     async def connect(self) -> psycopg.AsyncConnection:
         """A connection of its own to DATABASE_URL (the producer's)."""

@@ -20,6 +20,7 @@ from dygo.store.durations import format_duration
 from dygo.store.errors import Abort, Reportable, RetryAfter, Snooze
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
 from dygo.store.registry import JobContext, JobDefinition, Registry
+from dygo.store.steps import Connect, StepLease, StepRules, Steps, SyncConnect
 from dygo.worker.deadlines import Deadlines
 from dygo.worker.execution_log import ExecutionLog
 
@@ -32,11 +33,20 @@ class UnstorableResult(Exception):
 
 class Executor:
     def __init__(
-        self, settings: Settings, jobs: Registry, progress: Callable[[str, float, str | None], None] | None = None
+        self,
+        settings: Settings,
+        jobs: Registry,
+        progress: Callable[[str, float, str | None], None] | None = None,
+        connect: Connect | None = None,
+        connect_sync: SyncConnect | None = None,
     ) -> None:
         self.settings = settings
         self.jobs = jobs
         self.progress = progress  # where ctx.progress reports go (worker.progress.ProgressWriter.report)
+        # Where ctx.step reads and records steps: the shared connection, and a sync one for sync step_tx.
+        self.connect = connect
+        self.connect_sync = connect_sync
+        self.step_rules = StepRules(settings.max_step_result_bytes, settings.strict_steps)
         self.execution_log = ExecutionLog()
         self.deadlines = Deadlines()  # the handlers' timeouts
 
@@ -70,6 +80,7 @@ class Executor:
             reporter=self.progress,
             workflow=job.workflow,
             deps=job.deps or {},
+            steps=None if self.connect is None else self._steps(job),
         )
         try:
             args = definition.build_args(job.args)
@@ -91,6 +102,11 @@ class Executor:
             return self._failure(definition, job, exc, str(exc))
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             return self._failure(definition, job, exc)
+
+    def _steps(self, job: ClaimedJob) -> Steps:
+        assert self.connect is not None
+        lease = StepLease(job.id, job.lease_token, job.attempt)
+        return Steps(lease, job.kind, self.step_rules, self.connect, self.connect_sync)
 
     def _stored_result(self, job: ClaimedJob, encoded: str | None) -> str | None:
         """The result as stored: itself, or a note when it is bigger than max_result_bytes. The job

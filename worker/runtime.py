@@ -80,7 +80,11 @@ class Worker:
         self.progress = ProgressWriter(self.database, leased)
         self.settler = Settler(self.database, leased, self.stats)
         self.runs = Runs(
-            leased, Executor(settings, jobs, self.progress.report), self.settler, self.progress, self.stats
+            leased,
+            Executor(settings, jobs, self.progress.report, self.database.connection, self.database.sync_connection),
+            self.settler,
+            self.progress,
+            self.stats,
         )
         self.heartbeat = Heartbeat(self.database, self.id, options.queues)
         self.recovery = Recovery(self.database, settings.max_reaps)
@@ -148,7 +152,7 @@ class Worker:
                 return await self._run_once()
             return await self._run_forever()
         finally:
-            await self.database.pool.close()
+            await self.database.close()
 
     async def _run_once(self) -> int:
         if self.options.cron:

@@ -75,6 +75,19 @@ WITH doomed AS (
 )
 SELECT count(*) FROM trimmed"""
 
+# Steps whose job is gone (retention, an operator or a purge deleted it: dygo_steps has no foreign key, see
+# migration 0018). A pass that finds none reads every step row once, each with a probe of the jobs' primary
+# key: a cost for those who use steps, none for a plain job.
+TRIM_ORPHAN_STEPS = """
+WITH doomed AS (
+    SELECT s.job_id, s.key FROM dygo_steps s
+    WHERE NOT EXISTS (SELECT FROM dygo_jobs j WHERE j.id = s.job_id)
+    LIMIT %(batch)s FOR UPDATE OF s SKIP LOCKED
+), trimmed AS (
+    DELETE FROM dygo_steps s USING doomed d WHERE s.job_id = d.job_id AND s.key = d.key RETURNING 1
+)
+SELECT count(*) FROM trimmed"""
+
 # Idempotency keys whose window has passed, oldest first: they no longer deduplicate anything (the enqueue
 # takes them over).
 TRIM_EXPIRED_KEYS = """

@@ -1,0 +1,36 @@
+"""Durable steps: reading a job's recorded steps and recording one (store/steps.py runs them).
+
+A step is recorded only by the run that holds the job's lease. The write takes the job's row FOR SHARE,
+checked against the run's lease token, in the statement (or transaction) that inserts the step: a recovery
+or a settle elsewhere that takes the lease away waits for it or has already made the check fail, so a run
+that lost its lease records nothing.
+"""
+
+# Every step a job recorded, read once per run at its first step (the primary key serves it).
+STEPS_OF_JOB = """
+SELECT key, seq, result::text FROM dygo_steps WHERE job_id = %(job_id)s"""
+
+# The run's lease, held until the transaction ends: the check and the lock of a step's write.
+LOCK_LEASE = """
+SELECT 1 FROM dygo_jobs
+WHERE id = %(job_id)s AND lease_token = %(lease_token)s::uuid AND state = 'active'
+FOR SHARE"""
+
+# One step, fenced by the lease in the same statement. `leased` false: the lease is lost and nothing was
+# written; `recorded` false with `leased` true: the key was recorded already (its stored result is kept).
+RECORD_STEP = """
+WITH lease AS MATERIALIZED (
+    SELECT id FROM dygo_jobs
+    WHERE id = %(job_id)s AND lease_token = %(lease_token)s::uuid AND state = 'active'
+    FOR SHARE
+), recorded AS (
+    INSERT INTO dygo_steps (job_id, key, op, seq, attempt, duration, result)
+    SELECT id, %(key)s, %(op)s, %(seq)s, %(attempt)s, %(duration)s, %(result)s::jsonb FROM lease
+    ON CONFLICT (job_id, key) DO NOTHING
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM lease) AS leased, EXISTS (SELECT FROM recorded) AS recorded"""
+
+# A step's stored result, read when its write found the key recorded already.
+STEP_RESULT = """
+SELECT result::text FROM dygo_steps WHERE job_id = %(job_id)s AND key = %(key)s"""
