@@ -82,10 +82,9 @@ def test_a_kind_concurrency_limit_holds_across_eight_workers_and_drains_at_the_l
     assert max_overlap(spans) <= 3
     drain = (max(end for _, end in spans) - min(start for start, _ in spans)).total_seconds()
     # 300 x 50 ms / 3 = 5 s of handler time at the limit; the rest is the turn-around of a freed slot: the
-    # handler's 'end' row, the settle's commit, then the same worker's claim of the replacement (no NOTIFY to
-    # all 8 workers racing for the limit's lock) and a thread for the sync handler. Quiet, on the 2-core VM:
-    # 6.0-6.4 s (~10 ms a turn-around); with other suites running (load 28-75) 9.6-13.7 s.
-    assert drain < 10.0, f"drained in {drain:.1f}s"
+    # handler's 'end' row, the settle's commit, then the same worker's claim of the replacement. A freed slot
+    # left for the workers' poll (60 s) would take minutes; the pace itself is bench/README.md's to measure.
+    assert drain < 30.0, f"drained in {drain:.1f}s"
     assert max_overlap(spans) == 3  # the limit is used, not just respected
 
 
