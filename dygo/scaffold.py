@@ -36,6 +36,8 @@ jobs: [jobs]
 # max_batch_size: 1000        # most jobs in one POST /api/v1/jobs/batch
 # max_payload_bytes: 1MiB     # largest request body the API accepts
 # max_result_bytes: 64KiB     # largest handler result stored
+# max_step_result_bytes: 1MiB # largest ctx.step result stored (larger fails the step)
+# strict_steps: false         # a replay calling its steps out of the recorded order fails (not warns)
 # completed_retention: 24h    # succeeded jobs are deleted this long after they finished (0 = keep)
 # dead_retention: 30d         # dead jobs (0 = keep)
 # cancelled_retention: 30d    # cancelled jobs (0 = keep)
