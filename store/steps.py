@@ -9,6 +9,12 @@ connection), fenced by the run's lease token: a run that lost its lease records 
 A later run of the job reads every recorded step once, at its first step call (a job that calls no step
 reads and writes nothing more), and returns a recorded step's result without running it again.
 
+`ctx.sleep` records a sleep the same way (fenced, with its wake time by the database's clock) and ends the run
+with Sleeping, a Snooze: the job is settled pending until the wake time without spending an attempt, and holds
+no slot and no connection meanwhile. The run after it replays the recorded steps; the sleep returns at once if
+its wake time has passed, and sleeps again for what is left if the job was run early (an operator's run-now):
+a sleep is never cut short.
+
 `ctx.step` is at least once: a worker killed after the function's effect and before its write runs it
 again. `ctx.step_tx` hands the function the connection of the transaction that writes the step and checks
 the lease, so a database effect made through it commits exactly once, with the step.
@@ -29,11 +35,13 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 from dygo.store.db import one
-from dygo.store.errors import LeaseLost, StepError, StepOrderError
+from dygo.store.durations import parse_duration
+from dygo.store.errors import LeaseLost, Sleeping, StepError, StepOrderError
 from dygo.store.sql import steps as sql
 
 log = logging.getLogger("dygo.worker")
@@ -48,6 +56,7 @@ SyncConnect = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
 class StoredStep:
     seq: int  # its call's position in the run that recorded it
     result: str | None  # JSON text
+    left: float | None = None  # a sleep's seconds left when read (0 once its wake time passed); None: no sleep
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +83,7 @@ class StepWrite:
 async def load_steps(conn: psycopg.AsyncConnection[Any], job_id: int) -> dict[str, StoredStep]:
     """Every step the job recorded, by key."""
     cursor = await conn.execute(sql.STEPS_OF_JOB, {"job_id": job_id})
-    return {key: StoredStep(seq, result) for key, seq, result in await cursor.fetchall()}
+    return {key: StoredStep(seq, result, left) for key, seq, result, left in await cursor.fetchall()}
 
 
 async def record_step(conn: psycopg.AsyncConnection[Any], lease: StepLease, write: StepWrite) -> str | None:
@@ -87,6 +96,21 @@ async def record_step(conn: psycopg.AsyncConnection[Any], lease: StepLease, writ
     if recorded:
         return write.result
     return await _stored_result(conn, lease.job_id, write.key)
+
+
+async def record_sleep(
+    conn: psycopg.AsyncConnection[Any], lease: StepLease, key: str, seq: int, seconds: float
+) -> float:
+    """Record a sleep of `seconds` from now unless the run lost its lease (LeaseLost). The seconds left of the
+    sleep recorded for the key (this one, or the one recorded before it). StepError if the key is a step's."""
+    params = {**_lease(lease), "key": key, "seq": seq, "attempt": lease.attempt, "seconds": seconds}
+    cursor = await conn.execute(sql.RECORD_SLEEP, params)
+    leased, left = one(await cursor.fetchone())
+    if not leased:
+        raise LeaseLost(lease.job_id, key)
+    if left is None:
+        raise StepError(key, "recorded as a step, not a sleep: a sleep and a step cannot share a name")
+    return float(left)
 
 
 class _AlreadyRecorded(Exception):
@@ -232,6 +256,22 @@ class Steps:
         async with self.connect() as conn:
             return _decode(await record_step_tx(conn, self.lease, key, seq, run))
 
+    async def sleep(self, name: str, duration: Any) -> None:
+        key, seq = self._next(name)
+        seconds = _sleep_seconds(key, duration)
+        stored = await self._stored()
+        if key in stored:
+            self._replayed(key, seq, stored)
+            left = stored[key].left
+            if left is None:
+                raise StepError(key, "recorded as a step, not a sleep: a sleep and a step cannot share a name")
+        else:
+            self._check_new(key, seq)
+            async with self.connect() as conn:
+                left = await record_sleep(conn, self.lease, key, seq, seconds)
+        if left > 0:
+            raise Sleeping(key, left)
+
     # -- sync handlers (in their own thread)
 
     def step_sync(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -257,6 +297,10 @@ class Steps:
         self._check_new(key, seq)
         with self.connect_sync() as conn:
             return _decode(record_step_tx_sync(conn, self.lease, key, seq, lambda c: self._encode(key, fn(c))))
+
+    def sleep_sync(self, name: str, duration: Any) -> None:
+        self._not_on_loop("sleep_sync", "await ctx.sleep(...)")
+        self._on_loop(self.sleep(name, duration))
 
     # -- the parts
 
@@ -340,6 +384,17 @@ class Steps:
             return
         if running is self.loop:
             raise RuntimeError(f"ctx.{method} is for sync handlers; an async handler calls {instead}")
+
+
+def _sleep_seconds(key: str, duration: Any) -> float:
+    """A sleep's length in seconds: a duration in dygo's grammar ("30s", "1d"), a number of seconds or a
+    timedelta; StepError naming the step otherwise."""
+    if isinstance(duration, timedelta):
+        duration = duration.total_seconds()
+    try:
+        return parse_duration(duration, field="duration")
+    except ValueError as exc:
+        raise StepError(key, str(exc)) from None
 
 
 def _decode(text: str | None) -> Any:
