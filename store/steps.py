@@ -41,8 +41,10 @@ from typing import Any
 import psycopg
 from dygo.store.db import one
 from dygo.store.durations import parse_duration
-from dygo.store.errors import LeaseLost, Sleeping, StepError, StepOrderError
+from dygo.store.errors import Conflict, LeaseLost, NotFound, Sleeping, StepError, StepOrderError
+from dygo.store.sql import admin_jobs
 from dygo.store.sql import steps as sql
+from psycopg.rows import dict_row
 
 log = logging.getLogger("dygo.worker")
 
@@ -400,3 +402,63 @@ def _sleep_seconds(key: str, duration: Any) -> float:
 def _decode(text: str | None) -> Any:
     """A step's result as every run sees it: the JSON stored, decoded (so a first run and a replay agree)."""
     return None if text is None else json.loads(text)
+
+
+# --- an operator's view and actions (GET /api/v1/jobs/{id}/steps, "retry from this step") ---------------
+
+# Whose steps an operator may forget: a job no run holds. A dead or cancelled one is retried as well.
+FORGETTABLE = ("pending", "scheduled", "paused", "dead", "cancelled")
+RETRIED = ("dead", "cancelled")
+
+
+def job_steps(conn: psycopg.Connection[Any], job_id: int) -> list[dict[str, Any]]:
+    """The job's recorded steps in call order; NotFound for an unknown job."""
+    with conn.cursor(row_factory=dict_row) as cursor:
+        rows = cursor.execute(sql.JOB_STEPS, {"job_id": job_id}).fetchall()
+    if not rows and not one(conn.execute(sql.JOB_EXISTS, {"job_id": job_id}).fetchone())[0]:
+        raise NotFound("job_not_found", f"no job with id {job_id}")
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    job: dict[str, Any]  # the job as it is now (JOB_COLUMNS)
+    keys: list[str]  # the steps forgotten, in call order
+
+
+def forget_steps(conn: psycopg.Connection[Any], job_id: int, key: str) -> Forgotten:
+    """Retry from a step: forget the step `key` and every step recorded after it, so the job's next run runs
+    them again, and retry the job if it is dead or cancelled. NotFound for an unknown job or step; Conflict
+    naming the state for a job a run holds (active) or that is over (succeeded)."""
+    with conn.transaction():
+        conn.execute(admin_jobs.LOCK_JOB_WORKFLOW, {"id": job_id})
+        row = conn.execute(sql.LOCK_JOB_STATE, {"job_id": job_id}).fetchone()
+        if row is None:
+            raise NotFound("job_not_found", f"no job with id {job_id}")
+        state = row[0]
+        if state not in FORGETTABLE:
+            raise Conflict(
+                "invalid_transition",
+                f"job {job_id} is {state}; retry from a step applies to a job that is {' or '.join(FORGETTABLE)}",
+                {"state": state, "action": "retry-from-step", "allowed_from": list(FORGETTABLE)},
+            )
+        forgotten = conn.execute(sql.FORGET_STEPS_FROM, {"job_id": job_id, "key": key}).fetchall()
+        if not forgotten:
+            raise NotFound("step_not_found", f"job {job_id} has no recorded step {key!r}")
+        statement = admin_jobs.RETRY_JOB if state in RETRIED else sql.JOB_AFTER_FORGET
+        try:
+            with conn.cursor(row_factory=dict_row) as cursor:
+                job = cursor.execute(statement, {"id": job_id}).fetchone()
+        except psycopg.errors.UniqueViolation:
+            raise Conflict(
+                "idempotency_conflict",
+                f"job {job_id} cannot be retried: a live job holds its idempotency key",
+                {"action": "retry-from-step"},
+            ) from None
+    if job is None:  # a job of a workflow that may not be revived
+        raise Conflict(
+            "invalid_transition",
+            f"job {job_id} cannot be retried: its workflow does not allow it",
+            {"state": state, "action": "retry-from-step"},
+        )
+    return Forgotten(job, [k for k, _ in sorted(forgotten, key=lambda r: r[1])])

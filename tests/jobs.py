@@ -487,3 +487,12 @@ def steps_sleep_sync(ctx: JobContext, args: dict) -> list:
     ctx.sleep_sync("cool-off", "1s")
     two = ctx.step_sync("two", effect, ctx, "two")
     return [one, two, ctx.attempt]
+
+
+@job("test.steps_abc", max_attempts=1)
+async def steps_abc(ctx: JobContext, args: dict) -> list:
+    """Steps a, b and c, then dead on its first run only (an operator retries it from a step)."""
+    results = [await ctx.step(name, effect, ctx, name) for name in ("a", "b", "c")]
+    if await asyncio.to_thread(effect, ctx, "check") == 1:
+        raise RuntimeError("dies after its steps")
+    return results

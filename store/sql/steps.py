@@ -6,6 +6,8 @@ or a settle elsewhere that takes the lease away waits for it or has already made
 that lost its lease records nothing.
 """
 
+from dygo.store.sql.job_reads import JOB_COLUMNS
+
 # Every step a job recorded, read once per run at its first step (the primary key serves it); a sleep comes
 # with the seconds left until its wake time by the database's clock (0 once it has passed).
 STEPS_OF_JOB = """
@@ -57,3 +59,32 @@ SELECT EXISTS (SELECT FROM lease) AS leased,
            (SELECT wake_at FROM recorded),
            (SELECT wake_at FROM dygo_steps WHERE job_id = %(job_id)s AND key = %(key)s)
        ) - now()), 0)::float8 AS left_seconds"""
+
+
+# --- an operator's view and actions (store/steps.py job_steps, forget_steps) ------------------------------
+
+# A job's recorded steps in call order, as the API and the dashboard show them.
+JOB_STEPS = """
+SELECT key, split_part(key, '#', 1) AS name, split_part(key, '#', 2)::int AS occurrence, op, seq, attempt,
+    recorded_at, duration, result, wake_at
+FROM dygo_steps WHERE job_id = %(job_id)s
+ORDER BY seq, recorded_at"""
+
+JOB_EXISTS = """
+SELECT EXISTS (SELECT FROM dygo_jobs WHERE id = %(job_id)s)"""
+
+# The job's state, its row locked for the rest of the transaction: a worker cannot claim it meanwhile.
+LOCK_JOB_STATE = """
+SELECT CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END
+FROM dygo_jobs WHERE id = %(job_id)s
+FOR UPDATE"""
+
+# A step and every step recorded after it (by call position) are forgotten: the job's next run runs them.
+FORGET_STEPS_FROM = """
+DELETE FROM dygo_steps
+WHERE job_id = %(job_id)s
+  AND seq >= (SELECT seq FROM dygo_steps WHERE job_id = %(job_id)s AND key = %(key)s)
+RETURNING key, seq"""
+
+# The job as an action returns it, for a job whose steps were forgotten without a retry.
+JOB_AFTER_FORGET = f"SELECT {JOB_COLUMNS} FROM dygo_jobs WHERE id = %(id)s"
