@@ -105,8 +105,9 @@ class Sleeping(Snooze):
     """Raised by `ctx.sleep` to end the run: the job leaves its slot and runs again at its wake time, its attempt
     not spent. A handler must let it through (an `except Exception` that swallows it keeps the slot)."""
 
-    def __init__(self, key: str, delay: float) -> None:
+    def __init__(self, key: str, delay: float, since: float | None = None) -> None:
         self.key = key
+        self.since = since  # the time.monotonic() at which `delay` was measured (the settle counts from it)
         super().__init__(delay)
         self.args = (f"sleeping at step {key!r} for {delay:.3f}s",)
 

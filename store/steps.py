@@ -220,6 +220,7 @@ class Steps:
         self.loop = asyncio.get_running_loop()
         self.stored: dict[str, StoredStep] | None = None
         self.recorded_at: dict[int, str] = {}  # seq -> key of the recorded steps
+        self.loaded_at = 0.0  # time.monotonic() when the recorded steps were read (their sleeps' `left`)
         self.loading = asyncio.Lock()
         self.calls = 0
         self.occurrences: dict[str, int] = {}
@@ -264,15 +265,16 @@ class Steps:
         stored = await self._stored()
         if key in stored:
             self._replayed(key, seq, stored)
-            left = stored[key].left
+            left, since = stored[key].left, self.loaded_at
             if left is None:
                 raise StepError(key, "recorded as a step, not a sleep: a sleep and a step cannot share a name")
         else:
             self._check_new(key, seq)
             async with self.connect() as conn:
                 left = await record_sleep(conn, self.lease, key, seq, seconds)
+            since = time.monotonic()
         if left > 0:
-            raise Sleeping(key, left)
+            raise Sleeping(key, left, since)
 
     # -- sync handlers (in their own thread)
 
@@ -325,6 +327,7 @@ class Steps:
                     async with self.connect() as conn:
                         stored = await load_steps(conn, self.lease.job_id)
                     self.recorded_at = {step.seq: key for key, step in stored.items()}
+                    self.loaded_at = time.monotonic()
                     self.stored = stored
         return self.stored
 

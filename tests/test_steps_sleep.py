@@ -4,12 +4,14 @@ effect is a `test_runs` row noted with its name (tests/jobs.py)."""
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
 from dygo.store import enqueue
 from dygo.store.errors import LeaseLost
-from dygo.store.leases import recover_expired
+from dygo.store.leases import ClaimedJob, Unsuccessful, recover_expired, settle_delay
 from dygo.store.steps import StepLease, load_steps, record_sleep
 
 from tests.claiming import claim
@@ -72,3 +74,14 @@ def test_the_old_run_of_a_reaped_job_can_record_no_sleep(conn, db_url):
     left, again, stored = asyncio.run(go())
     assert 0 < again <= left <= 60
     assert list(stored) == ["nap#1"] and stored["nap#1"].left is not None
+
+
+def test_a_sleep_s_settle_counts_its_seconds_left_from_when_they_were_measured():
+    """The settle sets run_at to the wake time, not the wake time plus however long the settle waited."""
+    job = ClaimedJob(1, "test.noop", "default", {}, {}, 1, 3, datetime.now(UTC), "token")
+    snooze = Unsuccessful(job, "pending", delay=10.0, refund_attempt=True)
+    assert settle_delay(snooze) == 10.0
+    sleep = Unsuccessful(job, "pending", delay=10.0, refund_attempt=True, delay_since=time.monotonic() - 4.0)
+    assert 5.0 < settle_delay(sleep) <= 6.0
+    overdue = Unsuccessful(job, "pending", delay=1.0, refund_attempt=True, delay_since=time.monotonic() - 4.0)
+    assert settle_delay(overdue) == 0.0

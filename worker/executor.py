@@ -17,7 +17,7 @@ from dygo.store import tracing
 from dygo.store.backoff import retry_delay
 from dygo.store.config import Settings
 from dygo.store.durations import format_duration
-from dygo.store.errors import Abort, Reportable, RetryAfter, Snooze
+from dygo.store.errors import Abort, Reportable, RetryAfter, Sleeping, Snooze
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
 from dygo.store.registry import JobContext, JobDefinition, Registry
 from dygo.store.steps import Connect, StepLease, StepRules, Steps, SyncConnect
@@ -94,7 +94,8 @@ class Executor:
         except asyncio.CancelledError:
             raise
         except Snooze as snooze:
-            return Unsuccessful(job, "pending", delay=snooze.delay, refund_attempt=True)
+            since = snooze.since if isinstance(snooze, Sleeping) else None
+            return Unsuccessful(job, "pending", delay=snooze.delay, refund_attempt=True, delay_since=since)
         except TimeoutError as exc:
             message = f"timed out after {format_duration(timeout)}" if timeout else f"TimeoutError: {exc}"
             return self._failure(definition, job, exc, message)
