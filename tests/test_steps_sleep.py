@@ -85,3 +85,13 @@ def test_a_sleep_s_settle_counts_its_seconds_left_from_when_they_were_measured()
     assert 5.0 < settle_delay(sleep) <= 6.0
     overdue = Unsuccessful(job, "pending", delay=1.0, refund_attempt=True, delay_since=time.monotonic() - 4.0)
     assert settle_delay(overdue) == 0.0
+
+
+def test_a_run_that_sleeps_logs_sleeping_with_its_wake_time(conn, spawn):
+    job = enqueue(conn, "test.steps_sleep", {"seconds": 3600})
+    worker = started_worker(spawn)
+    wait_until(lambda: effects(conn, job.id)["run"] == 1, message="the run to reach its sleep")
+    line = f"job {job.id} test.steps_sleep attempt 1/3 sleeping in "
+    wait_until(lambda: line in worker.stderr(), message="the run's execution line")
+    [logged] = [text for text in worker.stderr().splitlines() if line in text]
+    assert logged.split(", ")[-1] in ("wakes in 59m59s", "wakes in 60m00s")

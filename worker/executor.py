@@ -161,6 +161,8 @@ class Executor:
             word, detail, level = "succeeded", "", logging.INFO
         elif outcome.state == "dead":
             word, detail, level = "dead", f": {outcome.error}", logging.WARNING
+        elif outcome.delay_since is not None:  # ctx.sleep
+            word, detail, level = "sleeping", f", wakes in {format_duration(outcome.delay)}", logging.INFO
         elif outcome.refund_attempt:
             word, detail, level = "snoozed", f", again in {format_duration(outcome.delay)}", logging.INFO
         else:
