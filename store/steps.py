@@ -7,7 +7,8 @@ together (`asyncio.gather`) get the same keys on every run whatever order they f
 When a step's function returns, its JSON result is written (one short transaction on the worker's shared
 connection), fenced by the run's lease token: a run that lost its lease records nothing and gets LeaseLost.
 A later run of the job reads every recorded step once, at its first step call (a job that calls no step
-reads and writes nothing more), and returns a recorded step's result without running it again.
+reads and writes nothing more; in a worker, the runs whose first steps come together are read in one query,
+StepReader), and returns a recorded step's result without running it again.
 
 `ctx.sleep` records a sleep the same way (fenced, with its wake time by the database's clock) and ends the run
 with Sleeping, a Snooze: the job is settled pending until the wake time without spending an attempt, and holds
@@ -86,6 +87,56 @@ async def load_steps(conn: psycopg.AsyncConnection[Any], job_id: int) -> dict[st
     """Every step the job recorded, by key."""
     cursor = await conn.execute(sql.STEPS_OF_JOB, {"job_id": job_id})
     return {key: StoredStep(seq, result, left) for key, seq, result, left in await cursor.fetchall()}
+
+
+async def load_steps_of_jobs(
+    conn: psycopg.AsyncConnection[Any], job_ids: list[int]
+) -> dict[int, dict[str, StoredStep]]:
+    """Every step each of the jobs recorded, by job and key (a job that recorded none is absent)."""
+    cursor = await conn.execute(sql.STEPS_OF_JOBS, {"job_ids": job_ids})
+    stored: dict[int, dict[str, StoredStep]] = {}
+    for job_id, key, seq, result, left in await cursor.fetchall():
+        stored.setdefault(job_id, {})[key] = StoredStep(seq, result, left)
+    return stored
+
+
+class StepReader:
+    """Reads the recorded steps of runs for the worker: the runs whose first step comes while a read is on
+    the way are read together by the next one, in one query. Jobs resuming together (a sleep's wake time
+    shared by many) then cost one round trip on the shared connection per batch, not one each."""
+
+    def __init__(self, connect: Connect) -> None:
+        self.connect = connect
+        self.waiting: dict[int, list[asyncio.Future[tuple[dict[str, StoredStep], float]]]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def load(self, job_id: int) -> tuple[dict[str, StoredStep], float]:
+        """The job's recorded steps, and the time.monotonic() just after they were read."""
+        future: asyncio.Future[tuple[dict[str, StoredStep], float]] = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(job_id, []).append(future)
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._read(), name="dygo-step-reader")
+        return await future
+
+    async def _read(self) -> None:
+        while self.waiting:
+            batch, self.waiting = self.waiting, {}
+            try:
+                async with self.connect() as conn:
+                    stored = await load_steps_of_jobs(conn, list(batch))
+                read_at = time.monotonic()
+            except BaseException as exc:  # every run waiting gets the error (a cancel: CancelledError)
+                for futures in batch.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for job_id, futures in batch.items():
+                for future in futures:
+                    if not future.done():
+                        future.set_result((stored.get(job_id, {}), read_at))
 
 
 async def record_step(conn: psycopg.AsyncConnection[Any], lease: StepLease, write: StepWrite) -> str | None:
@@ -211,12 +262,14 @@ class Steps:
         rules: StepRules,
         connect: Connect,
         connect_sync: SyncConnect | None = None,
+        reader: StepReader | None = None,
     ) -> None:
         self.lease = lease
         self.kind = kind
         self.rules = rules
         self.connect = connect
         self.connect_sync = connect_sync  # a sync connection for step_tx in sync handlers
+        self.reader = reader  # the worker's batched read of recorded steps (None: read on `connect`)
         self.loop = asyncio.get_running_loop()
         self.stored: dict[str, StoredStep] | None = None
         self.recorded_at: dict[int, str] = {}  # seq -> key of the recorded steps
@@ -324,10 +377,13 @@ class Steps:
         if self.stored is None:
             async with self.loading:
                 if self.stored is None:
-                    async with self.connect() as conn:
-                        stored = await load_steps(conn, self.lease.job_id)
+                    if self.reader is not None:
+                        stored, self.loaded_at = await self.reader.load(self.lease.job_id)
+                    else:
+                        async with self.connect() as conn:
+                            stored = await load_steps(conn, self.lease.job_id)
+                        self.loaded_at = time.monotonic()
                     self.recorded_at = {step.seq: key for key, step in stored.items()}
-                    self.loaded_at = time.monotonic()
                     self.stored = stored
         return self.stored
 

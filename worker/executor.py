@@ -20,7 +20,7 @@ from dygo.store.durations import format_duration
 from dygo.store.errors import Abort, Reportable, RetryAfter, Sleeping, Snooze
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
 from dygo.store.registry import JobContext, JobDefinition, Registry
-from dygo.store.steps import Connect, StepLease, StepRules, Steps, SyncConnect
+from dygo.store.steps import Connect, StepLease, StepReader, StepRules, Steps, SyncConnect
 from dygo.worker.deadlines import Deadlines
 from dygo.worker.execution_log import ExecutionLog
 
@@ -46,6 +46,7 @@ class Executor:
         # Where ctx.step reads and records steps: the shared connection, and a sync one for sync step_tx.
         self.connect = connect
         self.connect_sync = connect_sync
+        self.step_reader = None if connect is None else StepReader(connect)
         self.step_rules = StepRules(settings.max_step_result_bytes, settings.strict_steps)
         self.execution_log = ExecutionLog()
         self.deadlines = Deadlines()  # the handlers' timeouts
@@ -107,7 +108,7 @@ class Executor:
     def _steps(self, job: ClaimedJob) -> Steps:
         assert self.connect is not None
         lease = StepLease(job.id, job.lease_token, job.attempt)
-        return Steps(lease, job.kind, self.step_rules, self.connect, self.connect_sync)
+        return Steps(lease, job.kind, self.step_rules, self.connect, self.connect_sync, self.step_reader)
 
     def _stored_result(self, job: ClaimedJob, encoded: str | None) -> str | None:
         """The result as stored: itself, or a note when it is bigger than max_result_bytes. The job

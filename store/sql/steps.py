@@ -14,6 +14,11 @@ STEPS_OF_JOB = """
 SELECT key, seq, result::text, greatest(extract(epoch FROM wake_at - now()), 0)::float8 AS left_seconds
 FROM dygo_steps WHERE job_id = %(job_id)s"""
 
+# The same for the jobs whose first steps came together (store/steps.py StepReader): one query for all.
+STEPS_OF_JOBS = """
+SELECT job_id, key, seq, result::text, greatest(extract(epoch FROM wake_at - now()), 0)::float8 AS left_seconds
+FROM dygo_steps WHERE job_id = ANY(%(job_ids)s::bigint[])"""
+
 # The run's lease, held until the transaction ends: the check and the lock of a step's write.
 LOCK_LEASE = """
 SELECT 1 FROM dygo_jobs
