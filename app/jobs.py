@@ -22,8 +22,10 @@ from dygo.app.schemas import (
     Job,
     JobPage,
     JobState,
+    JobSteps,
+    StepsForgotten,
 )
-from dygo.store import admin, job_reads, tracing
+from dygo.store import admin, job_reads, steps, tracing
 from dygo.store.durations import parse_duration
 from dygo.store.enqueue import MAX_KEY_LENGTH, JobRequest, aenqueue, aenqueue_many
 from dygo.store.enqueue import Enqueued as EnqueueResult
@@ -387,6 +389,36 @@ def delete_job(
 ) -> Response:
     admin.delete_job(conn, job_id, state)
     return Response(status_code=204)
+
+
+@router.get(
+    "/jobs/{job_id}/steps",
+    response_model=JobSteps,
+    summary="A job's recorded steps (ctx.step, ctx.step_tx, ctx.sleep) in call order",
+    responses=documented(404, 422),
+)
+def list_job_steps(job_id: JobId, conn: Conn) -> dict[str, Any]:
+    return {"job_id": job_id, "steps": steps.job_steps(conn, job_id)}
+
+
+StepKey = Annotated[
+    str,
+    Path(
+        max_length=steps.MAX_NAME + 12,
+        description="The step's key, name#occurrence, with '#' written %23 (e.g. charge%231)",
+    ),
+]
+
+
+@router.post(
+    "/jobs/{job_id}/steps/{key}/retry",
+    response_model=StepsForgotten,
+    summary="Retry from this step: forget it and the later steps; retry the job if dead or cancelled",
+    responses=documented(404, 409, 422),
+)
+def retry_from_step(job_id: JobId, key: StepKey, conn: Conn) -> dict[str, Any]:
+    forgotten = steps.forget_steps(conn, job_id, key)
+    return {"job": forgotten.job, "forgotten": forgotten.keys}
 
 
 ACTION_SUMMARIES = {

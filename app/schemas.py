@@ -201,6 +201,11 @@ class Progress(BaseModel):
     at: datetime = Field(description="When the worker wrote it (at most once a second per job)")
 
 
+class SleepingOn(BaseModel):
+    step: str = Field(description="The sleep's key (`ctx.sleep` name and occurrence, e.g. 'cool-off#1')")
+    wake_at: datetime = Field(description="When the sleep ends; the job's run_at is then or later")
+
+
 class Job(JobSummary):
     result: Any = Field(description="What the handler returned, once succeeded")
     progress: Progress | None = Field(None, description="The latest progress the handler reported, if any")
@@ -213,6 +218,34 @@ class Job(JobSummary):
     node_id: int | None = Field(None, description="A workflow's job: its node (null for a job outside any workflow)")
     workflow_id: int | None = Field(None, description="A workflow's job: its workflow (GET /api/v1/workflows/{id})")
     node: str | None = Field(None, description="A workflow's job: its node's name")
+    sleeping: SleepingOn | None = Field(
+        None,
+        description="A scheduled job whose latest step is a sleep not yet over (`ctx.sleep`); null otherwise, "
+        "and always null in the answers of the actions",
+    )
+
+
+class Step(BaseModel):
+    key: str = Field(description="The step's name and occurrence in a run: 'charge#1', 'charge#2'")
+    name: str
+    occurrence: int = Field(description="1 for the first call of its name in a run, 2 for the second...")
+    op: Literal["step", "step_tx", "sleep"] = Field(description="ctx.step, ctx.step_tx or ctx.sleep")
+    seq: int = Field(description="Its call's position in the run that recorded it (the order of the list)")
+    attempt: int = Field(description="The job's attempt that recorded it")
+    recorded_at: datetime
+    duration: float = Field(description="Seconds its function ran; for a sleep, the seconds it sleeps")
+    result: Any = Field(description="The JSON its function returned (null for None and for a sleep)")
+    wake_at: datetime | None = Field(description="A sleep's end; null for the other ops")
+
+
+class JobSteps(BaseModel):
+    job_id: int
+    steps: list[Step] = Field(description="In call order")
+
+
+class StepsForgotten(BaseModel):
+    job: Job = Field(description="The job as it is now: retried if it was dead or cancelled")
+    forgotten: list[str] = Field(description="The keys of the steps forgotten, in call order")
 
 
 class JobPage(BaseModel):

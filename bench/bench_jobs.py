@@ -1,6 +1,7 @@
 """Job kinds for the benchmarks that start their own workers (`jobs: [bench_jobs]`, bench/ on PYTHONPATH)."""
 
 import asyncio
+import time
 
 from dygo import JobContext, job
 
@@ -24,3 +25,9 @@ async def steps(ctx: JobContext, args: dict) -> None:
     """`steps` durable steps that do nothing (bench/steps.py): what a step costs on its own."""
     for _ in range(args.get("steps", 0)):
         await ctx.step("step", _nothing)
+
+
+@job("bench.sleep_until")
+async def sleep_until(ctx: JobContext, args: dict) -> None:
+    """A durable sleep until the epoch second `until` (bench/sleep_wake.py), then nothing."""
+    await ctx.sleep("nap", max(args["until"] - time.time(), 0.0))

@@ -202,6 +202,19 @@ def build_parser() -> argparse.ArgumentParser:
         "show", help="one job: args, meta, result, progress, attempt errors", description="one job in full"
     )
     show.add_argument("id", type=positive_int)
+    steps = actions.add_parser(
+        "steps",
+        help="a job's recorded durable steps in call order (key, op, attempt, when, duration, result)",
+        description="a job's recorded steps",
+    )
+    steps.add_argument("id", type=positive_int)
+    retry_from = actions.add_parser(
+        "retry-from",
+        help="retry from a step: forget it and every later step; retry the job if dead or cancelled",
+        description="forget a recorded step and every step after it",
+    )
+    retry_from.add_argument("id", type=positive_int)
+    retry_from.add_argument("key", help="the step's key, name#occurrence (e.g. 'charge#1')")
     for action, what in (
         ("retry", "dead or cancelled jobs back to pending now, with a fresh attempt budget"),
         ("cancel", "cancel pending, scheduled, paused or waiting jobs"),
@@ -609,6 +622,10 @@ def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
             return _list_jobs(conn, args)
         if args.jobs_command == "show":
             return _show_job(conn, args.id)
+        if args.jobs_command == "steps":
+            return _show_steps(conn, args.id)
+        if args.jobs_command == "retry-from":
+            return _retry_from_step(conn, args.id, args.key)
         return _act_on_jobs(conn, args.jobs_command, args.ids)
 
 
@@ -647,6 +664,56 @@ def _list_jobs(conn: psycopg.Connection, args: argparse.Namespace) -> int:
             )
         )
     _print_table(table)
+    return 0
+
+
+def _show_steps(conn: psycopg.Connection, job_id: int) -> int:
+    import json
+
+    from dygo.store import steps
+    from dygo.store.durations import format_duration
+    from dygo.store.errors import NotFound
+
+    try:
+        recorded = steps.job_steps(conn, job_id)
+    except NotFound as exc:
+        print(f"dygo: {exc}", file=sys.stderr)
+        return 1
+    if not recorded:
+        print(f"job {job_id} recorded no step")
+        return 0
+    table = [("SEQ", "KEY", "OP", "ATTEMPT", "RECORDED", "DURATION", "RESULT")]
+    for step in recorded:
+        if step["op"] == "sleep":
+            shown = f"wakes {_utc(step['wake_at'])}"
+        else:
+            text = json.dumps(step["result"])
+            shown = text if len(text) <= 60 else text[:59] + "…"
+        table.append(
+            (
+                str(step["seq"]),
+                step["key"],
+                step["op"],
+                str(step["attempt"]),
+                _utc(step["recorded_at"]),
+                format_duration(step["duration"]),
+                shown,
+            )
+        )
+    _print_table(table)
+    return 0
+
+
+def _retry_from_step(conn: psycopg.Connection, job_id: int, key: str) -> int:
+    from dygo.store import steps
+    from dygo.store.errors import Conflict, NotFound
+
+    try:
+        forgotten = steps.forget_steps(conn, job_id, key)
+    except (NotFound, Conflict) as exc:
+        print(f"dygo: {exc}", file=sys.stderr)
+        return 1
+    print(f"job {job_id}: forgot {', '.join(forgotten.keys)}; it is now {forgotten.job['state']}")
     return 0
 
 

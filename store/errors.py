@@ -101,6 +101,17 @@ class Snooze(DygoError):
         super().__init__(f"snoozed for {delay}s")
 
 
+class Sleeping(Snooze):
+    """Raised by `ctx.sleep` to end the run: the job leaves its slot and runs again at its wake time, its attempt
+    not spent. A handler must let it through (an `except Exception` that swallows it keeps the slot)."""
+
+    def __init__(self, key: str, delay: float, since: float | None = None) -> None:
+        self.key = key
+        self.since = since  # the time.monotonic() at which `delay` was measured (the settle counts from it)
+        super().__init__(delay)
+        self.args = (f"sleeping at step {key!r} for {delay:.3f}s",)
+
+
 class StepError(DygoError):
     """A step (`ctx.step`, `ctx.step_tx`) broke a rule: a bad name, a result that cannot be stored, or (with
     `strict_steps`) a replay whose steps come in another order than recorded. The message names the step. A

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -71,6 +72,9 @@ class Unsuccessful:
     state: str  # 'pending' or 'dead'
     delay: float = 0.0
     refund_attempt: bool = False  # snooze and hand-back do not spend an attempt
+    # A sleep's: the time.monotonic() `delay` counts from. The settle takes off the time since, so the job's
+    # run_at is its wake time however long the settle waited, with no clock of this host involved.
+    delay_since: float | None = None
     error: str | None = None
     traceback: str | None = None
     progress: Progress | None = None  # the run's latest report, stored by the settle (None: column unchanged)
@@ -170,7 +174,7 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
                     "ids": ids,
                     "tokens": plain_array([o.job.lease_token for o in others]),
                     "states": array(o.state for o in others),
-                    "delays": array(float(o.delay) for o in others),
+                    "delays": array(settle_delay(o) for o in others),
                     "refunds": array(o.refund_attempt for o in others),
                     "errors": array(o.error for o in others),
                     "tracebacks": array(o.traceback for o in others),
@@ -254,3 +258,10 @@ async def report_progress(conn: psycopg.AsyncConnection, reports: list[tuple[Cla
         "messages": [message for _, (_, message) in reports],
     }
     return {row[0] for row in await (await on_indexes(conn, sql.REPORT_PROGRESS, params)).fetchall()}
+
+
+def settle_delay(outcome: Unsuccessful) -> float:
+    """Seconds from now to the run_at of a job settled back to pending (a sleep's: to its wake time)."""
+    if outcome.delay_since is None:
+        return float(outcome.delay)
+    return max(outcome.delay - (time.monotonic() - outcome.delay_since), 0.0)

@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, get_type_hints
 
 from dygo.store.config import Settings
@@ -99,6 +99,21 @@ class JobContext:
         if self.steps is None:
             raise RuntimeError("ctx.step_tx_sync needs a worker's database connection; this context has none")
         return self.steps.step_tx_sync(name, fn)
+
+    async def sleep(self, name: str, duration: str | float | timedelta, /) -> None:
+        """Sleep `duration` ("1d", "90s", seconds or a timedelta) as the step `name#n`, without holding a
+        slot: the first run records the wake time and ends (the job waits pending, its attempt not spent); the
+        run after the wake time replays the steps before it and goes on from here. Let the Sleeping exception
+        it raises through."""
+        if self.steps is None:
+            raise RuntimeError("ctx.sleep needs a worker's database connection; this context has none")
+        await self.steps.sleep(name, duration)
+
+    def sleep_sync(self, name: str, duration: str | float | timedelta, /) -> None:
+        """`sleep` for a sync handler (`def`, run in its own thread)."""
+        if self.steps is None:
+            raise RuntimeError("ctx.sleep_sync needs a worker's database connection; this context has none")
+        self.steps.sleep_sync(name, duration)
 
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far the job is, 0 to 1, with an optional message. Cheap to call often: the

@@ -762,7 +762,9 @@ CREATE TABLE public.dygo_steps (
     recorded_at timestamp with time zone DEFAULT now() NOT NULL,
     duration double precision NOT NULL,
     result jsonb,
-    CONSTRAINT dygo_steps_op_check CHECK ((op = ANY (ARRAY['step'::text, 'step_tx'::text])))
+    wake_at timestamp with time zone,
+    CONSTRAINT dygo_steps_check CHECK (((op = 'sleep'::text) = (wake_at IS NOT NULL))),
+    CONSTRAINT dygo_steps_op_check CHECK ((op = ANY (ARRAY['step'::text, 'step_tx'::text, 'sleep'::text])))
 );
 
 --

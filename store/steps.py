@@ -7,7 +7,14 @@ together (`asyncio.gather`) get the same keys on every run whatever order they f
 When a step's function returns, its JSON result is written (one short transaction on the worker's shared
 connection), fenced by the run's lease token: a run that lost its lease records nothing and gets LeaseLost.
 A later run of the job reads every recorded step once, at its first step call (a job that calls no step
-reads and writes nothing more), and returns a recorded step's result without running it again.
+reads and writes nothing more; in a worker, the runs whose first steps come together are read in one query,
+StepReader), and returns a recorded step's result without running it again.
+
+`ctx.sleep` records a sleep the same way (fenced, with its wake time by the database's clock) and ends the run
+with Sleeping, a Snooze: the job is settled pending until the wake time without spending an attempt, and holds
+no slot and no connection meanwhile. The run after it replays the recorded steps; the sleep returns at once if
+its wake time has passed, and sleeps again for what is left if the job was run early (an operator's run-now):
+a sleep is never cut short.
 
 `ctx.step` is at least once: a worker killed after the function's effect and before its write runs it
 again. `ctx.step_tx` hands the function the connection of the transaction that writes the step and checks
@@ -29,12 +36,16 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 from dygo.store.db import one
-from dygo.store.errors import LeaseLost, StepError, StepOrderError
+from dygo.store.durations import parse_duration
+from dygo.store.errors import Conflict, LeaseLost, NotFound, Sleeping, StepError, StepOrderError
+from dygo.store.sql import admin_jobs
 from dygo.store.sql import steps as sql
+from psycopg.rows import dict_row
 
 log = logging.getLogger("dygo.worker")
 
@@ -48,6 +59,7 @@ SyncConnect = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
 class StoredStep:
     seq: int  # its call's position in the run that recorded it
     result: str | None  # JSON text
+    left: float | None = None  # a sleep's seconds left when read (0 once its wake time passed); None: no sleep
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +86,57 @@ class StepWrite:
 async def load_steps(conn: psycopg.AsyncConnection[Any], job_id: int) -> dict[str, StoredStep]:
     """Every step the job recorded, by key."""
     cursor = await conn.execute(sql.STEPS_OF_JOB, {"job_id": job_id})
-    return {key: StoredStep(seq, result) for key, seq, result in await cursor.fetchall()}
+    return {key: StoredStep(seq, result, left) for key, seq, result, left in await cursor.fetchall()}
+
+
+async def load_steps_of_jobs(
+    conn: psycopg.AsyncConnection[Any], job_ids: list[int]
+) -> dict[int, dict[str, StoredStep]]:
+    """Every step each of the jobs recorded, by job and key (a job that recorded none is absent)."""
+    cursor = await conn.execute(sql.STEPS_OF_JOBS, {"job_ids": job_ids})
+    stored: dict[int, dict[str, StoredStep]] = {}
+    for job_id, key, seq, result, left in await cursor.fetchall():
+        stored.setdefault(job_id, {})[key] = StoredStep(seq, result, left)
+    return stored
+
+
+class StepReader:
+    """Reads the recorded steps of runs for the worker: the runs whose first step comes while a read is on
+    the way are read together by the next one, in one query. Jobs resuming together (a sleep's wake time
+    shared by many) then cost one round trip on the shared connection per batch, not one each."""
+
+    def __init__(self, connect: Connect) -> None:
+        self.connect = connect
+        self.waiting: dict[int, list[asyncio.Future[tuple[dict[str, StoredStep], float]]]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def load(self, job_id: int) -> tuple[dict[str, StoredStep], float]:
+        """The job's recorded steps, and the time.monotonic() just after they were read."""
+        future: asyncio.Future[tuple[dict[str, StoredStep], float]] = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(job_id, []).append(future)
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._read(), name="dygo-step-reader")
+        return await future
+
+    async def _read(self) -> None:
+        while self.waiting:
+            batch, self.waiting = self.waiting, {}
+            try:
+                async with self.connect() as conn:
+                    stored = await load_steps_of_jobs(conn, list(batch))
+                read_at = time.monotonic()
+            except BaseException as exc:  # every run waiting gets the error (a cancel: CancelledError)
+                for futures in batch.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for job_id, futures in batch.items():
+                for future in futures:
+                    if not future.done():
+                        future.set_result((stored.get(job_id, {}), read_at))
 
 
 async def record_step(conn: psycopg.AsyncConnection[Any], lease: StepLease, write: StepWrite) -> str | None:
@@ -87,6 +149,21 @@ async def record_step(conn: psycopg.AsyncConnection[Any], lease: StepLease, writ
     if recorded:
         return write.result
     return await _stored_result(conn, lease.job_id, write.key)
+
+
+async def record_sleep(
+    conn: psycopg.AsyncConnection[Any], lease: StepLease, key: str, seq: int, seconds: float
+) -> float:
+    """Record a sleep of `seconds` from now unless the run lost its lease (LeaseLost). The seconds left of the
+    sleep recorded for the key (this one, or the one recorded before it). StepError if the key is a step's."""
+    params = {**_lease(lease), "key": key, "seq": seq, "attempt": lease.attempt, "seconds": seconds}
+    cursor = await conn.execute(sql.RECORD_SLEEP, params)
+    leased, left = one(await cursor.fetchone())
+    if not leased:
+        raise LeaseLost(lease.job_id, key)
+    if left is None:
+        raise StepError(key, "recorded as a step, not a sleep: a sleep and a step cannot share a name")
+    return float(left)
 
 
 class _AlreadyRecorded(Exception):
@@ -185,15 +262,18 @@ class Steps:
         rules: StepRules,
         connect: Connect,
         connect_sync: SyncConnect | None = None,
+        reader: StepReader | None = None,
     ) -> None:
         self.lease = lease
         self.kind = kind
         self.rules = rules
         self.connect = connect
         self.connect_sync = connect_sync  # a sync connection for step_tx in sync handlers
+        self.reader = reader  # the worker's batched read of recorded steps (None: read on `connect`)
         self.loop = asyncio.get_running_loop()
         self.stored: dict[str, StoredStep] | None = None
         self.recorded_at: dict[int, str] = {}  # seq -> key of the recorded steps
+        self.loaded_at = 0.0  # time.monotonic() when the recorded steps were read (their sleeps' `left`)
         self.loading = asyncio.Lock()
         self.calls = 0
         self.occurrences: dict[str, int] = {}
@@ -232,6 +312,23 @@ class Steps:
         async with self.connect() as conn:
             return _decode(await record_step_tx(conn, self.lease, key, seq, run))
 
+    async def sleep(self, name: str, duration: Any) -> None:
+        key, seq = self._next(name)
+        seconds = _sleep_seconds(key, duration)
+        stored = await self._stored()
+        if key in stored:
+            self._replayed(key, seq, stored)
+            left, since = stored[key].left, self.loaded_at
+            if left is None:
+                raise StepError(key, "recorded as a step, not a sleep: a sleep and a step cannot share a name")
+        else:
+            self._check_new(key, seq)
+            async with self.connect() as conn:
+                left = await record_sleep(conn, self.lease, key, seq, seconds)
+            since = time.monotonic()
+        if left > 0:
+            raise Sleeping(key, left, since)
+
     # -- sync handlers (in their own thread)
 
     def step_sync(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -258,6 +355,10 @@ class Steps:
         with self.connect_sync() as conn:
             return _decode(record_step_tx_sync(conn, self.lease, key, seq, lambda c: self._encode(key, fn(c))))
 
+    def sleep_sync(self, name: str, duration: Any) -> None:
+        self._not_on_loop("sleep_sync", "await ctx.sleep(...)")
+        self._on_loop(self.sleep(name, duration))
+
     # -- the parts
 
     def _next(self, name: str) -> tuple[str, int]:
@@ -276,8 +377,12 @@ class Steps:
         if self.stored is None:
             async with self.loading:
                 if self.stored is None:
-                    async with self.connect() as conn:
-                        stored = await load_steps(conn, self.lease.job_id)
+                    if self.reader is not None:
+                        stored, self.loaded_at = await self.reader.load(self.lease.job_id)
+                    else:
+                        async with self.connect() as conn:
+                            stored = await load_steps(conn, self.lease.job_id)
+                        self.loaded_at = time.monotonic()
                     self.recorded_at = {step.seq: key for key, step in stored.items()}
                     self.stored = stored
         return self.stored
@@ -342,6 +447,77 @@ class Steps:
             raise RuntimeError(f"ctx.{method} is for sync handlers; an async handler calls {instead}")
 
 
+def _sleep_seconds(key: str, duration: Any) -> float:
+    """A sleep's length in seconds: a duration in dygo's grammar ("30s", "1d"), a number of seconds or a
+    timedelta; StepError naming the step otherwise."""
+    if isinstance(duration, timedelta):
+        duration = duration.total_seconds()
+    try:
+        return parse_duration(duration, field="duration")
+    except ValueError as exc:
+        raise StepError(key, str(exc)) from None
+
+
 def _decode(text: str | None) -> Any:
     """A step's result as every run sees it: the JSON stored, decoded (so a first run and a replay agree)."""
     return None if text is None else json.loads(text)
+
+
+# --- an operator's view and actions (GET /api/v1/jobs/{id}/steps, "retry from this step") ---------------
+
+# Whose steps an operator may forget: a job no run holds. A dead or cancelled one is retried as well.
+FORGETTABLE = ("pending", "scheduled", "paused", "dead", "cancelled")
+RETRIED = ("dead", "cancelled")
+
+
+def job_steps(conn: psycopg.Connection[Any], job_id: int) -> list[dict[str, Any]]:
+    """The job's recorded steps in call order; NotFound for an unknown job."""
+    with conn.cursor(row_factory=dict_row) as cursor:
+        rows = cursor.execute(sql.JOB_STEPS, {"job_id": job_id}).fetchall()
+    if not rows and not one(conn.execute(sql.JOB_EXISTS, {"job_id": job_id}).fetchone())[0]:
+        raise NotFound("job_not_found", f"no job with id {job_id}")
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    job: dict[str, Any]  # the job as it is now (JOB_COLUMNS)
+    keys: list[str]  # the steps forgotten, in call order
+
+
+def forget_steps(conn: psycopg.Connection[Any], job_id: int, key: str) -> Forgotten:
+    """Retry from a step: forget the step `key` and every step recorded after it, so the job's next run runs
+    them again, and retry the job if it is dead or cancelled. NotFound for an unknown job or step; Conflict
+    naming the state for a job a run holds (active) or that is over (succeeded)."""
+    with conn.transaction():
+        conn.execute(admin_jobs.LOCK_JOB_WORKFLOW, {"id": job_id})
+        row = conn.execute(sql.LOCK_JOB_STATE, {"job_id": job_id}).fetchone()
+        if row is None:
+            raise NotFound("job_not_found", f"no job with id {job_id}")
+        state = row[0]
+        if state not in FORGETTABLE:
+            raise Conflict(
+                "invalid_transition",
+                f"job {job_id} is {state}; retry from a step applies to a job that is {' or '.join(FORGETTABLE)}",
+                {"state": state, "action": "retry-from-step", "allowed_from": list(FORGETTABLE)},
+            )
+        forgotten = conn.execute(sql.FORGET_STEPS_FROM, {"job_id": job_id, "key": key}).fetchall()
+        if not forgotten:
+            raise NotFound("step_not_found", f"job {job_id} has no recorded step {key!r}")
+        statement = admin_jobs.RETRY_JOB if state in RETRIED else sql.JOB_AFTER_FORGET
+        try:
+            with conn.cursor(row_factory=dict_row) as cursor:
+                job = cursor.execute(statement, {"id": job_id}).fetchone()
+        except psycopg.errors.UniqueViolation:
+            raise Conflict(
+                "idempotency_conflict",
+                f"job {job_id} cannot be retried: a live job holds its idempotency key",
+                {"action": "retry-from-step"},
+            ) from None
+    if job is None:  # a job of a workflow that may not be revived
+        raise Conflict(
+            "invalid_transition",
+            f"job {job_id} cannot be retried: its workflow does not allow it",
+            {"state": state, "action": "retry-from-step"},
+        )
+    return Forgotten(job, [k for k, _ in sorted(forgotten, key=lambda r: r[1])])

@@ -468,3 +468,31 @@ async def steps_then_fail(ctx: JobContext, args: dict) -> int:
     if await asyncio.to_thread(effect, ctx, "check") == 1:
         raise RuntimeError("dies after its step")
     return charged
+
+
+@job("test.steps_sleep", max_attempts=3)
+async def steps_sleep(ctx: JobContext, args: dict) -> list:
+    """A step, a sleep of `seconds` (2 by default), another step; returns their results and the attempt."""
+    one = await ctx.step("one", effect, ctx, "one")
+    await asyncio.to_thread(record, ctx, "run")
+    await ctx.sleep("cool-off", args.get("seconds", 2))
+    two = await ctx.step("two", effect, ctx, "two")
+    return [one, two, ctx.attempt]
+
+
+@job("test.steps_sleep_sync", max_attempts=3)
+def steps_sleep_sync(ctx: JobContext, args: dict) -> list:
+    """`steps_sleep` as a sync handler."""
+    one = ctx.step_sync("one", effect, ctx, "one")
+    ctx.sleep_sync("cool-off", "1s")
+    two = ctx.step_sync("two", effect, ctx, "two")
+    return [one, two, ctx.attempt]
+
+
+@job("test.steps_abc", max_attempts=1)
+async def steps_abc(ctx: JobContext, args: dict) -> list:
+    """Steps a, b and c, then dead on its first run only (an operator retries it from a step)."""
+    results = [await ctx.step(name, effect, ctx, name) for name in ("a", "b", "c")]
+    if await asyncio.to_thread(effect, ctx, "check") == 1:
+        raise RuntimeError("dies after its steps")
+    return results

@@ -104,3 +104,25 @@ def test_jobs_usage_errors_exit_2(db_url):
     assert dygo(db_url, "jobs", "retry").returncode == 2
     assert dygo(db_url, "jobs", "show", "abc").returncode == 2
     assert dygo(db_url, "jobs", "list", "--state", "sleeping").returncode == 2
+
+
+def test_jobs_steps_lists_the_steps_and_retry_from_forgets_from_a_step(conn, db_url, spawn):
+    job = enqueue(conn, "test.steps_abc", {})
+    assert spawn("worker", "--once").wait() == 0
+    listed = dygo(db_url, "jobs", "steps", str(job.id))
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["SEQ", "KEY", "OP", "ATTEMPT", "RECORDED", "DURATION", "RESULT"]
+    assert [line.split()[:4] for line in lines[1:]] == [
+        ["1", "a#1", "step", "1"],
+        ["2", "b#1", "step", "1"],
+        ["3", "c#1", "step", "1"],
+    ]
+
+    retried = dygo(db_url, "jobs", "retry-from", str(job.id), "b#1")
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout.strip() == f"job {job.id}: forgot b#1, c#1; it is now pending"
+    missing = dygo(db_url, "jobs", "retry-from", str(job.id), "b#1")
+    assert missing.returncode == 1 and f"job {job.id} has no recorded step 'b#1'" in missing.stderr
+    unknown = dygo(db_url, "jobs", "steps", "987654")
+    assert unknown.returncode == 1 and "no job with id 987654" in unknown.stderr

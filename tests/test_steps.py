@@ -15,7 +15,16 @@ from dygo.store import enqueue
 from dygo.store.admin import act_on_job
 from dygo.store.errors import LeaseLost, StepError, StepOrderError
 from dygo.store.leases import recover_expired
-from dygo.store.steps import StepLease, StepRules, Steps, StepWrite, load_steps, record_step, record_step_tx
+from dygo.store.steps import (
+    StepLease,
+    StepReader,
+    StepRules,
+    Steps,
+    StepWrite,
+    load_steps,
+    record_step,
+    record_step_tx,
+)
 
 from tests.claiming import claim
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
@@ -240,3 +249,31 @@ def test_steps_in_strict_mode_raise_where_they_would_warn(conn, db_url):
     assert asyncio.run(go(False)) == ["b"]
     with pytest.raises(StepOrderError, match="step 'b#1': steps replayed out of the recorded order"):
         asyncio.run(go(True))
+
+
+def test_runs_whose_first_steps_come_together_read_their_steps_in_one_query(conn, db_url):
+    """The worker's StepReader: 50 jobs resuming at once (a shared wake time) cost one read, not 50."""
+    ids = [enqueue(conn, "test.noop", {}).id for _ in range(50)]
+    conn.execute(
+        "INSERT INTO dygo_steps (job_id, key, op, seq, attempt, duration, result) "
+        "SELECT id, 'a#1', 'step', 1, 1, 0, to_jsonb(id) FROM unnest(%s::bigint[]) AS id",
+        (ids[:40],),
+    )
+    reads = []
+
+    async def go():
+        async with await _aconnect(db_url) as c:
+
+            @asynccontextmanager
+            async def connect():
+                reads.append(1)
+                yield c
+
+            reader = StepReader(connect)
+            return await asyncio.gather(*(reader.load(job_id) for job_id in ids))
+
+    loaded = asyncio.run(go())
+    assert len(reads) == 1
+    assert [{key: step.result for key, step in stored.items()} for stored, _ in loaded] == [
+        {"a#1": str(job_id)} for job_id in ids[:40]
+    ] + [{}] * 10

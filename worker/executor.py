@@ -17,10 +17,10 @@ from dygo.store import tracing
 from dygo.store.backoff import retry_delay
 from dygo.store.config import Settings
 from dygo.store.durations import format_duration
-from dygo.store.errors import Abort, Reportable, RetryAfter, Snooze
+from dygo.store.errors import Abort, Reportable, RetryAfter, Sleeping, Snooze
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
 from dygo.store.registry import JobContext, JobDefinition, Registry
-from dygo.store.steps import Connect, StepLease, StepRules, Steps, SyncConnect
+from dygo.store.steps import Connect, StepLease, StepReader, StepRules, Steps, SyncConnect
 from dygo.worker.deadlines import Deadlines
 from dygo.worker.execution_log import ExecutionLog
 
@@ -46,6 +46,7 @@ class Executor:
         # Where ctx.step reads and records steps: the shared connection, and a sync one for sync step_tx.
         self.connect = connect
         self.connect_sync = connect_sync
+        self.step_reader = None if connect is None else StepReader(connect)
         self.step_rules = StepRules(settings.max_step_result_bytes, settings.strict_steps)
         self.execution_log = ExecutionLog()
         self.deadlines = Deadlines()  # the handlers' timeouts
@@ -94,7 +95,8 @@ class Executor:
         except asyncio.CancelledError:
             raise
         except Snooze as snooze:
-            return Unsuccessful(job, "pending", delay=snooze.delay, refund_attempt=True)
+            since = snooze.since if isinstance(snooze, Sleeping) else None
+            return Unsuccessful(job, "pending", delay=snooze.delay, refund_attempt=True, delay_since=since)
         except TimeoutError as exc:
             message = f"timed out after {format_duration(timeout)}" if timeout else f"TimeoutError: {exc}"
             return self._failure(definition, job, exc, message)
@@ -106,7 +108,7 @@ class Executor:
     def _steps(self, job: ClaimedJob) -> Steps:
         assert self.connect is not None
         lease = StepLease(job.id, job.lease_token, job.attempt)
-        return Steps(lease, job.kind, self.step_rules, self.connect, self.connect_sync)
+        return Steps(lease, job.kind, self.step_rules, self.connect, self.connect_sync, self.step_reader)
 
     def _stored_result(self, job: ClaimedJob, encoded: str | None) -> str | None:
         """The result as stored: itself, or a note when it is bigger than max_result_bytes. The job
@@ -160,6 +162,8 @@ class Executor:
             word, detail, level = "succeeded", "", logging.INFO
         elif outcome.state == "dead":
             word, detail, level = "dead", f": {outcome.error}", logging.WARNING
+        elif outcome.delay_since is not None:  # ctx.sleep
+            word, detail, level = "sleeping", f", wakes in {format_duration(outcome.delay)}", logging.INFO
         elif outcome.refund_attempt:
             word, detail, level = "snoozed", f", again in {format_duration(outcome.delay)}", logging.INFO
         else:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import psycopg
 from dygo.store import leases, limits
-from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
+from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful, settle_delay
 from dygo.worker.database import WorkerConnections
 from dygo.worker.telemetry import WorkerStats, outcome_name
 
@@ -118,7 +118,7 @@ class Settler:
                 elif isinstance(outcome, Unsuccessful):
                     outcomes[outcome_name(outcome)] += 1
                     if outcome.state == "pending":
-                        self.wakeups.requeued(job.queue, outcome.delay)
+                        self.wakeups.requeued(job.queue, settle_delay(outcome))
             if succeeded:
                 outcomes["succeeded"] = succeeded
             self.stats.settled_batch(outcomes, len(batch) - outcomes.total())

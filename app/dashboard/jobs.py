@@ -12,7 +12,7 @@ from dygo.app.dashboard.visitor import PREFIX, Action, Fields, Page, Refused
 from dygo.app.db import Conn
 from dygo.app.errors import ApiError
 from dygo.app.jobs import decode_cursor, encode_cursor
-from dygo.store import admin, job_reads, workflows
+from dygo.store import admin, job_reads, steps, workflows
 from dygo.store.errors import Conflict, NotFound
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -77,7 +77,30 @@ def job_page(request: Request, job_id: int, visitor: Page, conn: Conn) -> Respon
     job = job_reads.get_job(conn, job_id)
     if job is None:
         raise Refused(404, "No such job", f"There is no job with id {job_id}; it may have been deleted.")
-    return render(request, visitor, "job.html", job=job, node=workflows.node_of_job(conn, job_id))
+    return render(
+        request,
+        visitor,
+        "job.html",
+        job=job,
+        node=workflows.node_of_job(conn, job_id),
+        steps=steps.job_steps(conn, job_id),
+        forgettable=steps.FORGETTABLE,
+    )
+
+
+@router.post("/jobs/{job_id}/steps/{key}/retry")
+def retry_from_step(job_id: int, key: str, fields: Fields, visitor: Action, conn: Conn) -> Response:
+    back = _back(fields, f"{PREFIX}/jobs/{job_id}")
+    try:
+        forgotten = steps.forget_steps(conn, job_id, key)
+    except (NotFound, Conflict) as exc:
+        return redirect(visitor, back, f"Job {job_id} was not retried from step {key}: {exc}", "error")
+    return redirect(
+        visitor,
+        back,
+        f"Job {job_id}: forgot {len(forgotten.keys)} steps from {key} on ({', '.join(forgotten.keys)}); "
+        f"it is now {forgotten.job['state']}.",
+    )
 
 
 @router.post("/jobs/{job_id}/{action}")

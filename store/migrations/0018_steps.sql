@@ -10,12 +10,15 @@
 CREATE TABLE dygo_steps (
     job_id      bigint      NOT NULL,
     key         text        NOT NULL,  -- the step's name and occurrence in a run: 'charge#1', 'charge#2'
-    -- How it was recorded: 'step' (at least once) or 'step_tx' (in the transaction of its own SQL).
-    op          text        NOT NULL CHECK (op IN ('step', 'step_tx')),
+    -- How it was recorded: 'step' (at least once), 'step_tx' (in the transaction of its own SQL) or
+    -- 'sleep' (`ctx.sleep`: the job left its slot until wake_at).
+    op          text        NOT NULL CHECK (op IN ('step', 'step_tx', 'sleep')),
     seq         integer     NOT NULL,  -- its call's position in the run that recorded it: replays are checked
     attempt     integer     NOT NULL,  -- the job's attempt that recorded it
     recorded_at timestamptz NOT NULL DEFAULT now(),
     duration    double precision NOT NULL,  -- seconds the step's function ran
-    result      jsonb,                 -- its JSON result; NULL for None
+    result      jsonb,                 -- its JSON result; NULL for None and for a sleep
+    wake_at     timestamptz,           -- a sleep's end (NULL for the other ops)
+    CHECK ((op = 'sleep') = (wake_at IS NOT NULL)),
     PRIMARY KEY (job_id, key)
 );

@@ -14,4 +14,11 @@ JOB_COLUMNS = """id, kind, queue, args, meta,
     CASE WHEN node_id IS NOT NULL THEN (SELECT n.workflow_id FROM dygo_nodes n WHERE n.id = node_id) END
         AS workflow_id,
     CASE WHEN node_id IS NOT NULL THEN (SELECT n.name FROM dygo_nodes n WHERE n.id = node_id) END AS node"""
-GET_JOB = f"SELECT {JOB_COLUMNS} FROM dygo_jobs WHERE id = %s"
+# A scheduled job whose latest step is a sleep not yet over is sleeping on it (`ctx.sleep`): its key and wake
+# time, read only for a scheduled job (a primary-key range of its steps).
+SLEEPING = """CASE WHEN state = 'pending' AND run_at > now() THEN (
+        SELECT jsonb_build_object('step', s.key, 'wake_at', s.wake_at) FROM (
+            SELECT key, op, wake_at FROM dygo_steps WHERE job_id = dygo_jobs.id ORDER BY seq DESC LIMIT 1
+        ) s WHERE s.op = 'sleep' AND s.wake_at > now()
+    ) END AS sleeping"""
+GET_JOB = f"SELECT {JOB_COLUMNS}, {SLEEPING} FROM dygo_jobs WHERE id = %s"
