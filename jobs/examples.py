@@ -60,3 +60,20 @@ async def summary(ctx: JobContext, args: dict) -> dict:
     return {
         name: {"state": dep.state, "result": dep.result, "counts": dict(dep.counts)} for name, dep in ctx.deps.items()
     }
+
+
+class Checkout(BaseModel):
+    fail_at_ship: int = Field(1, ge=0, description="fail this many attempts at the last step, then succeed")
+    cool_off: float = Field(2.0, ge=0, le=3600, description="seconds of ctx.sleep between reserve and ship")
+
+
+@job("example.checkout", max_attempts=5, retry_backoff="1s")
+async def checkout(ctx: JobContext, args: Checkout) -> dict:
+    """Durable steps: the charge runs once across every attempt, the sleep holds no slot, and a failure at
+    the last step retries only that step (see its steps: GET /api/v1/jobs/{id}/steps)."""
+    charge = await ctx.step("charge", lambda: {"charge": f"ch_{ctx.id}", "at_attempt": ctx.attempt})
+    await ctx.sleep("cool-off", args.cool_off)
+    if ctx.attempt <= args.fail_at_ship:
+        raise RuntimeError(f"the carrier is down (attempt {ctx.attempt})")
+    label = await ctx.step("ship", lambda: {"label": f"lbl_{ctx.id}"})
+    return {**charge, **label}

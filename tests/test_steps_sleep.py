@@ -15,7 +15,7 @@ from dygo.store.leases import ClaimedJob, Unsuccessful, recover_expired, settle_
 from dygo.store.steps import StepLease, load_steps, record_sleep
 
 from tests.claiming import claim
-from tests.conftest import wait_until
+from tests.conftest import REPO, dygo_env, wait_until
 from tests.test_steps import effects, started_worker, steps_of
 from tests.test_worker import job_row, wait_for_state
 
@@ -95,3 +95,19 @@ def test_a_run_that_sleeps_logs_sleeping_with_its_wake_time(conn, spawn):
     wait_until(lambda: line in worker.stderr(), message="the run's execution line")
     [logged] = [text for text in worker.stderr().splitlines() if line in text]
     assert logged.split(", ")[-1] in ("wakes in 59m59s", "wakes in 60m00s")
+
+
+def test_the_example_checkout_charges_once_sleeps_and_ships_on_its_retry(conn, db_url, spawn):
+    """The README's example (jobs/examples.py, the repository's own config): the retry after the failed
+    ship replays the charge recorded by attempt 1 and the sleep already over, and ships."""
+    job_id = conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, args) VALUES ('example.checkout', 'default', "
+        """'{"fail_at_ship": 1, "cool_off": 0.5}') RETURNING id"""
+    ).fetchone()[0]
+    worker = spawn("worker", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(REPO / "config")))
+    worker.wait_for_line("started")
+    row = wait_for_state(conn, job_id, "succeeded", "dead")
+    assert (row["state"], row["attempt"]) == ("succeeded", 2), worker.stderr()[-2000:]
+    assert row["result"] == {"charge": f"ch_{job_id}", "at_attempt": 1, "label": f"lbl_{job_id}"}
+    keys = [key for (key,) in conn.execute("SELECT key FROM dygo_steps WHERE job_id = %s ORDER BY seq", (job_id,))]
+    assert keys == ["charge#1", "cool-off#1", "ship#1"]
