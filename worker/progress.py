@@ -85,7 +85,6 @@ class ProgressWriter:
                 for token in [t for t in self.latest if t not in self.leased]:
                     del self.latest[token]
                 jobs = [(self.leased[token], self.latest[token]) for token in changed if token in self.latest]
-            self.last_write = time.monotonic()
             if not jobs:
                 continue
             try:
@@ -95,3 +94,7 @@ class ProgressWriter:
             except (psycopg.Error, OSError) as exc:
                 # Progress is advisory: after an outage the next report carries the then-latest value anyway.
                 await self.database.failed(f"writing the progress of {len(jobs)} job(s)", exc)
+            finally:
+                # Counted from the write's end, not its start: a write that waited for the shared connection
+                # must not leave the next one less than a second after it in the database's time.
+                self.last_write = time.monotonic()
