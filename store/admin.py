@@ -188,14 +188,19 @@ def act_on_job(conn: psycopg.Connection, action: str, job_id: int) -> dict[str, 
             job = cursor.execute(statement, {"id": job_id}).fetchone()
     except psycopg.errors.UniqueViolation:
         # Only a retry brings a job back to a live state, where its idempotency key must be unique.
-        raise Conflict(
-            "idempotency_conflict",
-            f"job {job_id} cannot be retried: a live job holds its idempotency key",
-            {"action": action},
-        ) from None
+        raise key_held(job_id, action) from None
     if job is None:
         _refuse(conn, job_id, action, allowed)
     return job
+
+
+def key_held(job_id: int, action: str) -> Conflict:
+    """The refusal of a retry whose job's idempotency key a live job holds (the key's unique index said so)."""
+    return Conflict(
+        "idempotency_conflict",
+        f"job {job_id} cannot be retried: a live job holds its idempotency key",
+        {"action": action},
+    )
 
 
 def delete_job(conn: psycopg.Connection, job_id: int, state: str | None = None) -> None:

@@ -40,6 +40,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from dygo.store import admin
 from dygo.store.db import one
 from dygo.store.durations import parse_duration
 from dygo.store.errors import Conflict, LeaseLost, NotFound, Sleeping, StepError, StepOrderError
@@ -509,11 +510,7 @@ def forget_steps(conn: psycopg.Connection[Any], job_id: int, key: str) -> Forgot
             with conn.cursor(row_factory=dict_row) as cursor:
                 job = cursor.execute(statement, {"id": job_id}).fetchone()
         except psycopg.errors.UniqueViolation:
-            raise Conflict(
-                "idempotency_conflict",
-                f"job {job_id} cannot be retried: a live job holds its idempotency key",
-                {"action": "retry-from-step"},
-            ) from None
+            raise admin.key_held(job_id, "retry-from-step") from None
     if job is None:  # a job of a workflow that may not be revived
         raise Conflict(
             "invalid_transition",
