@@ -147,32 +147,25 @@ CREATE CONSTRAINT TRIGGER dygo_node_moves_tally AFTER INSERT ON dygo_node_moves
 """
 
 
-# Migration 0016's update triggers: wake-ups, and result waiters (with 0017's `skipped` among the final states).
-BASELINE_TRIGGERS = f"""
-CREATE OR REPLACE FUNCTION dygo_notify_finished() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM new_rows WHERE state IN {ENDED}) THEN
-        RETURN NULL;
-    END IF;
-    PERFORM pg_advisory_xact_lock_shared(hashtext('dygo'), hashtext('dygo.result_waiters'));
-    PERFORM pg_notify('dygo_finished', string_agg(f.id::text, ','))
-    FROM (SELECT n.id, (row_number() OVER ()) / 390 AS chunk FROM new_rows n
-          WHERE n.state IN {ENDED}
-            AND EXISTS (SELECT FROM dygo_result_waiters w WHERE w.job_id = n.id)) AS f
-    GROUP BY f.chunk;
-    RETURN NULL;
-END
-$$;
+def _baseline_triggers() -> str:
+    """Migration 0016's update triggers, as 0017's down migration puts them back: wake-ups, and result waiters
+    (here with 0017's `skipped` among the final states)."""
+    down = (MIGRATIONS / "0017_workflows.down.sql").read_text()
+    found = re.search(r"CREATE FUNCTION dygo_notify_finished\(\).*?\n\$\$;", down, re.DOTALL)
+    if found is None:
+        raise SystemExit("0017_workflows.down.sql: no dygo_notify_finished function in it")
+    function = found.group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+    function = function.replace("('succeeded', 'dead', 'cancelled')", ENDED)
+    triggers = migration_triggers(MIGRATIONS / "0017_workflows.down.sql", ("dygo_jobs_updated", "dygo_jobs_finished"))
+    return "\n".join([function, *triggers])
 
-CREATE TRIGGER dygo_jobs_updated AFTER UPDATE ON dygo_jobs
-    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION dygo_notify_pending();
-CREATE TRIGGER dygo_jobs_finished AFTER UPDATE ON dygo_jobs
-    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION dygo_notify_finished();
-"""
 
-# The counting as a trigger of its own, beside BASELINE_TRIGGERS.
-SEPARATE_TRIGGER = f"""
+def _separate_trigger() -> str:
+    """The counting part of 0017's dygo_jobs_updated as a trigger function of its own, beside the baseline's."""
+    found = re.search(r"    EXECUTE \$query\$.*?\n    END IF;\n", MIGRATION.read_text(), re.DOTALL)
+    if found is None:
+        raise SystemExit(f"{MIGRATION}: no counting query in dygo_jobs_updated")
+    return f"""
 CREATE OR REPLACE FUNCTION dygo_jobs_moved() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -183,29 +176,7 @@ BEGIN
        OR current_setting('dygo.advancing', true) = 'on' THEN
         RETURN NULL;
     END IF;
-    EXECUTE $query$
-        WITH moved AS (
-            SELECT n.node_id, o.state AS was, n.state AS now, n.result
-            FROM new_rows n JOIN old_rows o USING (id)
-            WHERE n.node_id IS NOT NULL AND (o.state IN {ENDED}) <> (n.state IN {ENDED})
-        ), d AS (
-            SELECT node_id,
-                (count(*) FILTER (WHERE now = 'succeeded') - count(*) FILTER (WHERE was = 'succeeded'))::integer AS ds,
-                (count(*) FILTER (WHERE now = 'dead') - count(*) FILTER (WHERE was = 'dead'))::integer AS df,
-                (count(*) FILTER (WHERE now = 'cancelled') - count(*) FILTER (WHERE was = 'cancelled'))::integer AS dc,
-                (count(*) FILTER (WHERE now = 'skipped') - count(*) FILTER (WHERE was = 'skipped'))::integer AS dk,
-                (array_agg(result) FILTER (WHERE now = 'succeeded'))[1] AS result
-            FROM moved GROUP BY node_id
-        )
-        SELECT array_agg(node_id ORDER BY node_id), array_agg(ds ORDER BY node_id), array_agg(df ORDER BY node_id),
-               array_agg(dc ORDER BY node_id), array_agg(dk ORDER BY node_id), array_agg(result ORDER BY node_id)
-        FROM d
-    $query$
-    INTO moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results;
-    IF moved_nodes IS NOT NULL THEN
-        PERFORM dygo_tally(moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results);
-    END IF;
-    RETURN NULL;
+{found.group(0)}    RETURN NULL;
 END
 $$;
 
@@ -236,9 +207,9 @@ def install(conn: psycopg.Connection, variant: str) -> None:
             for statement in migration_triggers(MIGRATION, ("dygo_jobs_updated", "dygo_jobs_removed")):
                 conn.execute(statement)
             return
-        conn.execute(BASELINE_TRIGGERS)
+        conn.execute(_baseline_triggers())
         if variant == "separate":
-            conn.execute(SEPARATE_TRIGGER)
+            conn.execute(_separate_trigger())
             conn.execute(migration_triggers(MIGRATION, ("dygo_jobs_removed",))[0])
         elif variant == "row":
             conn.execute(ROW_TRIGGERS)
