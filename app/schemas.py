@@ -229,13 +229,21 @@ class Step(BaseModel):
     key: str = Field(description="The step's name and occurrence in a run: 'charge#1', 'charge#2'")
     name: str
     occurrence: int = Field(description="1 for the first call of its name in a run, 2 for the second...")
-    op: Literal["step", "step_tx", "sleep"] = Field(description="ctx.step, ctx.step_tx or ctx.sleep")
+    op: Literal["step", "step_tx", "sleep", "event", "call", "map"] = Field(
+        description="ctx.step, ctx.step_tx, ctx.sleep, or a durable wait: ctx.wait_for_event, ctx.call, ctx.map"
+    )
     seq: int = Field(description="Its call's position in the run that recorded it (the order of the list)")
     attempt: int = Field(description="The job's attempt that recorded it")
     recorded_at: datetime
     duration: float = Field(description="Seconds its function ran; for a sleep, the seconds it sleeps")
     result: Any = Field(description="The JSON its function returned (null for None and for a sleep)")
-    wake_at: datetime | None = Field(description="A sleep's end; null for the other ops")
+    wake_at: datetime | None = Field(description="A sleep's end; an event wait's timeout; null otherwise")
+    state: Literal["waiting", "done", "failed", "timed_out"] | None = Field(
+        None,
+        description="A wait's: waiting, then done (its result stored), failed (a child ended dead or cancelled) "
+        "or timed_out; null for a step or a sleep",
+    )
+    waits_for: str | None = Field(None, description="An event wait's event key; null otherwise")
 
 
 class JobSteps(BaseModel):

@@ -14,6 +14,7 @@ from dygo.store.errors import (
     Snooze,
     StepError,
     StepOrderError,
+    Suspended,
 )
 from dygo.store.registry import JobContext, job, make_context, registry
 from dygo.store.results import await_for_result, wait_for_result
@@ -37,6 +38,7 @@ __all__ = [
     "Snooze",
     "StepError",
     "StepOrderError",
+    "Suspended",
     "Workflow",
     "WorkflowError",
     "aenqueue",

@@ -112,6 +112,16 @@ class Sleeping(Snooze):
         self.args = (f"sleeping at step {key!r} for {delay:.3f}s",)
 
 
+class Suspended(DygoError):
+    """Raised by a durable wait (`ctx.wait_for_event`, `ctx.call`, `ctx.map`) to end the run: the job leaves its
+    slot and waits (state `waiting`, its attempt not spent) until what it waits for comes, then runs again and
+    replays its steps. `wait` is what the settle records (store.leases.Wait). A handler must let it through."""
+
+    def __init__(self, key: str, reason: str, wait: Any) -> None:
+        self.key, self.reason, self.wait = key, reason, wait
+        super().__init__(f"waiting at step {key!r} for {reason}")
+
+
 class StepError(DygoError):
     """A step (`ctx.step`, `ctx.step_tx`) broke a rule: a bad name, a result that cannot be stored, or (with
     `strict_steps`) a replay whose steps come in another order than recorded. The message names the step. A

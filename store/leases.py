@@ -56,6 +56,22 @@ class BatchAppend:
     count: int
 
 
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """What a suspended run waits for (`ctx.wait_for_event`, `ctx.call`, `ctx.map`: errors.Suspended), written
+    in the transaction of the settle that moves its job to waiting. `record` runs after the settle and must
+    write only for a job that transaction settled (its row's xmin is pg_current_xact_id(), as APPEND_TO_BATCH
+    checks): a run that lost its lease records no wait. `lock`, when given, runs before the settle takes any
+    job row, for the rows the wait shares with whoever ends it (an event's row), in `lock_key` order across
+    the batch: the one who ends the wait takes them in that order too, so the two queue instead of deadlock."""
+
+    reason: str  # what it waits for, in words: "event 'order:42'", "1 child job"
+    record: str  # a store/sql statement
+    params: Mapping[str, Any]
+    lock: str | None = None
+    lock_key: str = ""
+
+
 @dataclass(slots=True)
 class Succeeded:
     job: ClaimedJob
@@ -66,10 +82,10 @@ class Succeeded:
 
 @dataclass(slots=True)
 class Unsuccessful:
-    """Back to pending after `delay` (retry, snooze, hand-back), or dead."""
+    """Back to pending after `delay` (retry, snooze, hand-back), waiting (a durable wait), or dead."""
 
     job: ClaimedJob
-    state: str  # 'pending' or 'dead'
+    state: str  # 'pending', 'waiting' or 'dead'
     delay: float = 0.0
     refund_attempt: bool = False  # snooze and hand-back do not spend an attempt
     # A sleep's: the time.monotonic() `delay` counts from. The settle takes off the time since, so the job's
@@ -78,6 +94,7 @@ class Unsuccessful:
     error: str | None = None
     traceback: str | None = None
     progress: Progress | None = None  # the run's latest report, stored by the settle (None: column unchanged)
+    wait: Wait | None = None  # a waiting job's: what it waits for
 
 
 Outcome = Succeeded | Unsuccessful
@@ -144,9 +161,10 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
     # are then held already, and this transaction never holds one row while waiting for a lower one.
     batch = [o.job.id for o in outcomes]
     appends = [(o, append) for o in successes for append in o.appends or ()]
+    waits = [o.wait for o in others if o.wait is not None]
     # One data statement (the usual batch: successes only) needs no BEGIN and COMMIT: the pipeline's implicit
     # transaction holds it, and a statement psycopg cannot send leaves nothing of the batch. Two need them.
-    explicit = (bool(successes) and bool(others)) or bool(appends)
+    explicit = (bool(successes) and bool(others)) or bool(appends) or bool(waits)
     added: list[tuple[Succeeded, BatchAppend, psycopg.AsyncCursor[Any]]] = []
     try:
         async with conn.pipeline():
@@ -155,6 +173,9 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
             # Its own statement, not on_indexes: a settle's arrays grow with the batch, and binding them
             # client-side costs the worker more CPU per job than binding them server-side.
             await conn.execute(SETTLE_SETTINGS)
+            for wait in sorted((w for w in waits if w.lock is not None), key=lambda w: w.lock_key):
+                assert wait.lock is not None
+                await conn.execute(wait.lock, wait.params)
             if explicit and any(o.job.node_id is not None for o in outcomes):
                 await conn.execute(sql.LOCK_SETTLE_WORKFLOWS, {"lock": plain_array(map(str, batch))})
             if successes:
@@ -181,7 +202,10 @@ async def settle(conn: psycopg.AsyncConnection, outcomes: list[Outcome], notify:
                     **_progress_params(others),
                 }
                 cursors.append(await conn.execute(sql.SETTLE_UNSUCCESSFUL, params))
-            # After the settle, in its transaction: only a run this transaction settled adds its jobs.
+            # After the settle, in its transaction: only a run this transaction settled records its wait or
+            # adds its jobs.
+            for wait in waits:
+                await conn.execute(wait.record, wait.params)
             for outcome, append in appends:
                 grow = {"job": outcome.job.id, "workflow": append.workflow_id, "rows": append.rows, "n": append.count}
                 added.append((outcome, append, await conn.execute(workflow_sql.APPEND_TO_BATCH, grow)))

@@ -763,8 +763,12 @@ CREATE TABLE public.dygo_steps (
     duration double precision NOT NULL,
     result jsonb,
     wake_at timestamp with time zone,
-    CONSTRAINT dygo_steps_check CHECK (((op = 'sleep'::text) = (wake_at IS NOT NULL))),
-    CONSTRAINT dygo_steps_op_check CHECK ((op = ANY (ARRAY['step'::text, 'step_tx'::text, 'sleep'::text])))
+    state text,
+    waits_for text,
+    CONSTRAINT dygo_steps_check CHECK (((op = ANY (ARRAY['event'::text, 'call'::text, 'map'::text])) = (state IS NOT NULL))),
+    CONSTRAINT dygo_steps_check1 CHECK ((((op = 'sleep'::text) AND (wake_at IS NOT NULL)) OR ((op = ANY (ARRAY['step'::text, 'step_tx'::text, 'call'::text, 'map'::text])) AND (wake_at IS NULL)) OR (op = 'event'::text))),
+    CONSTRAINT dygo_steps_op_check CHECK ((op = ANY (ARRAY['step'::text, 'step_tx'::text, 'sleep'::text, 'event'::text, 'call'::text, 'map'::text]))),
+    CONSTRAINT dygo_steps_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'done'::text, 'failed'::text, 'timed_out'::text])))
 );
 
 --

@@ -61,6 +61,7 @@ class StoredStep:
     seq: int  # its call's position in the run that recorded it
     result: str | None  # JSON text
     left: float | None = None  # a sleep's seconds left when read (0 once its wake time passed); None: no sleep
+    state: str | None = None  # a wait's: 'waiting', 'done', 'failed' or 'timed_out'; None for a step or sleep
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,7 @@ class StepWrite:
 async def load_steps(conn: psycopg.AsyncConnection[Any], job_id: int) -> dict[str, StoredStep]:
     """Every step the job recorded, by key."""
     cursor = await conn.execute(sql.STEPS_OF_JOB, {"job_id": job_id})
-    return {key: StoredStep(seq, result, left) for key, seq, result, left in await cursor.fetchall()}
+    return {key: StoredStep(seq, result, left, state) for key, seq, result, left, state in await cursor.fetchall()}
 
 
 async def load_steps_of_jobs(
@@ -96,8 +97,8 @@ async def load_steps_of_jobs(
     """Every step each of the jobs recorded, by job and key (a job that recorded none is absent)."""
     cursor = await conn.execute(sql.STEPS_OF_JOBS, {"job_ids": job_ids})
     stored: dict[int, dict[str, StoredStep]] = {}
-    for job_id, key, seq, result, left in await cursor.fetchall():
-        stored.setdefault(job_id, {})[key] = StoredStep(seq, result, left)
+    for job_id, key, seq, result, left, state in await cursor.fetchall():
+        stored.setdefault(job_id, {})[key] = StoredStep(seq, result, left, state)
     return stored
 
 
@@ -320,8 +321,8 @@ class Steps:
         if key in stored:
             self._replayed(key, seq, stored)
             left, since = stored[key].left, self.loaded_at
-            if left is None:
-                raise StepError(key, "recorded as a step, not a sleep: a sleep and a step cannot share a name")
+            if left is None or stored[key].state is not None:
+                raise StepError(key, "recorded as another kind of step, not a sleep: they cannot share a name")
         else:
             self._check_new(key, seq)
             async with self.connect() as conn:

@@ -17,7 +17,7 @@ from dygo.store import tracing
 from dygo.store.backoff import retry_delay
 from dygo.store.config import Settings
 from dygo.store.durations import format_duration
-from dygo.store.errors import Abort, Reportable, RetryAfter, Sleeping, Snooze
+from dygo.store.errors import Abort, Reportable, RetryAfter, Sleeping, Snooze, Suspended
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful
 from dygo.store.registry import JobContext, JobDefinition, Registry
 from dygo.store.steps import Connect, StepLease, StepReader, StepRules, Steps, SyncConnect
@@ -94,6 +94,8 @@ class Executor:
             return Succeeded(job, stored, appends=ctx.appends or None)
         except asyncio.CancelledError:
             raise
+        except Suspended as suspended:
+            return Unsuccessful(job, "waiting", refund_attempt=True, wait=suspended.wait)
         except Snooze as snooze:
             since = snooze.since if isinstance(snooze, Sleeping) else None
             return Unsuccessful(job, "pending", delay=snooze.delay, refund_attempt=True, delay_since=since)
@@ -162,6 +164,8 @@ class Executor:
             word, detail, level = "succeeded", "", logging.INFO
         elif outcome.state == "dead":
             word, detail, level = "dead", f": {outcome.error}", logging.WARNING
+        elif outcome.state == "waiting":  # a durable wait
+            word, detail, level = "waiting", f" for {outcome.wait.reason if outcome.wait else '?'}", logging.INFO
         elif outcome.delay_since is not None:  # ctx.sleep
             word, detail, level = "sleeping", f", wakes in {format_duration(outcome.delay)}", logging.INFO
         elif outcome.refund_attempt:

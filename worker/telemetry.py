@@ -21,15 +21,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 from prometheus_client.registry import Collector
 
-OUTCOMES = ("succeeded", "failed", "snoozed", "dead")
+OUTCOMES = ("succeeded", "failed", "snoozed", "waiting", "dead")
 
 
 def outcome_name(outcome: Outcome) -> str:
-    """succeeded; failed (will be retried); snoozed (or handed back: attempt refunded); dead."""
+    """succeeded; failed (will be retried); snoozed (or handed back: attempt refunded); waiting (a durable
+    wait); dead."""
     if isinstance(outcome, Succeeded):
         return "succeeded"
-    if outcome.state == "dead":
-        return "dead"
+    if outcome.state in ("dead", "waiting"):
+        return outcome.state
     return "snoozed" if outcome.refund_attempt else "failed"
 
 
@@ -77,7 +78,8 @@ class WorkerCollector(Collector):
             settled, lost = dict(stats.settled), stats.lease_lost
         counter = CounterMetricFamily(
             "dygo_worker_executions",
-            "Handler runs finished in this process, by outcome (succeeded, failed = will be retried, snoozed, dead)",
+            "Handler runs finished in this process, by outcome "
+            "(succeeded, failed = will be retried, snoozed, waiting, dead)",
             labels=["queue", "kind", "outcome"],
         )
         for (queue, kind, outcome), n in sorted(executions.items()):

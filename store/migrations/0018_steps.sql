@@ -10,15 +10,22 @@
 CREATE TABLE dygo_steps (
     job_id      bigint      NOT NULL,
     key         text        NOT NULL,  -- the step's name and occurrence in a run: 'charge#1', 'charge#2'
-    -- How it was recorded: 'step' (at least once), 'step_tx' (in the transaction of its own SQL) or
-    -- 'sleep' (`ctx.sleep`: the job left its slot until wake_at).
-    op          text        NOT NULL CHECK (op IN ('step', 'step_tx', 'sleep')),
+    -- How it was recorded: 'step' (at least once), 'step_tx' (in the transaction of its own SQL),
+    -- 'sleep' (`ctx.sleep`: the job left its slot until wake_at), or a durable wait, recorded by the settle
+    -- that moved the job to waiting: 'event' (`ctx.wait_for_event`), 'call' and 'map' (child jobs).
+    op          text        NOT NULL CHECK (op IN ('step', 'step_tx', 'sleep', 'event', 'call', 'map')),
     seq         integer     NOT NULL,  -- its call's position in the run that recorded it: replays are checked
     attempt     integer     NOT NULL,  -- the job's attempt that recorded it
     recorded_at timestamptz NOT NULL DEFAULT now(),
     duration    double precision NOT NULL,  -- seconds the step's function ran
     result      jsonb,                 -- its JSON result; NULL for None and for a sleep
-    wake_at     timestamptz,           -- a sleep's end (NULL for the other ops)
-    CHECK ((op = 'sleep') = (wake_at IS NOT NULL)),
+    wake_at     timestamptz,           -- a sleep's end; an event wait's timeout (NULL: none)
+    -- A wait's: 'waiting' until what it waits for comes, then 'done' (its result stored), 'failed' (a child
+    -- ended dead or cancelled: result says how) or 'timed_out'. NULL for the other ops.
+    state       text CHECK (state IN ('waiting', 'done', 'failed', 'timed_out')),
+    waits_for   text,                  -- an event wait's event key
+    CHECK ((op IN ('event', 'call', 'map')) = (state IS NOT NULL)),
+    CHECK (op = 'sleep' AND wake_at IS NOT NULL OR op IN ('step', 'step_tx', 'call', 'map') AND wake_at IS NULL
+           OR op = 'event'),
     PRIMARY KEY (job_id, key)
 );

@@ -8,15 +8,17 @@ that lost its lease records nothing.
 
 from dygo.store.sql.job_reads import JOB_COLUMNS
 
-# Every step a job recorded, read once per run at its first step (the primary key serves it); a sleep comes
-# with the seconds left until its wake time by the database's clock (0 once it has passed).
+# Every step a job recorded, read once per run at its first step (the primary key serves it); a sleep (and
+# an event wait with a timeout) comes with the seconds left until its wake time by the database's clock (0
+# once it has passed), and a wait with its state.
 STEPS_OF_JOB = """
-SELECT key, seq, result::text, greatest(extract(epoch FROM wake_at - now()), 0)::float8 AS left_seconds
+SELECT key, seq, result::text, greatest(extract(epoch FROM wake_at - now()), 0)::float8 AS left_seconds, state
 FROM dygo_steps WHERE job_id = %(job_id)s"""
 
 # The same for the jobs whose first steps came together (store/steps.py StepReader): one query for all.
 STEPS_OF_JOBS = """
-SELECT job_id, key, seq, result::text, greatest(extract(epoch FROM wake_at - now()), 0)::float8 AS left_seconds
+SELECT job_id, key, seq, result::text, greatest(extract(epoch FROM wake_at - now()), 0)::float8 AS left_seconds,
+       state
 FROM dygo_steps WHERE job_id = ANY(%(job_ids)s::bigint[])"""
 
 # The run's lease, held until the transaction ends: the check and the lock of a step's write.
@@ -71,7 +73,7 @@ SELECT EXISTS (SELECT FROM lease) AS leased,
 # A job's recorded steps in call order, as the API and the dashboard show them.
 JOB_STEPS = """
 SELECT key, split_part(key, '#', 1) AS name, split_part(key, '#', 2)::int AS occurrence, op, seq, attempt,
-    recorded_at, duration, result, wake_at
+    recorded_at, duration, result, wake_at, state, waits_for
 FROM dygo_steps WHERE job_id = %(job_id)s
 ORDER BY seq, recorded_at"""
 
