@@ -70,6 +70,15 @@ class DygoCollector(Collector):
         for name, seconds in snap.lag.items():
             lag.add_metric([name], seconds)
         yield from (jobs, lag, paused)
+        waits = GaugeMetricFamily(
+            "dygo_jobs_waiting",
+            "Jobs that wait without a slot, by what for: event (ctx.wait_for_event), child (ctx.call, ctx.map), "
+            "workflow (the nodes before its own) or sleep (a ctx.sleep not over; these count as scheduled)",
+            labels=["queue", "reason"],
+        )
+        for (queue_name, reason), n in sorted(snap.waiting.items()):
+            waits.add_metric([queue_name, reason], n)
+        yield waits
         for field, help_text in COUNTERS.items():
             counter = CounterMetricFamily(
                 f"dygo_jobs_{field}",

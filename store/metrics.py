@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from dygo.store import admin, limits, timings
 from dygo.store.sql.stats import METRICS_STAT_TOTALS
+from dygo.store.sql.steps import WAITING_BY_REASON
 from dygo.store.sql.workers import METRICS_BUSY_SLOTS
 
 
@@ -25,6 +26,7 @@ class Snapshot:
     timings: dict[timings.Key, timings.Histogram] = field(default_factory=dict)  # (queue, kind, measure)
     busy: dict[tuple[str, str], int] = field(default_factory=dict)  # (worker id, queue) -> jobs running now
     limits: list[limits.LimitUse] = field(default_factory=list)  # cluster-wide limits with their use
+    waiting: dict[tuple[str, str], int] = field(default_factory=dict)  # (queue, reason) -> jobs waiting
 
 
 def stat_totals(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -40,6 +42,11 @@ def busy_slots(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
     return {(worker, queue): n for worker, queue, n in conn.execute(METRICS_BUSY_SLOTS)}
 
 
+def waiting_by_reason(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
+    """Jobs that wait per queue and reason: event, child, workflow, or sleep (a `ctx.sleep` not over)."""
+    return {(queue, reason): n for queue, reason, n in conn.execute(WAITING_BY_REASON)}
+
+
 def snapshot(conn: psycopg.Connection, configured: Mapping[str, int], seen_within: float) -> Snapshot:
     """Everything one scrape reports, on one connection."""
     queues = admin.list_queues(conn, configured)
@@ -52,4 +59,5 @@ def snapshot(conn: psycopg.Connection, configured: Mapping[str, int], seen_withi
         timings=timings.totals(conn),
         busy=busy_slots(conn),
         limits=limits.limits_in_use(conn),
+        waiting=waiting_by_reason(conn),
     )

@@ -1062,6 +1062,12 @@ CREATE INDEX dygo_result_waiters_job ON public.dygo_result_waiters USING btree (
 CREATE INDEX dygo_schedules_due ON public.dygo_schedules USING btree (next_run_at) WHERE (enabled AND (NOT paused));
 
 --
+-- Name: dygo_steps_sleeps; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX dygo_steps_sleeps ON public.dygo_steps USING btree (wake_at) WHERE (op = 'sleep'::text);
+
+--
 -- Name: dygo_workflows_finished; Type: INDEX; Schema: public; Owner: -
 --
 

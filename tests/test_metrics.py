@@ -160,3 +160,41 @@ def test_status_lists_failing_kinds_worst_first(conn, spawn):
     assert lines[at + 1].split() == ["KIND", "DEAD", "FAILED", "ATTEMPTS"]
     assert lines[at + 2].split() == ["test.abort", "2", "2"]  # the attempt that died is a failed attempt too
     assert lines[at + 3].split() == ["test.fail", "0", "1"]
+
+
+def test_waiting_jobs_are_counted_by_what_they_wait_for(api, conn):
+    def job(state: str, queue: str = "default") -> int:
+        row = conn.execute(
+            "INSERT INTO dygo_jobs (kind, queue, args, state, run_at) VALUES ('test.wait', %s, '{}', %s, now()) "
+            "RETURNING id",
+            (queue, state),
+        ).fetchone()
+        return row[0]
+
+    def step(job_id: int, key: str, op: str, state: str | None = None, wake_in: float | None = None) -> None:
+        conn.execute(
+            "INSERT INTO dygo_steps (job_id, key, op, seq, attempt, duration, state, wake_at) "
+            "VALUES (%s, %s, %s, 1, 1, 0, %s, now() + make_interval(secs => %s))",
+            (job_id, key, op, state, wake_in),
+        )
+
+    for _ in range(2):
+        step(job("waiting"), "approval#1", "event", "waiting")
+    step(job("waiting", "other"), "ship#1", "call", "waiting")
+    step(job("waiting"), "thumbs#1", "map", "waiting")
+    job("waiting")  # a workflow's job: it waits for its node, with no waiting step
+    step(job("pending"), "nap#1", "sleep", wake_in=3600)
+    over = job("pending")
+    step(over, "nap#1", "sleep", wake_in=-1)  # its sleep is over: due, not waiting
+    done = job("pending")
+    step(done, "approval#1", "event", "done")  # its event came: due, not waiting
+
+    samples = scrape(api.reader)
+    waiting = {labels: v for (name, labels), v in samples.items() if name == "dygo_jobs_waiting"}
+    assert waiting == {
+        (("queue", "default"), ("reason", "event")): 2,
+        (("queue", "default"), ("reason", "child")): 1,
+        (("queue", "other"), ("reason", "child")): 1,
+        (("queue", "default"), ("reason", "workflow")): 1,
+        (("queue", "default"), ("reason", "sleep")): 1,
+    }

@@ -29,3 +29,7 @@ CREATE TABLE dygo_steps (
            OR op = 'event'),
     PRIMARY KEY (job_id, key)
 );
+
+-- Sleeps by wake time: /metrics counts the jobs asleep (store/sql/steps.py WAITING_BY_REASON) without
+-- reading every step.
+CREATE INDEX dygo_steps_sleeps ON dygo_steps (wake_at) WHERE op = 'sleep';

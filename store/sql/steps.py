@@ -95,3 +95,25 @@ RETURNING key, seq"""
 
 # The job as an action returns it, for a job whose steps were forgotten without a retry.
 JOB_AFTER_FORGET = f"SELECT {JOB_COLUMNS} FROM dygo_jobs WHERE id = %(id)s"
+
+
+# --- metrics (GET /metrics dygo_jobs_waiting) -------------------------------------------------------------
+
+# Jobs that wait, per queue and what for: a durable wait's op (an event; a child job, 'call' or 'map'), its
+# workflow node (a waiting job with no waiting step), or a sleep not over yet (a pending job). The waiting
+# jobs come from the parked-jobs index, the sleeps from the index of sleep rows by wake time: a scrape reads
+# the jobs that wait, not every step.
+WAITING_BY_REASON = """
+SELECT j.queue, coalesce(w.reason, 'workflow') AS reason, count(*)
+FROM dygo_jobs j
+LEFT JOIN LATERAL (
+    SELECT CASE s.op WHEN 'event' THEN 'event' ELSE 'child' END AS reason
+    FROM dygo_steps s WHERE s.job_id = j.id AND s.state = 'waiting' LIMIT 1
+) w ON true
+WHERE j.state = 'waiting'
+GROUP BY 1, 2
+UNION ALL
+SELECT j.queue, 'sleep', count(*)
+FROM dygo_steps s JOIN dygo_jobs j ON j.id = s.job_id AND j.state = 'pending'
+WHERE s.op = 'sleep' AND s.wake_at > now()
+GROUP BY 1"""
