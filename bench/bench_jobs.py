@@ -3,7 +3,7 @@
 import asyncio
 import time
 
-from dygo import JobContext, job
+from dygo import JobContext, Snooze, job
 
 
 @job("bench.noop")
@@ -31,3 +31,12 @@ async def steps(ctx: JobContext, args: dict) -> None:
 async def sleep_until(ctx: JobContext, args: dict) -> None:
     """A durable sleep until the epoch second `until` (bench/sleep_wake.py), then nothing."""
     await ctx.sleep("nap", max(args["until"] - time.time(), 0.0))
+
+
+@job("bench.snooze_until")
+async def snooze_until(ctx: JobContext, args: dict) -> None:
+    """A plain snooze until the epoch second `until`, then nothing (bench/sleep_wake.py's reference for a
+    sleep: the same two runs and settles, no step read or write)."""
+    left = args["until"] - time.time()
+    if left > 0:
+        raise Snooze(left)

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from dygo.store.migrate import migrate  # noqa: E402
 
 DATABASE = "bench_sleep_wake"
+WHAT = ("sleep", "scheduled", "run_at", "snooze")
 
 
 def summary(latencies_ms: list[float]) -> tuple[float, float, float]:
@@ -89,6 +90,32 @@ def sleep_round(
     return [float(ms) for ms, _, _ in rows], [float(ms) for _, ms, _ in rows]
 
 
+def snooze_round(conn: psycopg.Connection, worker: WorkerProcess, jobs: int, lead: float) -> list[float]:
+    """Each job's latency after the instant it snoozed until (its run_at as settled)."""
+    conn.execute("TRUNCATE dygo_jobs, dygo_steps")
+    until = time.time() + lead
+    conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, args) "
+        "SELECT 'bench.snooze_until', 'default', jsonb_build_object('until', %s::float8) FROM generate_series(1, %s)",
+        (until, jobs),
+    )
+    conn.execute("SELECT pg_notify('dygo_jobs', 'default')")
+
+    def snoozing() -> bool:
+        worker.check_alive()
+        row = conn.execute(
+            "SELECT count(*) FROM dygo_jobs WHERE state = 'pending' AND attempt = 0 AND started_at IS NOT NULL"
+        ).fetchone()
+        return row is not None and row[0] >= jobs
+
+    wait_until(snoozing, lead, f"{jobs} jobs snoozed before their wake time")
+    succeeded(conn, worker, jobs, "snoozed")
+    rows = conn.execute(
+        "SELECT extract(epoch FROM started_at - to_timestamp((args->>'until')::float8)) * 1000 FROM dygo_jobs"
+    ).fetchall()
+    return [float(ms) for (ms,) in rows]
+
+
 def scheduled_round(conn: psycopg.Connection, worker: WorkerProcess, jobs: int, lead: float) -> list[float]:
     conn.execute("TRUNCATE dygo_jobs, dygo_steps")
     conn.execute(
@@ -123,15 +150,16 @@ def main() -> int:
                 latencies, settled_after = sleep_round(conn, worker, args.jobs, args.lead)
                 sleeping, drift = summary(latencies), summary(settled_after)
                 scheduled = summary(scheduled_round(conn, worker, args.jobs, args.lead))
+                snoozed = summary(snooze_round(conn, worker, args.jobs, args.lead))
                 print(f"round {number + 1} done", file=sys.stderr, flush=True)
-                rounds.append((sleeping, scheduled, drift))
+                rounds.append((sleeping, scheduled, drift, snoozed))
     print(f"{args.jobs} jobs waking at one instant, one worker at concurrency {args.concurrency}; ms after it\n")
     print(f"{'round':>6} {'what':>10} {'p50':>8} {'p95':>8} {'max':>8}")
     for number, pair in enumerate(rounds, 1):
-        for what, (p50, p95, most) in zip(("sleep", "scheduled", "run_at"), pair, strict=True):
+        for what, (p50, p95, most) in zip(WHAT, pair, strict=True):
             print(f"{number:>6} {what:>10} {p50:>8.0f} {p95:>8.0f} {most:>8.0f}")
     print("\nmedian of the rounds")
-    for index, what in enumerate(("sleep", "scheduled", "run_at")):
+    for index, what in enumerate(WHAT):
         p50, p95, most = (statistics.median(r[index][i] for r in rounds) for i in range(3))
         print(f"{what:>10}: p50 {p50:.0f} ms, p95 {p95:.0f} ms, max {most:.0f} ms")
     return 0
