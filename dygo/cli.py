@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import io
 import logging
 import os
 import signal
@@ -15,7 +17,15 @@ from typing import Any, Literal
 
 import psycopg
 
-from dygo.logs import LIFECYCLE_LOGGER, LOG_FORMATS, configure_logging, flush_then_exit, resolve_log_format
+from dygo.logs import (
+    BLOCK_ESCAPES,
+    LIFECYCLE_LOGGER,
+    LOG_FORMATS,
+    configure_logging,
+    escape_controls,
+    flush_then_exit,
+    resolve_log_format,
+)
 from dygo.store.admin import STATES
 from dygo.store.config import (
     ENVIRONMENTS,
@@ -266,15 +276,18 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(env=args.env)
         if args.command == "serve":
             return serve_command(settings, args)
-        if args.command == "schedules":
-            return schedules_command(settings)
-        if args.command == "status":
-            return status_command(settings)
-        if args.command == "jobs":
-            return jobs_command(settings, args)
-        if args.command == "workflows":
-            return workflows_command(settings, args)
-        return worker_command(settings, args)
+        if args.command == "worker":
+            return worker_command(settings, args)
+        with terminal_safe_output():
+            if args.command == "schedules":
+                return schedules_command(settings)
+            if args.command == "status":
+                return status_command(settings)
+            if args.command == "jobs":
+                return jobs_command(settings, args)
+            if args.command == "workflows":
+                return workflows_command(settings, args)
+        raise AssertionError(f"no handler for the command {args.command!r}")
     except ConfigError as exc:
         print(f"dygo: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -294,6 +307,29 @@ def main(argv: list[str] | None = None) -> int:
                 f"dygo {args.command}: a database statement failed: {_without_password(describe(exc))}", file=sys.stderr
             )
         return 1
+
+
+class TerminalSafe(io.TextIOBase):
+    """A text stream that writes every control character but the newline as an escape (\\x1b, \\r, \\u2028)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(text.translate(BLOCK_ESCAPES))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+@contextlib.contextmanager
+def terminal_safe_output() -> Any:
+    """The commands that print what the database holds (kinds, error messages, tracebacks: often end users'
+    data) print it through TerminalSafe, so no escape sequence or carriage return reaches the operator's
+    terminal. A field printed on one line is escaped whole (escape_controls), newlines too."""
+    with contextlib.redirect_stdout(TerminalSafe(sys.stdout)), contextlib.redirect_stderr(TerminalSafe(sys.stderr)):
+        yield
 
 
 def _database_message(exc: Exception) -> str:
@@ -756,10 +792,11 @@ def _show_job(conn: psycopg.Connection, job_id: int) -> int:
         fields.append(("progress", f"{progress['fraction'] * 100:.0f}%{message} (attempt {progress['attempt']})"))
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
-        print(f"{name.ljust(width)}  {value}")
+        print(f"{name.ljust(width)}  {escape_controls(str(value))}")
     for error in job["errors"]:
         at = _utc(datetime.fromisoformat(error["at"])) if error.get("at") else "?"
-        print(f"\nattempt {error['attempt']} failed at {at} on {error.get('worker') or '?'}: {error['error']}")
+        line = f"attempt {error['attempt']} failed at {at} on {error.get('worker') or '?'}: {error['error']}"
+        print(f"\n{escape_controls(line)}")
         if error.get("traceback"):
             print(error["traceback"].rstrip())
     return 0
@@ -842,7 +879,7 @@ def _show_workflow(conn: psycopg.Connection, workflow_id: int) -> int:
         fields.append(("result", json.dumps(shown["result"])))
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
-        print(f"{name.ljust(width)}  {value}")
+        print(f"{name.ljust(width)}  {escape_controls(str(value))}")
     after: dict[str, list[str]] = {}
     for edge in shown["edges"]:
         policy = "" if edge["policy"] == "cancel" else f" ({edge['policy']})"
@@ -874,6 +911,7 @@ def _utc(moment: datetime | None) -> str:
 
 
 def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    rows = [tuple(escape_controls(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

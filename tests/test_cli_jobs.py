@@ -126,3 +126,25 @@ def test_jobs_steps_lists_the_steps_and_retry_from_forgets_from_a_step(conn, db_
     assert missing.returncode == 1 and f"job {job.id} has no recorded step 'b#1'" in missing.stderr
     unknown = dygo(db_url, "jobs", "steps", "987654")
     assert unknown.returncode == 1 and "no job with id 987654" in unknown.stderr
+
+
+def test_the_cli_escapes_control_characters_from_the_database_before_the_terminal_sees_them(conn, db_url):
+    hostile = "boom\x1b[2J\x1b]0;owned\x07\rspoof\u2028\x9b"
+    job = enqueue(conn, "test.noop", {}, queue="other")
+    conn.execute(
+        "UPDATE dygo_jobs SET state = 'dead', last_error = %s, errors = jsonb_build_array(jsonb_build_object("
+        "'attempt', 1, 'at', now(), 'worker', %s::text, 'error', %s::text, 'traceback', %s::text)) WHERE id = %s",
+        (hostile, hostile, hostile, f"Traceback\n  line {hostile}\n", job.id),
+    )
+    outputs = [
+        dygo(db_url, "jobs", "list", "--queue", "other"),
+        dygo(db_url, "jobs", "show", str(job.id)),
+        dygo(db_url, "status"),
+    ]
+    for output in outputs:
+        assert output.returncode == 0, output.stderr
+        for control in ("\x1b", "\x07", "\r", "\u2028", "\x9b"):
+            assert control not in output.stdout + output.stderr
+    shown = outputs[1].stdout
+    assert "boom\\x1b[2J\\x1b]0;owned\\x07\\rspoof\\u2028\\x9b" in shown
+    assert "Traceback\n" in shown  # a traceback keeps its lines
