@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import ipaddress
 import math
+import os
 import re
 import time
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 import psycopg
 from dygo.app.db import down, unavailable_response
 from dygo.app.errors import error_response
+from dygo.app.session import SECRET_ENV
 from dygo.app.throttle import AuthThrottle
 from dygo.store.config import TOKEN_ENV, Settings
 from dygo.store.errors import ConfigError, DatabaseUnavailable
@@ -152,11 +154,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-# Token strength (production refuses weaker): an estimate of the bits an attacker must guess, after
-# taking out what makes a token guessable: a character repeating the one before, a run (abc, 1234,
-# each next character one up or down), a common word (counted as one character), and a substring
-# seen earlier in the token (abcabc).
-MIN_TOKEN_BITS = 64
+# Token strength (production refuses weaker): what a generated token has, at least MIN_TOKEN_LENGTH
+# characters and an estimate of MIN_TOKEN_BITS bits an attacker must guess, after taking out what makes a
+# token guessable: a character repeating the one before, a run (abc, 1234, each next character one up or
+# down), a common word (counted as one character), and a substring seen earlier in the token (abcabc).
+# secrets.token_urlsafe(32) (43 characters) and token_hex(32) always pass, token_hex(16) nearly always (its
+# few symbols make runs common); a name or a phrase a person picks does not.
+MIN_TOKEN_LENGTH = 32
+MIN_TOKEN_BITS = 100
 GENERATE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 COMMON_WORDS = (
     "password",
@@ -210,7 +215,16 @@ def token_bits(token: str) -> float:
 
 
 def weak_token(token: str) -> bool:
-    return token_bits(token) < MIN_TOKEN_BITS
+    return len(token) < MIN_TOKEN_LENGTH or token_bits(token) < MIN_TOKEN_BITS
+
+
+def _too_simple(what: str, token: str) -> str:
+    """Why `token` is refused, without the token itself."""
+    return (
+        f"{what} is too short or too simple to be random ({len(token)} characters, about {token_bits(token):.0f} "
+        f"bits; production needs {MIN_TOKEN_LENGTH} characters and {MIN_TOKEN_BITS} bits: no words or phrases, "
+        f"no repeated or running characters like aaaa or 1234); generate one with {GENERATE}"
+    )
 
 
 def check_protection(settings: Settings, host: str | None) -> None:
@@ -222,13 +236,13 @@ def check_protection(settings: Settings, host: str | None) -> None:
     if settings.env == "production":
         for role, token in settings.api_tokens:
             if weak_token(token):  # the token itself is never put in a message
-                raise ConfigError(
-                    "dygo serve",
-                    f"{role} token",
-                    f"a token (from {TOKEN_ENV[role]} or api_tokens in dygo.yml) is too simple to be random "
-                    f"(about {token_bits(token):.0f} bits; production needs {MIN_TOKEN_BITS}: no repeated or "
-                    f"running characters like aaaa or 1234, no words like 'password'); generate one with {GENERATE}",
-                )
+                where = f"a token (from {TOKEN_ENV[role]} or api_tokens in dygo.yml)"
+                raise ConfigError("dygo serve", f"{role} token", _too_simple(where, token))
+        secret = os.environ.get(SECRET_ENV)
+        if secret and weak_token(secret):
+            raise ConfigError(
+                "dygo serve", SECRET_ENV, _too_simple(f"the dashboard's signing key ({SECRET_ENV})", secret)
+            )
     if settings.api_tokens:
         return
     how = f"set {TOKEN_ENV['admin']} (and {TOKEN_ENV['read']} for read-only access), or api_tokens in dygo.yml"

@@ -257,8 +257,9 @@ def wait_until(predicate, timeout: float = 20.0, interval: float = 0.02, message
 
 # --- The admin API: a real `dygo serve` ---------------------------------------------------------
 
-ADMIN_TOKEN = "admin-token-for-tests-0123456789"
-READ_TOKEN = "read-token-for-tests-0123456789"
+# Random, as production requires (app/auth.py weak_token); fixed, so a failing test can be rerun by hand.
+ADMIN_TOKEN = "femxHm06xunaekziRoMSszkIDKyBoc_3LknpKpRDAmo"
+READ_TOKEN = "Z6aBojPGPHC5t_eQTecuhrypZD50Vcehw3fiproYgWU"
 
 
 def free_port() -> int:

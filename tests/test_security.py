@@ -191,6 +191,12 @@ def test_wrong_bearer_tokens_lock_a_client_out_across_serve_processes(serve):
         "0123456789abcdefghij",
         "abcabcabcabcabcabcabcabc",
         "Password123456789",
+        "dygo-admin-token-production",
+        "correcthorsebatterystaple",
+        "Summer2024Summer2024!",
+        "1qaz2wsx3edc4rfv5tgb",
+        "correcthorsebatterystaplecorrecthorse",
+        "abcdefghabcdefghabcdefghabcdefghabcdefgh",
     ],
 )
 def test_production_refuses_a_token_too_simple_to_be_random(spawn, db_url, token):
@@ -202,11 +208,22 @@ def test_production_refuses_a_token_too_simple_to_be_random(spawn, db_url, token
     assert token not in message
 
 
+def test_production_refuses_a_signing_key_too_simple_to_be_random(spawn, db_url):
+    process = spawn("serve", "--env", "production", env=dygo_env(db_url, DYGO_SECRET_KEY="a"))
+    assert process.wait() == 2
+    message = process.stderr()
+    assert "DYGO_SECRET_KEY" in message and "too short or too simple" in message and "token_urlsafe(32)" in message
+
+
 def test_production_accepts_generated_tokens(serve):
     import secrets
 
     api = serve(
-        "--env", "production", DYGO_ADMIN_TOKEN=secrets.token_urlsafe(32), DYGO_READ_TOKEN=secrets.token_hex(16)
+        "--env",
+        "production",
+        DYGO_ADMIN_TOKEN=secrets.token_urlsafe(32),
+        DYGO_READ_TOKEN=secrets.token_hex(32),
+        DYGO_SECRET_KEY=secrets.token_urlsafe(32),
     )
     assert api.anon.get("/healthz").status_code == 200
 
