@@ -62,8 +62,8 @@ def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
         409: "The job's state does not allow this (invalid_transition, idempotency_conflict), or the "
         "Idempotency-Key header and body differ (idempotency_key_mismatch)",
         413: "Request body larger than max_payload_bytes (payload_too_large)",
-        422: "Invalid input (invalid_request, unknown_kind, unknown_queue, invalid_args, invalid_option, "
-        "invalid_duration, invalid_timestamp, batch_too_large, invalid_value)",
+        422: "Invalid input (invalid_request, invalid_kind, unknown_kind, unknown_queue, invalid_args, "
+        "invalid_option, invalid_duration, invalid_timestamp, batch_too_large, invalid_value)",
         503: "Database unreachable or schema not migrated (database_unavailable, not_ready)",
     }
     return {status: {"model": ErrorResponse, "description": meaning[status]} for status in statuses}

@@ -7,18 +7,23 @@ read token is enough) once tokens are configured (see app/auth.py).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 from dygo.app.db import SyncSlot
 from dygo.app.system import WORKER_SEEN_WITHIN
 from dygo.store import admin
-from dygo.store.metrics import snapshot
+from dygo.store.metrics import Snapshot, snapshot
+from dygo.store.registry import registry
+from dygo.store.timings import Histogram
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from dygo.logs import escape_controls
 
 router = APIRouter(tags=["system"])
 
@@ -43,6 +48,47 @@ HISTOGRAMS = {
 }
 
 
+# Kinds reported per scrape at most: every kind has a series per counter and histogram bucket, kept for the
+# stats' whole retention, so a flood of distinct kinds would make each scrape huge. The registered kinds
+# come first, then the others by jobs enqueued; the rest are summed under OTHER_KINDS.
+MAX_METRIC_KINDS = 200
+OTHER_KINDS = "(other)"  # not a kind: no kind can have parentheses
+
+
+def fold_kinds(snap: Snapshot, limit: int = MAX_METRIC_KINDS) -> None:
+    """Keep at most `limit` kinds in the snapshot's per-kind figures; sum the rest under OTHER_KINDS."""
+    enqueued = Counter[str]()
+    for row in snap.totals:
+        enqueued[row["kind"]] += row["enqueued"]
+    for _queue, kind, _measure in snap.timings:
+        enqueued[kind] += 0
+    if len(enqueued) <= limit:
+        return
+    ranked = sorted(enqueued, key=lambda kind: (registry.get(kind) is None, -enqueued[kind], kind))
+    kept = set(ranked[: limit - 1])
+    totals: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in snap.totals:
+        kind = row["kind"] if row["kind"] in kept else OTHER_KINDS
+        into = totals.setdefault((row["queue"], kind), {"queue": row["queue"], "kind": kind})
+        for field in COUNTERS:
+            into[field] = into.get(field, 0) + row[field]
+    snap.totals = list(totals.values())
+    timings: dict[Any, Histogram] = {}
+    for (queue, kind, measure), observed in snap.timings.items():
+        key = (queue, kind if kind in kept else OTHER_KINDS, measure)
+        into_histogram = timings.setdefault(key, Histogram())
+        into_histogram.buckets = [a + b for a, b in zip(into_histogram.buckets, observed.buckets, strict=True)]
+        into_histogram.sum += observed.sum
+        into_histogram.count += observed.count
+    snap.timings = timings
+
+
+def labels(values: list[str]) -> list[str]:
+    """Label values the Prometheus text parser reads back whole: every control character escaped (the
+    client library escapes only the backslash, the double quote and the line feed)."""
+    return [escape_controls(value) for value in values]
+
+
 class DygoCollector(Collector):
     """Reads the database on each collect(); nothing is cached between scrapes."""
 
@@ -52,6 +98,7 @@ class DygoCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.state.db.pool.connection() as conn:
             snap = snapshot(conn, self.state.settings.concurrency, WORKER_SEEN_WITHIN)
+        fold_kinds(snap)
         jobs = GaugeMetricFamily(
             "dygo_jobs",
             "Jobs now in each state (succeeded jobs are counted by dygo_jobs_succeeded_total)",
@@ -60,15 +107,15 @@ class DygoCollector(Collector):
         paused = GaugeMetricFamily("dygo_queue_paused", "1 when the queue is paused", labels=["queue"])
         for queue in snap.queues:
             for state in admin.COUNTED_STATES:
-                jobs.add_metric([queue["name"], state], queue["counts"][state])
-            paused.add_metric([queue["name"]], 1.0 if queue["paused"] else 0.0)
+                jobs.add_metric(labels([queue["name"], state]), queue["counts"][state])
+            paused.add_metric(labels([queue["name"]]), 1.0 if queue["paused"] else 0.0)
         lag = GaugeMetricFamily(
             "dygo_queue_lag_seconds",
             "Seconds since the oldest ready job fell due (0 when none is ready)",
             labels=["queue"],
         )
         for name, seconds in snap.lag.items():
-            lag.add_metric([name], seconds)
+            lag.add_metric(labels([name]), seconds)
         yield from (jobs, lag, paused)
         waits = GaugeMetricFamily(
             "dygo_jobs_waiting",
@@ -77,7 +124,7 @@ class DygoCollector(Collector):
             labels=["queue", "reason"],
         )
         for (queue_name, reason), n in sorted(snap.waiting.items()):
-            waits.add_metric([queue_name, reason], n)
+            waits.add_metric(labels([queue_name, reason]), n)
         yield waits
         for field, help_text in COUNTERS.items():
             counter = CounterMetricFamily(
@@ -86,7 +133,7 @@ class DygoCollector(Collector):
                 labels=["queue", "kind"],
             )
             for row in snap.totals:
-                counter.add_metric([row["queue"], row["kind"]], row[field])
+                counter.add_metric(labels([row["queue"], row["kind"]]), row[field])
             yield counter
         yield GaugeMetricFamily(
             "dygo_workers_live", f"Worker processes seen in the last {WORKER_SEEN_WITHIN:g}s", value=len(snap.workers)
@@ -101,8 +148,8 @@ class DygoCollector(Collector):
         )
         for worker in snap.workers:
             for queue, concurrency in sorted((worker["queues"] or {}).items()):
-                slots.add_metric([worker["id"], queue], concurrency)
-                busy.add_metric([worker["id"], queue], snap.busy.get((worker["id"], queue), 0))
+                slots.add_metric(labels([worker["id"], queue]), concurrency)
+                busy.add_metric(labels([worker["id"], queue]), snap.busy.get((worker["id"], queue), 0))
         yield slots
         yield busy
         limit = GaugeMetricFamily(
@@ -125,18 +172,18 @@ class DygoCollector(Collector):
             # A queue's limit has kind="", a kind's limit queue="".
             target = [use.name, ""] if use.scope == "queue" else ["", use.name]
             if use.concurrency_limit is not None:
-                limit.add_metric([*target, "concurrency"], use.concurrency_limit)
-                in_use.add_metric([*target, "concurrency"], sum(use.in_use.values()))
+                limit.add_metric(labels([*target, "concurrency"]), use.concurrency_limit)
+                in_use.add_metric(labels([*target, "concurrency"]), sum(use.in_use.values()))
             if use.rate_count is not None:
-                limit.add_metric([*target, "rate"], use.rate_count)
-                in_use.add_metric([*target, "rate"], sum(use.started.values()))
-            waiting.add_metric(target, use.waiting)
+                limit.add_metric(labels([*target, "rate"]), use.rate_count)
+                in_use.add_metric(labels([*target, "rate"]), sum(use.started.values()))
+            waiting.add_metric(labels(target), use.waiting)
         yield from (limit, in_use, waiting)
         for measure, (name, help_text) in HISTOGRAMS.items():
             histogram = HistogramMetricFamily(name, help_text, labels=["queue", "kind"])
             for (queue_name, kind, of), observed in snap.timings.items():
                 if of == measure:
-                    histogram.add_metric([queue_name, kind], observed.cumulative(), sum_value=observed.sum)
+                    histogram.add_metric(labels([queue_name, kind]), observed.cumulative(), sum_value=observed.sum)
             yield histogram
 
 

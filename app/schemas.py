@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from dygo.store.config import MAX_CONCURRENCY_LIMIT, MAX_RATE_COUNT, RATE_PATTERN, parse_rate
 from dygo.store.durations import MAX_SECONDS, duration_pattern
 from dygo.store.enqueue import ATTEMPTS_RANGE, MAX_KEY_LENGTH, PRIORITY_RANGE
+from dygo.store.registry import KIND_PATTERN, MAX_KIND_LENGTH
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -92,6 +93,18 @@ WholeNumber = Annotated[StrictInt, BeforeValidator(_whole_number)]
 Timestamp = Annotated[datetime, BeforeValidator(_timestamp_text)]
 
 
+# Every kind, registered or not, is a dotted name: a metrics label, a log field and a dashboard heading.
+JobKind = Annotated[
+    str,
+    Field(
+        pattern=KIND_PATTERN.pattern,
+        max_length=MAX_KIND_LENGTH,
+        description="A job kind, a dotted name like 'email.send'. A kind not registered in this service needs an "
+        "explicit queue",
+    ),
+]
+
+
 class JobOptions(BaseModel):
     """Where, when and how a job runs: what an enqueue and a workflow's node may say besides the kind and args."""
 
@@ -140,9 +153,7 @@ class EnqueueOptions(JobOptions):
 class EnqueueRequest(EnqueueOptions):
     """One job. The per-kind variants in this document show each registered kind's args."""
 
-    kind: str = Field(
-        description="A job kind, e.g. 'email.send'. A kind not registered in this service needs an explicit queue"
-    )
+    kind: JobKind
     args: dict[str, Any] = Field(default_factory=dict, description="Validated against the kind's args model")
 
 

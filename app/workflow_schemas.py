@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from dygo.app.schemas import JobOptions
+from dygo.app.schemas import JobKind, JobOptions
 from dygo.store.enqueue import MAX_KEY_LENGTH
 from dygo.store.workflows import MAX_NAME_LENGTH, NODE_NAME
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
@@ -45,7 +45,7 @@ class WorkflowNodeRequest(JobOptions):
     released together and ended together. The job options apply to each of its jobs."""
 
     name: NodeName
-    kind: str = Field(description="A job kind; a kind not registered in this service needs an explicit queue")
+    kind: JobKind
     args: dict[str, Any] | None = Field(None, description="The job's args (not with map); validated like an enqueue's")
     map: list[dict[str, Any]] | None = Field(
         None, description="A group node: one job per element, each element that job's args (not with args)"
@@ -84,7 +84,7 @@ class WorkflowRequest(BaseModel):
 class Callback(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: str
+    kind: JobKind
     args: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -93,7 +93,7 @@ class WorkflowBatchRequest(JobOptions):
     one job fired once when the batch's jobs have all ended."""
 
     name: WorkflowName
-    kind: str = Field(description="A job kind; a kind not registered in this service needs an explicit queue")
+    kind: JobKind
     args: list[dict[str, Any]] = Field(default_factory=list, description="One job per element: its args")
     on_success: Callback | None = Field(None, description="Runs if the batch succeeded; else skipped")
     on_complete: Callback | None = Field(None, description="Runs whatever happened")
@@ -114,7 +114,7 @@ class WorkflowBatchRequest(JobOptions):
 class BatchJobsRequest(JobOptions):
     """More jobs for an open batch: one job of `kind` per element of `args`."""
 
-    kind: str = Field(description="A job kind; a kind not registered in this service needs an explicit queue")
+    kind: JobKind
     args: list[dict[str, Any]] = Field(min_length=1, description="One job per element: its args")
 
 

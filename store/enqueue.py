@@ -23,7 +23,7 @@ from dygo.store.config import KEBAB_CASE
 from dygo.store.db import one
 from dygo.store.durations import parse_duration
 from dygo.store.errors import EnqueueConflict, EnqueueError
-from dygo.store.registry import Registry, registry
+from dygo.store.registry import KIND_PATTERN, MAX_KIND_LENGTH, Registry, registry
 from dygo.store.sql import enqueue as sql
 
 PRIORITY_RANGE = (-1000, 1000)
@@ -96,10 +96,10 @@ def prepare(request: JobRequest, jobs: Registry = registry, trace: Mapping[str, 
     else:
         args = definition.validate_args(request.args)
         queue = queue or definition.queue_name
-    # A registered kind matches KIND_PATTERN: only other kinds can hold a character PostgreSQL cannot store
-    # (checked per job, so a batch of known kinds skips the search).
-    if definition is None and UNSTORABLE.search(request.kind):
-        _refuse_unstorable("kind", request.kind)
+    # A registered kind matches KIND_PATTERN already; another must too (checked per job, so a batch of known
+    # kinds skips the match): a kind is a metrics label, a log field and a dashboard heading.
+    if definition is None:
+        _check_kind(request.kind)
     _check_queue(queue, jobs)
     args_json = _dump("args", args)
 
@@ -231,6 +231,18 @@ def _dump(name: str, value: Any) -> str:
     if "\\u0000" in text or "\\ud" in text:
         _refuse_unstorable(name, value)
     return text
+
+
+def _check_kind(kind: Any) -> None:
+    if not isinstance(kind, str) or len(kind) > MAX_KIND_LENGTH or not KIND_PATTERN.match(kind):
+        shown = (
+            repr(kind) if not isinstance(kind, str) or len(kind) <= 60 else f"{kind[:60]!r}... ({len(kind)} characters)"
+        )
+        raise EnqueueError(
+            "invalid_kind",
+            f"kind {shown} must be a dotted name like 'email.send' (letters, digits and '_', parts joined by "
+            f"'.' or '-') of at most {MAX_KIND_LENGTH} characters",
+        )
 
 
 def _refuse_unstorable(name: str, value: Any) -> None:

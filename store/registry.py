@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from dygo.store.workflows import Dep, NodeOf
 
 KIND_PATTERN = re.compile(r"^[A-Za-z0-9_]+(?:[.\-][A-Za-z0-9_]+)*$")
+# A kind is a label of metrics, logs and the dashboard, kept for the stats' whole retention: a short name.
+MAX_KIND_LENGTH = 200
 DEFAULT_QUEUE = "default"
 MAX_PROGRESS_MESSAGE = 1000  # characters kept of a progress message
 
@@ -309,8 +311,12 @@ def job(
 
     def decorate(handler: Handler) -> Handler:
         source = getattr(handler, "__module__", "?")
-        if not isinstance(kind, str) or not KIND_PATTERN.match(kind):
-            raise ConfigError(source, f"job {kind!r}", "kind must be a dotted name like 'email.send'")
+        if not isinstance(kind, str) or not KIND_PATTERN.match(kind) or len(kind) > MAX_KIND_LENGTH:
+            raise ConfigError(
+                source,
+                f"job {kind!r}",
+                f"kind must be a dotted name like 'email.send' of at most {MAX_KIND_LENGTH} characters",
+            )
         if queue is not None and not isinstance(queue, str):
             raise ConfigError(source, f"job {kind!r}", "queue must be a queue name")
         if max_attempts is not None and (isinstance(max_attempts, bool) or max_attempts < 1):

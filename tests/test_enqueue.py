@@ -328,7 +328,7 @@ def test_a_batchs_rows_are_written_with_the_bytes_json_dumps_gives_them():
                 "test.noop", {}, run_at=datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))) + timedelta(days=1)
             )
         ),
-        prepare(JobRequest(awkward, {"a": None, "b": True, "c": False}, queue="default")),  # an unregistered kind
+        prepare(JobRequest("not.registered-kind_1", {"a": None, "b": True, "c": False}, queue="default")),
     ]
     built = [
         _row(delay=31622400.0),  # a year, the longest

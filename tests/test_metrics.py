@@ -198,3 +198,54 @@ def test_waiting_jobs_are_counted_by_what_they_wait_for(api, conn):
         (("queue", "default"), ("reason", "workflow")): 1,
         (("queue", "default"), ("reason", "sleep")): 1,
     }
+
+
+def test_a_flood_of_kinds_is_folded_so_a_scrape_stays_small(api, conn):
+    # Rows an older version let in (any kind was accepted with an explicit queue): 300 kinds, and one
+    # registered kind with fewer jobs than any of them, which is kept all the same.
+    conn.execute(
+        "INSERT INTO dygo_daily_stats (day, queue, kind, enqueued, succeeded, failed, dead, reaped) "
+        "SELECT (now() AT TIME ZONE 'UTC')::date - 1, 'default', 'flood.k' || i, 10 + i, 1, 0, 0, 0 "
+        "FROM generate_series(1, 300) AS i"
+    )
+    conn.execute(
+        "INSERT INTO dygo_daily_stats (day, queue, kind, enqueued, succeeded, failed, dead, reaped) "
+        "VALUES ((now() AT TIME ZONE 'UTC')::date - 1, 'default', 'test.noop', 1, 1, 0, 0, 0)"
+    )
+    samples = scrape(api.reader)
+    enqueued = {dict(labels)["kind"]: v for (name, labels), v in samples.items() if name == "dygo_jobs_enqueued_total"}
+    assert len(enqueued) == 200
+    assert enqueued["test.noop"] == 1
+    assert enqueued["flood.k300"] == 310  # the busiest kinds are kept
+    assert "flood.k1" not in enqueued
+    assert sum(enqueued.values()) == 1 + sum(10 + i for i in range(1, 301))  # nothing lost: the rest is (other)
+    assert enqueued["(other)"] == sum(10 + i for i in range(1, 300 - 198 + 1))
+
+
+def test_label_values_with_control_characters_parse_back_whole(api, conn):
+    hostile = "evil\r\x1b[2J\x85\u2028kind"  # stats of a kind an older version accepted
+    conn.execute(
+        "INSERT INTO dygo_daily_stats (day, queue, kind, enqueued, succeeded, failed, dead, reaped) "
+        "VALUES ((now() AT TIME ZONE 'UTC')::date - 1, 'default', %s, 7, 0, 0, 0, 0)",
+        (hostile,),
+    )
+    samples = scrape(api.reader)  # the parser reads every line, and the value comes back escaped
+    escaped = "evil\\r\\x1b[2J\\x85\\u2028kind"
+    assert value(samples, "dygo_jobs_enqueued_total", queue="default", kind=escaped) == 7
+
+
+def test_a_kind_must_be_a_short_dotted_name_whether_registered_or_not(api, conn):
+    import pytest
+    from dygo.store import EnqueueError
+
+    long_kind = "k" * 100_000
+    for bad in (long_kind, "has space", "a\x1bb", "dots..twice", "x" * 201):
+        response = api.admin.post("/api/v1/jobs", json={"kind": bad, "queue": "default", "args": {}})
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["code"] == "invalid_request" and error["details"][0]["loc"] == ["body", "kind"]
+        with pytest.raises(EnqueueError) as refused:
+            enqueue(conn, bad, {}, queue="default")
+        assert refused.value.code == "invalid_kind" and "dotted name" in str(refused.value)
+        assert len(str(refused.value)) < 400  # a huge kind is not echoed whole
+    assert api.admin.post("/api/v1/jobs", json={"kind": "x" * 200, "queue": "default"}).status_code == 201
