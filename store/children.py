@@ -23,14 +23,12 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import psycopg
 from dygo.store.enqueue import JobRequest, prepare, rows_json
 from dygo.store.errors import ChildFailed, EnqueueError, StepError, Suspended
 from dygo.store.leases import Wait
 from dygo.store.registry import Registry, registry
 from dygo.store.sql import children as sql
 from dygo.store.steps import Steps
-from psycopg.rows import dict_row
 
 MAX_CHILDREN = 100_000  # jobs one `ctx.map` may start
 # Options a child cannot take: the step runs its children once, so an idempotency key has nothing to add.
@@ -135,12 +133,3 @@ def map_sync(
     steps._not_on_loop("map_sync", "await ctx.map(...)")
     results: list[Any] = steps._on_loop(map_jobs(steps, name, kind, members, options))
     return results
-
-
-# --- an operator's view (the job page) -------------------------------------------------------------------
-
-
-def children_wait(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any] | None:
-    """The call or map the job waits on (key, op, children, children_left, recorded_at), or None."""
-    with conn.cursor(row_factory=dict_row) as cursor:
-        return cursor.execute(sql.CHILDREN_WAIT, {"job_id": job_id}).fetchone()

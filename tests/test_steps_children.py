@@ -19,6 +19,7 @@ from dygo.store.steps import StepLease, StepRules, Steps
 
 from tests.claiming import claim
 from tests.conftest import wait_until
+from tests.test_retention import KEEP_A_DAY, add_job, run_trim
 from tests.test_steps import effects, kill, started_worker, steps_of
 from tests.test_worker import job_row, wait_for_state
 
@@ -278,3 +279,45 @@ def test_a_parent_whose_step_ended_while_it_ran_again_is_pending_after_its_settl
         "call",
         "failed",
     )
+
+
+def test_retention_keeps_the_succeeded_children_of_a_step_still_waiting(conn, db_url):
+    parent = add_job(conn, "waiting", 3)
+    conn.execute(
+        "INSERT INTO dygo_steps (job_id, key, op, seq, attempt, duration, state, children, children_left) "
+        "VALUES (%s, 'many#1', 'map', 1, 1, 0, 'waiting', 2, 1)",
+        (parent,),
+    )
+    child = add_job(conn, "succeeded", 3)
+    conn.execute(
+        "UPDATE dygo_jobs SET parent_id = %s, parent_step = 'many#1', parent_index = 0 WHERE id = %s", (parent, child)
+    )
+    assert run_trim(db_url, KEEP_A_DAY).succeeded == 0
+    conn.execute("UPDATE dygo_steps SET state = 'done' WHERE job_id = %s", (parent,))
+    assert run_trim(db_url, KEEP_A_DAY).succeeded == 1
+
+
+def test_the_api_lists_a_parent_s_children_and_shows_a_child_s_parent_and_the_wait(api, conn, spawn):
+    parent = enqueue(conn, "test.parent_map", {"xs": [1, 2, 3]})
+    other = enqueue(conn, "test.parent_map", {"xs": [4]})
+    assert spawn("worker", "--once").wait() == 0
+    assert job_row(conn, parent.id)["state"] == "waiting"
+    listed = api.reader.get("/api/v1/jobs", params={"parent_id": parent.id, "order": "oldest"})
+    assert listed.status_code == 200, listed.text
+    children = listed.json()["jobs"]
+    assert [c["kind"] for c in children] == ["test.child_maybe"] * 3
+    assert [c["args"] for c in children] == [{"x": 1}, {"x": 2}, {"x": 3}]
+    assert api.reader.get("/api/v1/jobs", params={"parent_id": other.id}).json()["jobs"][0]["args"] == {"x": 4}
+
+    child = api.reader.get(f"/api/v1/jobs/{children[2]['id']}").json()
+    assert (child["parent_id"], child["parent_step"], child["parent_index"]) == (parent.id, "items#1", 2)
+    assert api.reader.get(f"/api/v1/jobs/{parent.id}").json()["parent_id"] is None
+    [step] = api.reader.get(f"/api/v1/jobs/{parent.id}/steps").json()["steps"]
+    assert (step["key"], step["op"], step["state"], step["children"], step["children_left"]) == (
+        "items#1",
+        "map",
+        "waiting",
+        3,
+        3,
+    )
+    assert api.reader.get("/api/v1/jobs", params={"parent_id": 0}).status_code == 422

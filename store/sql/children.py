@@ -1,6 +1,6 @@
 """Child jobs (`ctx.call`, `ctx.map`): what a parent's settle writes when it starts or renews a wait on its
-children, and the reads of the API and the dashboard (store/children.py runs them; migration 0018's
-dygo_children_ended counts the children and wakes the parent).
+children (store/children.py builds them; migration 0018's dygo_children_ended counts the children and wakes
+the parent).
 
 The settle that moves the parent to waiting runs RECORD_CHILDREN after its own update, in its transaction
 (store/leases.py Wait): the xmin fence lets only a parent row that transaction settled record anything, so
@@ -35,9 +35,3 @@ WAIT_AGAIN = """
 UPDATE dygo_jobs SET state = 'pending', run_at = now()
 WHERE id = %(job)s AND state = 'waiting' AND xmin = pg_current_xact_id()::xid
   AND NOT EXISTS (SELECT FROM dygo_steps WHERE job_id = %(job)s AND key = %(key)s AND state = 'waiting')"""
-
-# The step a waiting parent waits on, for its job page: the latest call or map still waiting.
-CHILDREN_WAIT = """
-SELECT key, op, children, children_left, recorded_at FROM dygo_steps
-WHERE job_id = %(job_id)s AND op IN ('call', 'map') AND state = 'waiting'
-ORDER BY seq DESC LIMIT 1"""
