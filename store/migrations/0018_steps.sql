@@ -188,29 +188,37 @@ END
 $$;
 
 -- 0017's delete trigger, and a child deleted before it ended counts as one that did not succeed: its parent
--- is not stranded, and learns it failed.
+-- is not stranded, and learns it failed. One read of the OLD rows learns which part has work: a delete of
+-- ended jobs (retention's) reads them once, as before.
 CREATE OR REPLACE FUNCTION dygo_jobs_removed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
+    any_node boolean; any_child boolean;
     removed_nodes bigint[]; removed integer[];
     c_parents bigint[]; c_keys text[]; c_ended integer[];
 BEGIN
-    SELECT array_agg(node_id ORDER BY node_id), array_agg(n ORDER BY node_id) INTO removed_nodes, removed
-    FROM (SELECT node_id, count(*)::integer AS n FROM old_rows
-          WHERE node_id IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped')
-          GROUP BY node_id) AS d;
+    SELECT bool_or(node_id IS NOT NULL), bool_or(parent_id IS NOT NULL) INTO any_node, any_child
+    FROM old_rows WHERE state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped');
+    IF any_node THEN
+        SELECT array_agg(node_id ORDER BY node_id), array_agg(n ORDER BY node_id) INTO removed_nodes, removed
+        FROM (SELECT node_id, count(*)::integer AS n FROM old_rows
+              WHERE node_id IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped')
+              GROUP BY node_id) AS d;
+    END IF;
     IF removed_nodes IS NOT NULL THEN
         PERFORM dygo_tally(removed_nodes, array_fill(0, ARRAY[cardinality(removed_nodes)]),
                            array_fill(0, ARRAY[cardinality(removed_nodes)]), removed,
                            array_fill(0, ARRAY[cardinality(removed_nodes)]),
                            array_fill(NULL::jsonb, ARRAY[cardinality(removed_nodes)]));
     END IF;
-    SELECT array_agg(parent_id ORDER BY parent_id, parent_step), array_agg(parent_step ORDER BY parent_id, parent_step),
-           array_agg(n ORDER BY parent_id, parent_step)
-    INTO c_parents, c_keys, c_ended
-    FROM (SELECT parent_id, parent_step, count(*)::integer AS n FROM old_rows
-          WHERE parent_id IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped')
-          GROUP BY parent_id, parent_step) AS d;
+    IF any_child THEN
+        SELECT array_agg(parent_id ORDER BY parent_id, parent_step),
+               array_agg(parent_step ORDER BY parent_id, parent_step), array_agg(n ORDER BY parent_id, parent_step)
+        INTO c_parents, c_keys, c_ended
+        FROM (SELECT parent_id, parent_step, count(*)::integer AS n FROM old_rows
+              WHERE parent_id IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped')
+              GROUP BY parent_id, parent_step) AS d;
+    END IF;
     IF c_parents IS NOT NULL THEN
         PERFORM dygo_children_ended(c_parents, c_keys, c_ended);
     END IF;
