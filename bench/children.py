@@ -10,6 +10,8 @@ default 60 s poll: wake-ups come from notifications) runs:
   no-op child. Round trip = the resumed parent's start (started_at, set at its claim) - the commit of its
   suspend (the call's step row, recorded_at = now() of the settle that enqueued the child). Also its parts:
   the child's start after that commit, and the parent's start after the child's end (finished_at).
+- plain: the reference, the largest `--maps` size of no-op jobs enqueued in one statement, without a parent:
+  jobs/s = jobs / (last end - the enqueue's commit).
 - map: one parent of `bench.parent_map` per `--maps` size, mapping that many no-op children. Resume = the
   parent's resumed start - the commit of its suspend; children/s = children / (last child's end - the
   suspend's commit); `fan-in` = the resumed start - the last child's end (the count, the step's result made
@@ -88,6 +90,31 @@ def main() -> int:
             calls = []
             for _ in range(args.calls):
                 calls.append(finished(conn, worker, enqueue(conn, "bench.parent_call", "{}"), 30))
+            n = max(args.maps, default=0)
+            plain = None
+            if n:
+                conn.execute(
+                    "INSERT INTO dygo_jobs (kind, queue, args) "
+                    "SELECT 'bench.child', 'default', jsonb_build_object('i', i) FROM generate_series(1, %s) AS i",
+                    (n,),
+                )
+                wait_until(
+                    lambda: (
+                        conn.execute(
+                            "SELECT count(*) FROM dygo_jobs WHERE kind = 'bench.child' AND parent_id IS NULL "
+                            "AND state = 'succeeded'"
+                        ).fetchone()[0]
+                        >= n
+                    ),
+                    600,
+                    "the plain jobs",
+                )
+                row = conn.execute(
+                    "SELECT extract(epoch FROM max(finished_at) - min(enqueued_at)) FROM dygo_jobs "
+                    "WHERE kind = 'bench.child' AND parent_id IS NULL"
+                ).fetchone()
+                assert row is not None
+                plain = (n, n / float(row[0]))
             maps = []
             for n in args.maps:
                 row = finished(conn, worker, enqueue(conn, "bench.parent_map", f'{{"n": {n}}}'), 600)
@@ -100,6 +127,8 @@ def main() -> int:
         ordered = sorted(float(c[index]) for c in calls)
         p50, p95 = percentile(ordered, 50), percentile(ordered, 95)
         print(f"  {what:>14}: p50 {p50:.1f}, p95 {p95:.1f}, max {ordered[-1]:.1f}")
+    if plain is not None:
+        print(f"plain: {plain[0]} no-op jobs in one statement, no parent: {plain[1]:,.0f} jobs/s")
     for n, (resume, start, fan_in, span, *_) in maps:
         print(
             f"map of {n}: resume {float(resume):.0f} ms after the suspend; first child {float(start):.0f} ms; "

@@ -179,23 +179,19 @@ CREATE FUNCTION public.dygo_children_ended(p_parents bigint[], p_keys text[], p_
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_parents bigint[]; v_keys text[];
+    v_parents bigint[] := '{}'; v_keys text[] := '{}'; v_left integer;
 BEGIN
-    WITH d AS (
-        SELECT * FROM unnest(p_parents, p_keys, p_ended) AS d(job_id, key, n)
-    ), locked AS MATERIALIZED (
-        SELECT s.job_id, s.key FROM dygo_steps s JOIN d ON s.job_id = d.job_id AND s.key = d.key
-        WHERE s.state = 'waiting'
-        ORDER BY s.job_id, s.key FOR NO KEY UPDATE OF s
-    ), counted AS (
-        UPDATE dygo_steps s SET children_left = s.children_left - d.n
-        FROM d WHERE s.job_id = d.job_id AND s.key = d.key AND s.state = 'waiting'
-          AND (s.job_id, s.key) IN (SELECT job_id, key FROM locked)
-        RETURNING s.job_id, s.key, s.children_left
-    )
-    SELECT array_agg(job_id ORDER BY job_id, key), array_agg(key ORDER BY job_id, key) INTO v_parents, v_keys
-    FROM counted WHERE children_left <= 0;
-    IF v_parents IS NULL THEN
+    -- One short update per step, in the callers' (job, key) order: each locks one row, always in that order.
+    FOR i IN 1 .. cardinality(p_parents) LOOP
+        UPDATE dygo_steps SET children_left = children_left - p_ended[i]
+        WHERE job_id = p_parents[i] AND key = p_keys[i] AND state = 'waiting'
+        RETURNING children_left INTO v_left;
+        IF v_left <= 0 THEN
+            v_parents := v_parents || p_parents[i];
+            v_keys := v_keys || p_keys[i];
+        END IF;
+    END LOOP;
+    IF cardinality(v_parents) = 0 THEN
         RETURN;
     END IF;
     -- A later statement: its snapshot sees every child whose end was counted before this one (each held the
@@ -376,23 +372,22 @@ BEGIN
         END IF;
     END IF;
     -- Children, after the workflows: a settle's workflow rows, nodes and jobs come before step rows and parents.
+    -- Per step, the children ended in NEW less those ended in OLD: no join of the two (a child's parent and
+    -- step never change), so one plan serves every statement, however many rows it has.
     IF any_child THEN
-        EXECUTE $query$
-            SELECT array_agg(parent_id ORDER BY parent_id, parent_step), array_agg(parent_step ORDER BY parent_id, parent_step),
-                   array_agg(n ORDER BY parent_id, parent_step)
-            FROM (
-                SELECT n.parent_id, n.parent_step,
-                    (count(*) FILTER (WHERE n.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
-                     - count(*) FILTER (WHERE o.state IN ('succeeded', 'dead', 'cancelled', 'skipped')))::integer AS n
-                FROM new_rows n JOIN old_rows o USING (id)
-                WHERE n.parent_id IS NOT NULL
-                  AND (o.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
-                      <> (n.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
-                GROUP BY n.parent_id, n.parent_step
-            ) AS d
-            WHERE n <> 0
-        $query$
-        INTO c_parents, c_keys, c_ended;
+        SELECT array_agg(parent_id ORDER BY parent_id, parent_step),
+               array_agg(parent_step ORDER BY parent_id, parent_step), array_agg(n ORDER BY parent_id, parent_step)
+        INTO c_parents, c_keys, c_ended
+        FROM (
+            SELECT parent_id, parent_step, sum(d)::integer AS n
+            FROM (SELECT parent_id, parent_step, 1 AS d FROM new_rows
+                  WHERE parent_id IS NOT NULL AND state IN ('succeeded', 'dead', 'cancelled', 'skipped')
+                  UNION ALL
+                  SELECT parent_id, parent_step, -1 FROM old_rows
+                  WHERE parent_id IS NOT NULL AND state IN ('succeeded', 'dead', 'cancelled', 'skipped')) AS m
+            GROUP BY parent_id, parent_step
+            HAVING sum(d) <> 0
+        ) AS d;
         IF c_parents IS NOT NULL THEN
             PERFORM dygo_children_ended(c_parents, c_keys, c_ended);
         END IF;

@@ -288,9 +288,11 @@ def test_retention_keeps_the_succeeded_children_of_a_step_still_waiting(conn, db
         "VALUES (%s, 'many#1', 'map', 1, 1, 0, 'waiting', 2, 1)",
         (parent,),
     )
-    child = add_job(conn, "succeeded", 3)
     conn.execute(
-        "UPDATE dygo_jobs SET parent_id = %s, parent_step = 'many#1', parent_index = 0 WHERE id = %s", (parent, child)
+        "INSERT INTO dygo_jobs (kind, queue, state, enqueued_at, finished_at, parent_id, parent_step, parent_index) "
+        "VALUES ('test.child_double', 'default', 'succeeded', now() - interval '3 days', now() - interval '3 days', "
+        "%s, 'many#1', 0)",
+        (parent,),
     )
     assert run_trim(db_url, KEEP_A_DAY).succeeded == 0
     conn.execute("UPDATE dygo_steps SET state = 'done' WHERE job_id = %s", (parent,))
