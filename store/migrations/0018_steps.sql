@@ -43,8 +43,8 @@ ALTER TABLE dygo_steps ADD COLUMN children integer, ADD COLUMN children_left int
 
 -- Counts children that entered an ended state (`p_ended` > 0) or left one (< 0: an operator's retry) on
 -- their parents' steps: one update of each step's row per statement, not one per child, steps locked in
--- (job, key) order; a step already done or failed is left as it is (its parent was told; a child retried later changes
--- nothing for it). A step whose last child ended is done, or failed when any child did not succeed, with
+-- (job, key) order; a step already done or failed is left as it is (its parent was told: a child retried
+-- later changes nothing for it). A step whose last child ended is done, or failed when any child did not succeed, with
 -- its result made once from the children's rows (a call: the child's result; a map: the results in input
 -- order; failed: {"failed": [...], "results": [...]}), so the parent's replay never reads them. Its parent,
 -- if waiting, is pending again (the update's trigger wakes a worker). Lock order: the children's rows (the
