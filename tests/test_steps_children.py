@@ -19,6 +19,7 @@ from dygo.store.steps import StepLease, StepRules, Steps
 
 from tests.claiming import claim
 from tests.conftest import wait_until
+from tests.test_cli_jobs import dygo
 from tests.test_retention import KEEP_A_DAY, add_job, run_trim
 from tests.test_steps import effects, kill, started_worker, steps_of
 from tests.test_worker import job_row, wait_for_state
@@ -323,3 +324,12 @@ def test_the_api_lists_a_parent_s_children_and_shows_a_child_s_parent_and_the_wa
         3,
     )
     assert api.reader.get("/api/v1/jobs", params={"parent_id": 0}).status_code == 422
+
+
+def test_dygo_jobs_list_shows_a_parent_s_children(conn, db_url, spawn):
+    parent = enqueue(conn, "test.parent_map", {"xs": [7, 8]})
+    assert spawn("worker", "--once").wait() == 0
+    listed = dygo(db_url, "jobs", "list", "--parent", str(parent.id), "--oldest")
+    assert listed.returncode == 0, listed.stderr
+    ids = [int(line.split()[0]) for line in listed.stdout.splitlines()[1:]]
+    assert ids == [c["id"] for c in children_of(conn, parent.id)] and len(ids) == 2
