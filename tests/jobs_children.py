@@ -52,7 +52,7 @@ async def parent_map(ctx: JobContext, args: dict) -> dict:
     """Maps test.child_maybe over `xs`; returns the results (or, when a child failed, what ChildFailed says)."""
     await asyncio.to_thread(effect, ctx, "run")
     try:
-        results = await ctx.map("items", "test.child_maybe", [{"x": x} for x in args["xs"]])
+        results = await ctx.map("items", "test.child_maybe", [{"x": x} for x in args["xs"]], **args.get("options", {}))
     except ChildFailed as failed:
         return {"failed": failed.failures, "results": failed.results, "message": str(failed)}
     empty = await ctx.map("none", "test.child_maybe", [])
@@ -87,3 +87,16 @@ async def parent_holds_first_run(ctx: JobContext, args: dict) -> int:
     if await asyncio.to_thread(effect, ctx, "run") == 1:
         await asyncio.sleep(1.5)
     return await ctx.call("double", "test.child_double", {"x": 4})
+
+
+@job("test.parent_nested", max_attempts=1)
+async def parent_nested(ctx: JobContext, args: dict) -> list:
+    """A call of a job that itself calls test.child_double: a grandchild."""
+    await asyncio.to_thread(effect, ctx, "run")
+    return await ctx.call("middle", "test.child_calls", {"x": args["x"]})
+
+
+@job("test.child_calls", max_attempts=1)
+async def child_calls(ctx: JobContext, args: dict) -> list:
+    doubled = await ctx.call("inner", child_double, {"x": args["x"]})
+    return [ctx.id, doubled]

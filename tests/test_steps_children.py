@@ -333,3 +333,54 @@ def test_dygo_jobs_list_shows_a_parent_s_children(conn, db_url, spawn):
     assert listed.returncode == 0, listed.stderr
     ids = [int(line.split()[0]) for line in listed.stdout.splitlines()[1:]]
     assert ids == [c["id"] for c in children_of(conn, parent.id)] and len(ids) == 2
+
+
+def test_a_child_can_call_a_child_of_its_own(conn, spawn):
+    parent = enqueue(conn, "test.parent_nested", {"x": 3})
+    started_worker(spawn)
+    row = wait_for_state(conn, parent.id, "succeeded", "dead")
+    [middle] = children_of(conn, parent.id)
+    [inner] = children_of(conn, middle["id"])
+    assert row["result"] == [middle["id"], 6]
+    assert (middle["state"], inner["state"], inner["result"]) == ("succeeded", "succeeded", 6)
+    assert effects(conn, parent.id) == {"run": 2}
+
+
+def test_children_settled_by_several_workers_at_once_wake_their_parent_once(conn, spawn):
+    xs = list(range(300))
+    parents = [enqueue(conn, "test.parent_map", {"xs": xs}) for _ in range(3)]
+    workers = [started_worker(spawn) for _ in range(3)]
+    for parent in parents:
+        row = wait_for_state(conn, parent.id, "succeeded", "dead", timeout=60)
+        assert row["result"]["results"] == [x * 2 for x in xs]
+        assert effects(conn, parent.id) == {"run": 2}
+    assert not any("deadlock" in worker.stderr() for worker in workers)
+
+
+def test_a_child_retried_while_its_parent_waits_counts_again_and_after_it_was_told_changes_nothing(conn, spawn):
+    parent = enqueue(conn, "test.parent_map", {"xs": [-1, -2], "options": {"delay": "1h"}})
+    started_worker(spawn)
+    wait_for_state(conn, parent.id, "waiting")
+    first, second = children_of(conn, parent.id)
+
+    def left() -> int:
+        return conn.execute("SELECT children_left FROM dygo_steps WHERE job_id = %s", (parent.id,)).fetchone()[0]
+
+    act_on_job(conn, "run-now", first["id"])
+    wait_for_state(conn, first["id"], "dead")
+    assert left() == 1
+    act_on_job(conn, "retry", first["id"])  # out of an ended state: counted back
+    assert left() == 2
+    wait_for_state(conn, first["id"], "dead")
+    assert left() == 1 and job_row(conn, parent.id)["state"] == "waiting"
+    act_on_job(conn, "run-now", second["id"])
+    row = wait_for_state(conn, parent.id, "succeeded", "dead")
+    assert [f["index"] for f in row["result"]["failed"]] == [0, 1]
+
+    act_on_job(conn, "retry", second["id"])  # the parent was told: nothing changes for it
+    wait_for_state(conn, second["id"], "dead")
+    assert conn.execute("SELECT state, children_left FROM dygo_steps WHERE job_id = %s", (parent.id,)).fetchone() == (
+        "failed",
+        0,
+    )
+    assert effects(conn, parent.id) == {"run": 2}
