@@ -100,3 +100,17 @@ async def parent_nested(ctx: JobContext, args: dict) -> list:
 async def child_calls(ctx: JobContext, args: dict) -> list:
     doubled = await ctx.call("inner", child_double, {"x": args["x"]})
     return [ctx.id, doubled]
+
+
+@job("test.child_slow", max_attempts=3)
+async def child_slow(ctx: JobContext, args: dict) -> int:
+    """Notes its run, then takes `seconds` (a test kills its worker meanwhile)."""
+    await asyncio.to_thread(effect, ctx, "child")
+    await asyncio.sleep(args["seconds"])
+    return int(args["x"])
+
+
+@job("test.parent_map_slow", max_attempts=1)
+async def parent_map_slow(ctx: JobContext, args: dict) -> list:
+    await asyncio.to_thread(effect, ctx, "run")
+    return await ctx.map("slow", child_slow, [{"x": x, "seconds": args["seconds"]} for x in range(args["n"])])

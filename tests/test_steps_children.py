@@ -384,3 +384,26 @@ def test_a_child_retried_while_its_parent_waits_counts_again_and_after_it_was_to
         0,
     )
     assert effects(conn, parent.id) == {"run": 2}
+
+
+def test_children_of_a_killed_worker_are_recovered_and_their_parent_wakes_once_with_every_result(conn, spawn):
+    parent = enqueue(conn, "test.parent_map_slow", {"n": 12, "seconds": 1.0})
+    doomed = started_worker(spawn)
+    wait_until(
+        lambda: (
+            conn.execute(
+                "SELECT count(*) FROM dygo_jobs WHERE parent_id = %s AND state = 'active'", (parent.id,)
+            ).fetchone()[0]
+            >= 4
+        ),
+        message="children running on the first worker",
+    )
+    kill(doomed)
+    started_worker(spawn)
+    row = wait_for_state(conn, parent.id, "succeeded", "dead", timeout=60)
+    assert row["result"] == list(range(12))
+    assert effects(conn, parent.id) == {"run": 2}
+    children = children_of(conn, parent.id)
+    assert len(children) == 12 and {c["state"] for c in children} == {"succeeded"}
+    reaped = conn.execute("SELECT count(*) FROM dygo_jobs WHERE parent_id = %s AND reap_count > 0", (parent.id,))
+    assert reaped.fetchone()[0] >= 1
