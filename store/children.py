@@ -84,7 +84,7 @@ async def run_children(
             raise ChildFailed(key, told.get("failed") or [], told.get("results") or [])
         if recorded.state == "waiting":
             params = {"job": steps.lease.job_id, "key": key}
-            reason = _reason(op, len(members))
+            reason = _reason(len(members))
             lock_key = f"step {steps.lease.job_id:020d} {key}"
             raise Suspended(key, reason, Wait(reason, sql.WAIT_AGAIN, params, sql.LOCK_STEP, lock_key))
         raise StepError(key, "recorded as another kind of step, not a child job's: they cannot share a name")
@@ -101,11 +101,11 @@ async def run_children(
         "n": len(members),
         "rows": rows,
     }
-    reason = _reason(op, len(members))
+    reason = _reason(len(members))
     raise Suspended(key, reason, Wait(reason, sql.RECORD_CHILDREN, params))
 
 
-def _reason(op: str, n: int) -> str:
+def _reason(n: int) -> str:
     return "1 child job" if n == 1 else f"{n} child jobs"
 
 
