@@ -280,9 +280,13 @@ def list_jobs(
             description=("next_cursor of the previous page: a position in the list, for either order"),
         ),
     ] = None,
+    parent_id: Annotated[
+        int | None,
+        Query(ge=1, le=2**63 - 1, description="Only the child jobs of this parent (`ctx.call`, `ctx.map`)"),
+    ] = None,
 ) -> dict[str, Any]:
     position = decode_cursor(cursor, order) if cursor is not None else None
-    where = admin.JobFilter(queue=queue, kind=kind, state=state, text=q)
+    where = admin.JobFilter(queue=queue, kind=kind, state=state, text=q, parent_id=parent_id)
     page = admin.list_jobs(conn, where, order=order, limit=limit, position=position)
     return {
         "jobs": page.jobs,

@@ -229,6 +229,13 @@ class Job(JobSummary):
     node_id: int | None = Field(None, description="A workflow's job: its node (null for a job outside any workflow)")
     workflow_id: int | None = Field(None, description="A workflow's job: its workflow (GET /api/v1/workflows/{id})")
     node: str | None = Field(None, description="A workflow's job: its node's name")
+    parent_id: int | None = Field(
+        None, description="A child job (`ctx.call`, `ctx.map`): its parent job; null for any other job"
+    )
+    parent_step: str | None = Field(None, description="A child job: the parent's step that waits for it ('ship#1')")
+    parent_index: int | None = Field(
+        None, description="A child job: its place in that step's list (0 for a call; a map's input order)"
+    )
     sleeping: SleepingOn | None = Field(
         None,
         description="A scheduled job whose latest step is a sleep not yet over (`ctx.sleep`); null otherwise, "
@@ -255,6 +262,10 @@ class Step(BaseModel):
         "or timed_out; null for a step or a sleep",
     )
     waits_for: str | None = Field(None, description="An event wait's event key; null otherwise")
+    children: int | None = Field(
+        None, description="A call's or map's child jobs (GET /api/v1/jobs?parent_id=); null for the other ops"
+    )
+    children_left: int | None = Field(None, description="A call's or map's child jobs not yet ended")
 
 
 class JobSteps(BaseModel):

@@ -13,6 +13,9 @@ runs; the others are measured only).
   or leaving an ended state. The executor tests the clause itself, without calling a function or keeping a
   transition table; each workflow row that moves calls dygo_tally for its node (a count, and dygo_advance) on
   its own, where 0017 calls it once per statement.
+* `no_children`: `current` with migration 0017's functions (dygo_jobs_updated without its fourth part, the
+  counting of child jobs; dygo_jobs_removed without its count of deleted children): what a plain job cost
+  before `ctx.call` and `ctx.map`. Every other variant has 0018's functions, as migrated.
 * `deferred`: the same WHEN-filtered row triggers, each only writing its job's counts to an unlogged inbox
   (dygo_node_moves, no lock taken); the transaction's first such row arms one deferred constraint trigger,
   which at commit takes the transaction's rows out of the inbox and calls dygo_tally once, nodes in id order.
@@ -28,7 +31,8 @@ import psycopg
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "store" / "migrations"
 MIGRATION = MIGRATIONS / "0017_workflows.sql"
-VARIANTS = ("current", "none", "separate", "row", "deferred")
+CHILDREN_MIGRATION = MIGRATIONS / "0018_steps.sql"
+VARIANTS = ("current", "none", "separate", "row", "deferred", "no_children")
 # Every trigger on dygo_jobs that some variant puts on update or delete (dygo_jobs_updated is 0017's or 0016's).
 TRIGGERS = (
     "dygo_jobs_updated",
@@ -195,6 +199,20 @@ def migration_triggers(migration: Path, names: tuple[str, ...]) -> list[str]:
     return [match.group(0) for match in found if match]
 
 
+def trigger_functions(migration: Path) -> str:
+    """A migration's dygo_jobs_updated and dygo_jobs_removed functions, as CREATE OR REPLACE statements."""
+    text = migration.read_text()
+    found = [
+        re.search(rf"CREATE (OR REPLACE )?FUNCTION {name}\(\).*?\n\$\$;", text, re.DOTALL)
+        for name in ("dygo_jobs_updated", "dygo_jobs_removed")
+    ]
+    if not all(found):
+        raise SystemExit(f"{migration}: no dygo_jobs_updated or dygo_jobs_removed function in it")
+    return "\n".join(
+        re.sub(r"^CREATE (OR REPLACE )?FUNCTION", "CREATE OR REPLACE FUNCTION", m.group(0)) for m in found if m
+    )
+
+
 def install(conn: psycopg.Connection, variant: str) -> None:
     """Put `variant` in place on a migrated database, whichever was there before."""
     if variant not in VARIANTS:
@@ -203,7 +221,12 @@ def install(conn: psycopg.Connection, variant: str) -> None:
         for trigger in TRIGGERS:
             conn.execute(f"DROP TRIGGER IF EXISTS {trigger} ON dygo_jobs")
         conn.execute("DROP TABLE IF EXISTS dygo_node_moves")  # with its trigger
-        if variant == "current":
+        conn.execute(
+            trigger_functions(
+                MIGRATIONS / ("0017_workflows.sql" if variant == "no_children" else CHILDREN_MIGRATION.name)
+            )
+        )
+        if variant in ("current", "no_children"):
             for statement in migration_triggers(MIGRATION, ("dygo_jobs_updated", "dygo_jobs_removed")):
                 conn.execute(statement)
             return

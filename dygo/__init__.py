@@ -8,6 +8,7 @@ shadows a project's own `app`, `jobs`, `store` or `worker` package.
 
 from dygo.store import (
     Abort,
+    ChildFailed,
     ConfigError,
     Enqueued,
     EnqueueError,
@@ -44,6 +45,7 @@ from dygo.store import result as result  # deprecated alias of await_for_result,
 
 __all__ = [
     "Abort",
+    "ChildFailed",
     "ConfigError",
     "EnqueueError",
     "Enqueued",

@@ -208,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--state", choices=STATES, help="only jobs in this state")
     listing.add_argument("--limit", type=positive_int, default=50, metavar="N", help="at most N jobs (default: 50)")
     listing.add_argument("--oldest", action="store_true", help="oldest first")
+    listing.add_argument(
+        "--parent", type=positive_int, metavar="ID", help="only the child jobs of this parent (ctx.call, ctx.map)"
+    )
     show = actions.add_parser(
         "show", help="one job: args, meta, result, progress, attempt errors", description="one job in full"
     )
@@ -668,7 +671,7 @@ def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
 def _list_jobs(conn: psycopg.Connection, args: argparse.Namespace) -> int:
     from dygo.store import admin
 
-    where = admin.JobFilter(queue=args.queue, kind=args.kind, state=args.state)
+    where = admin.JobFilter(queue=args.queue, kind=args.kind, state=args.state, parent_id=args.parent)
     order: Literal["newest", "oldest"] = "oldest" if args.oldest else "newest"
     jobs: list[dict[str, Any]] = []
     position = None

@@ -3,6 +3,7 @@
 from dygo.store.enqueue import Enqueued, JobRequest, aenqueue, aenqueue_many, enqueue, enqueue_many
 from dygo.store.errors import (
     Abort,
+    ChildFailed,
     ConfigError,
     EnqueueError,
     LeaseLost,
@@ -24,6 +25,7 @@ from dygo.store.workflows import Workflow, WorkflowError, aenqueue_workflow, bat
 
 __all__ = [
     "Abort",
+    "ChildFailed",
     "ConfigError",
     "EnqueueError",
     "Enqueued",

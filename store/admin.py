@@ -61,6 +61,7 @@ class JobFilter:
     kind: str | None = None
     state: str | None = None
     text: str | None = None  # a substring of the args (as JSON) or of the last error
+    parent_id: int | None = None  # a parent's child jobs (`ctx.call`, `ctx.map`), found by their own index
 
     def scans(self) -> bool:
         """True when no index finds these jobs in id order, so each page bounds its scan."""
@@ -86,6 +87,8 @@ def list_jobs(
     newest = order == "newest"
     fragments, params = _filters(where, newest, position)
     params["limit"] = limit + 1  # one more than asked: tells whether a next page exists
+    if where.parent_id is not None:  # a parent's children through their index, sorted: never a walk of all ids
+        return _page(_fetch(conn, fragments, params, newest, key="sorted"), limit, None)
     if where.scans():
         size = min(SCAN_WINDOW, TEXT_SCAN_WINDOW) if where.text else SCAN_WINDOW
         window = _scan_window(conn, newest, position, size)
@@ -107,6 +110,9 @@ def _filters(where: JobFilter, newest: bool, position: int | None) -> tuple[list
     if where.text:
         params["pattern"] = f"%{_escape_like(where.text)}%"
         fragments.append(job_lists.JOB_FILTERS["text"])
+    if where.parent_id is not None:
+        params["parent_id"] = where.parent_id
+        fragments.append(job_lists.JOB_FILTERS["parent"])
     if position is not None:
         bound = "below" if newest else "above"
         params[bound] = position

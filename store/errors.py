@@ -122,6 +122,31 @@ class Suspended(DygoError):
         super().__init__(f"waiting at step {key!r} for {reason}")
 
 
+class ChildFailed(DygoError):
+    """A child job of `ctx.call` or `ctx.map` did not succeed: it ended dead, cancelled or skipped, or was
+    deleted before it ended. Raised in the parent where it awaits the step `key`; catchable like any error
+    (uncaught, it fails the parent's attempt). `failures`: one dict per child that did not succeed, in input
+    order, with its `index`, job `id` (None when deleted), `state` ('dead', 'cancelled', 'skipped',
+    'deleted') and `error` (a dead child's last error, else None); `results`: every child's result in input
+    order, None for those that did not succeed."""
+
+    def __init__(self, key: str, failures: list[dict[str, Any]], results: list[Any]) -> None:
+        self.key, self.failures, self.results = key, failures, results
+        shown = "; ".join(_child_failure(f) for f in failures[:3])
+        more = f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
+        total = len(results)
+        super().__init__(
+            f"step {key!r}: {len(failures)} of {total} child job{'s' if total != 1 else ''} did not succeed: "
+            f"{shown}{more}"
+        )
+
+
+def _child_failure(failure: Mapping[str, Any]) -> str:
+    job = "a deleted job" if failure.get("id") is None else f"job {failure['id']}"
+    error = f": {failure['error']}" if failure.get("error") else ""
+    return f"[{failure.get('index')}] {job} {failure.get('state')}{error}"
+
+
 class StepError(DygoError):
     """A step (`ctx.step`, `ctx.step_tx`) broke a rule: a bad name, a result that cannot be stored, or (with
     `strict_steps`) a replay whose steps come in another order than recorded. The message names the step. A

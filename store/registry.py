@@ -117,6 +117,43 @@ class JobContext:
             raise RuntimeError("ctx.sleep_sync needs a worker's database connection; this context has none")
         self.steps.sleep_sync(name, duration)
 
+    # -- child jobs (store/children.py)
+
+    async def call(self, name: str, kind: str | Handler, args: Any = None, /, **options: Any) -> Any:
+        """Run one child job of `kind` (a kind's name or its @job handler) with `args` as the step `name#n`,
+        and return its result. The parent leaves its slot and waits (its attempt not spent) until the child
+        ends; the child is enqueued by the settle that commits that wait. `options` are `enqueue`'s (queue,
+        priority, delay, max_attempts, meta), validated now: a bad job raises EnqueueError here. ChildFailed
+        if the child ends dead or cancelled, or is deleted first. Let the Suspended exception through."""
+        from dygo.store.children import call
+
+        return await call(self._child_steps("call"), name, kind, args, options)
+
+    async def map(self, name: str, kind: str | Handler, args: Sequence[Any], /, **options: Any) -> list[Any]:
+        """`call` for one child job per element of `args`, all enqueued together: their results in the order
+        of `args` once every child has ended ([] at once for an empty list). ChildFailed, with the results of
+        the children that succeeded, when any did not."""
+        from dygo.store.children import map_jobs
+
+        return await map_jobs(self._child_steps("map"), name, kind, args, options)
+
+    def call_sync(self, name: str, kind: str | Handler, args: Any = None, /, **options: Any) -> Any:
+        """`call` for a sync handler (`def`, run in its own thread)."""
+        from dygo.store.children import call_sync
+
+        return call_sync(self._child_steps("call_sync"), name, kind, args, options)
+
+    def map_sync(self, name: str, kind: str | Handler, args: Sequence[Any], /, **options: Any) -> list[Any]:
+        """`map` for a sync handler (`def`, run in its own thread)."""
+        from dygo.store.children import map_sync
+
+        return map_sync(self._child_steps("map_sync"), name, kind, args, options)
+
+    def _child_steps(self, method: str) -> Steps:
+        if self.steps is None:
+            raise RuntimeError(f"ctx.{method} needs a worker's database connection; this context has none")
+        return self.steps
+
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far the job is, 0 to 1, with an optional message. Cheap to call often: the
         worker keeps the latest value and writes it at most once a second (API and dashboard show it)."""

@@ -172,6 +172,59 @@ END
 $$;
 
 --
+-- Name: dygo_children_ended(bigint[], text[], integer[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_children_ended(p_parents bigint[], p_keys text[], p_ended integer[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_parents bigint[] := '{}'; v_keys text[] := '{}'; v_left integer;
+BEGIN
+    -- One short update per step, in the callers' (job, key) order: each locks one row, always in that order.
+    FOR i IN 1 .. cardinality(p_parents) LOOP
+        UPDATE dygo_steps SET children_left = children_left - p_ended[i]
+        WHERE job_id = p_parents[i] AND key = p_keys[i] AND state = 'waiting'
+        RETURNING children_left INTO v_left;
+        IF v_left <= 0 THEN
+            v_parents := v_parents || p_parents[i];
+            v_keys := v_keys || p_keys[i];
+        END IF;
+    END LOOP;
+    IF cardinality(v_parents) = 0 THEN
+        RETURN;
+    END IF;
+    -- A later statement: its snapshot sees every child whose end was counted before this one (each held the
+    -- step's row until it committed). The newest child at each place counts; a place with none was deleted.
+    UPDATE dygo_steps s
+    SET state = CASE WHEN a.failed IS NULL THEN 'done' ELSE 'failed' END,
+        result = CASE WHEN a.failed IS NOT NULL THEN jsonb_build_object('failed', a.failed, 'results', a.results)
+                      WHEN s.op = 'call' THEN a.results -> 0 ELSE a.results END,
+        duration = extract(epoch FROM now() - s.recorded_at)
+    FROM (
+        SELECT d.job_id, d.key, jsonb_agg(c.result ORDER BY i.i) AS results,
+               jsonb_agg(jsonb_build_object('index', i.i, 'id', c.id, 'state', coalesce(c.state, 'deleted'),
+                                            'error', CASE WHEN c.state = 'dead' THEN c.last_error END) ORDER BY i.i)
+                   FILTER (WHERE c.state IS DISTINCT FROM 'succeeded') AS failed
+        FROM unnest(v_parents, v_keys) AS d(job_id, key)
+        JOIN dygo_steps st ON st.job_id = d.job_id AND st.key = d.key
+        CROSS JOIN LATERAL generate_series(0, st.children - 1) AS i(i)
+        LEFT JOIN LATERAL (
+            SELECT j.id, j.state, j.result, j.last_error FROM dygo_jobs j
+            WHERE j.parent_id = d.job_id AND j.parent_step = d.key AND j.parent_index = i.i
+            ORDER BY j.id DESC LIMIT 1
+        ) c ON true
+        GROUP BY d.job_id, d.key
+    ) a
+    WHERE s.job_id = a.job_id AND s.key = a.key;
+    UPDATE dygo_jobs SET state = 'pending', run_at = now()
+    WHERE id = ANY(ARRAY(SELECT id FROM dygo_jobs WHERE id = ANY(v_parents) AND state = 'waiting'
+                         ORDER BY id FOR NO KEY UPDATE))
+      AND state = 'waiting';
+END
+$$;
+
+--
 -- Name: dygo_count_enqueued(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -224,17 +277,34 @@ CREATE FUNCTION public.dygo_jobs_removed() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    any_node boolean; any_child boolean;
     removed_nodes bigint[]; removed integer[];
+    c_parents bigint[]; c_keys text[]; c_ended integer[];
 BEGIN
-    SELECT array_agg(node_id ORDER BY node_id), array_agg(n ORDER BY node_id) INTO removed_nodes, removed
-    FROM (SELECT node_id, count(*)::integer AS n FROM old_rows
-          WHERE node_id IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped')
-          GROUP BY node_id) AS d;
+    SELECT bool_or(node_id IS NOT NULL), bool_or(parent_id IS NOT NULL) INTO any_node, any_child
+    FROM old_rows WHERE state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped');
+    IF any_node THEN
+        SELECT array_agg(node_id ORDER BY node_id), array_agg(n ORDER BY node_id) INTO removed_nodes, removed
+        FROM (SELECT node_id, count(*)::integer AS n FROM old_rows
+              WHERE node_id IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped')
+              GROUP BY node_id) AS d;
+    END IF;
     IF removed_nodes IS NOT NULL THEN
         PERFORM dygo_tally(removed_nodes, array_fill(0, ARRAY[cardinality(removed_nodes)]),
                            array_fill(0, ARRAY[cardinality(removed_nodes)]), removed,
                            array_fill(0, ARRAY[cardinality(removed_nodes)]),
                            array_fill(NULL::jsonb, ARRAY[cardinality(removed_nodes)]));
+    END IF;
+    IF any_child THEN
+        SELECT array_agg(parent_id ORDER BY parent_id, parent_step),
+               array_agg(parent_step ORDER BY parent_id, parent_step), array_agg(n ORDER BY parent_id, parent_step)
+        INTO c_parents, c_keys, c_ended
+        FROM (SELECT parent_id, parent_step, count(*)::integer AS n FROM old_rows
+              WHERE parent_id IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped')
+              GROUP BY parent_id, parent_step) AS d;
+    END IF;
+    IF c_parents IS NOT NULL THEN
+        PERFORM dygo_children_ended(c_parents, c_keys, c_ended);
     END IF;
     RETURN NULL;
 END
@@ -248,13 +318,14 @@ CREATE FUNCTION public.dygo_jobs_updated() RETURNS trigger
     LANGUAGE plpgsql
     AS $_$
 DECLARE
-    any_pending boolean; any_ended boolean; any_workflow boolean;
+    any_pending boolean; any_ended boolean; any_workflow boolean; any_child boolean;
     moved_nodes bigint[]; n_succeeded integer[]; n_dead integer[]; n_cancelled integer[]; n_skipped integer[];
     n_results jsonb[];
+    c_parents bigint[]; c_keys text[]; c_ended integer[];
 BEGIN
     SELECT bool_or(state = 'pending'), bool_or(state IN ('succeeded', 'dead', 'cancelled', 'skipped')),
-           bool_or(node_id IS NOT NULL)
-    INTO any_pending, any_ended, any_workflow FROM new_rows;
+           bool_or(node_id IS NOT NULL), bool_or(parent_id IS NOT NULL AND state <> 'active')
+    INTO any_pending, any_ended, any_workflow, any_child FROM new_rows;
     -- Wake-ups: one NOTIFY per queue with jobs pending again (a retry, a snooze, a revived job).
     IF any_pending THEN
         PERFORM pg_notify('dygo_jobs', q.queue) FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'pending') AS q;
@@ -272,34 +343,54 @@ BEGIN
         GROUP BY f.chunk;
     END IF;
     -- Workflow counts; dygo_advance moving jobs itself counts them.
-    IF NOT any_workflow OR current_setting('dygo.advancing', true) = 'on' THEN
-        RETURN NULL;
+    IF any_workflow AND current_setting('dygo.advancing', true) IS DISTINCT FROM 'on' THEN
+        -- Planned afresh for each statement (EXECUTE): a plan kept from a first, one-row statement joins the
+        -- transition tables by nested loop, quadratic in the rows of a later big one (a node's retry, a cancel).
+        EXECUTE $query$
+            WITH moved AS (
+                SELECT n.node_id, o.state AS was, n.state AS now, n.result
+                FROM new_rows n JOIN old_rows o USING (id)
+                WHERE n.node_id IS NOT NULL
+                  AND (o.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
+                      <> (n.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
+            ), d AS (
+                SELECT node_id,
+                    (count(*) FILTER (WHERE now = 'succeeded') - count(*) FILTER (WHERE was = 'succeeded'))::integer AS ds,
+                    (count(*) FILTER (WHERE now = 'dead') - count(*) FILTER (WHERE was = 'dead'))::integer AS df,
+                    (count(*) FILTER (WHERE now = 'cancelled') - count(*) FILTER (WHERE was = 'cancelled'))::integer AS dc,
+                    (count(*) FILTER (WHERE now = 'skipped') - count(*) FILTER (WHERE was = 'skipped'))::integer AS dk,
+                    (array_agg(result) FILTER (WHERE now = 'succeeded'))[1] AS result
+                FROM moved GROUP BY node_id
+            )
+            SELECT array_agg(node_id ORDER BY node_id), array_agg(ds ORDER BY node_id), array_agg(df ORDER BY node_id),
+                   array_agg(dc ORDER BY node_id), array_agg(dk ORDER BY node_id), array_agg(result ORDER BY node_id)
+            FROM d
+        $query$
+        INTO moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results;
+        IF moved_nodes IS NOT NULL THEN
+            PERFORM dygo_tally(moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results);
+        END IF;
     END IF;
-    -- Planned afresh for each statement (EXECUTE): a plan kept from a first, one-row statement joins the
-    -- transition tables by nested loop, quadratic in the rows of a later big one (a node's retry, a cancel).
-    EXECUTE $query$
-        WITH moved AS (
-            SELECT n.node_id, o.state AS was, n.state AS now, n.result
-            FROM new_rows n JOIN old_rows o USING (id)
-            WHERE n.node_id IS NOT NULL
-              AND (o.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
-                  <> (n.state IN ('succeeded', 'dead', 'cancelled', 'skipped'))
-        ), d AS (
-            SELECT node_id,
-                (count(*) FILTER (WHERE now = 'succeeded') - count(*) FILTER (WHERE was = 'succeeded'))::integer AS ds,
-                (count(*) FILTER (WHERE now = 'dead') - count(*) FILTER (WHERE was = 'dead'))::integer AS df,
-                (count(*) FILTER (WHERE now = 'cancelled') - count(*) FILTER (WHERE was = 'cancelled'))::integer AS dc,
-                (count(*) FILTER (WHERE now = 'skipped') - count(*) FILTER (WHERE was = 'skipped'))::integer AS dk,
-                (array_agg(result) FILTER (WHERE now = 'succeeded'))[1] AS result
-            FROM moved GROUP BY node_id
-        )
-        SELECT array_agg(node_id ORDER BY node_id), array_agg(ds ORDER BY node_id), array_agg(df ORDER BY node_id),
-               array_agg(dc ORDER BY node_id), array_agg(dk ORDER BY node_id), array_agg(result ORDER BY node_id)
-        FROM d
-    $query$
-    INTO moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results;
-    IF moved_nodes IS NOT NULL THEN
-        PERFORM dygo_tally(moved_nodes, n_succeeded, n_dead, n_cancelled, n_skipped, n_results);
+    -- Children, after the workflows: a settle's workflow rows, nodes and jobs come before step rows and parents.
+    -- Per step, the children ended in NEW less those ended in OLD: no join of the two (a child's parent and
+    -- step never change), so one plan serves every statement, however many rows it has.
+    IF any_child THEN
+        SELECT array_agg(parent_id ORDER BY parent_id, parent_step),
+               array_agg(parent_step ORDER BY parent_id, parent_step), array_agg(n ORDER BY parent_id, parent_step)
+        INTO c_parents, c_keys, c_ended
+        FROM (
+            SELECT parent_id, parent_step, sum(d)::integer AS n
+            FROM (SELECT parent_id, parent_step, 1 AS d FROM new_rows
+                  WHERE parent_id IS NOT NULL AND state IN ('succeeded', 'dead', 'cancelled', 'skipped')
+                  UNION ALL
+                  SELECT parent_id, parent_step, -1 FROM old_rows
+                  WHERE parent_id IS NOT NULL AND state IN ('succeeded', 'dead', 'cancelled', 'skipped')) AS m
+            GROUP BY parent_id, parent_step
+            HAVING sum(d) <> 0
+        ) AS d;
+        IF c_parents IS NOT NULL THEN
+            PERFORM dygo_children_ended(c_parents, c_keys, c_ended);
+        END IF;
     END IF;
     RETURN NULL;
 END
@@ -550,6 +641,9 @@ CREATE TABLE public.dygo_jobs (
     dead_fingerprint text,
     progress jsonb,
     node_id bigint,
+    parent_id bigint,
+    parent_step text,
+    parent_index integer,
     CONSTRAINT dygo_jobs_max_attempts_check CHECK ((max_attempts > 0)),
     CONSTRAINT dygo_jobs_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'active'::text, 'succeeded'::text, 'dead'::text, 'paused'::text, 'cancelled'::text, 'waiting'::text, 'skipped'::text])))
 )
@@ -765,6 +859,8 @@ CREATE TABLE public.dygo_steps (
     wake_at timestamp with time zone,
     state text,
     waits_for text,
+    children integer,
+    children_left integer,
     CONSTRAINT dygo_steps_check CHECK (((op = ANY (ARRAY['event'::text, 'call'::text, 'map'::text])) = (state IS NOT NULL))),
     CONSTRAINT dygo_steps_check1 CHECK ((((op = 'sleep'::text) AND (wake_at IS NOT NULL)) OR ((op = ANY (ARRAY['step'::text, 'step_tx'::text, 'call'::text, 'map'::text])) AND (wake_at IS NULL)) OR (op = 'event'::text))),
     CONSTRAINT dygo_steps_op_check CHECK ((op = ANY (ARRAY['step'::text, 'step_tx'::text, 'sleep'::text, 'event'::text, 'call'::text, 'map'::text]))),
@@ -1024,6 +1120,12 @@ CREATE UNIQUE INDEX dygo_jobs_live_key ON public.dygo_jobs USING btree (idempote
 --
 
 CREATE INDEX dygo_jobs_node ON public.dygo_jobs USING btree (node_id, id) WHERE (node_id IS NOT NULL);
+
+--
+-- Name: dygo_jobs_parent; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX dygo_jobs_parent ON public.dygo_jobs USING btree (parent_id, parent_step, parent_index) WHERE (parent_id IS NOT NULL);
 
 --
 -- Name: dygo_jobs_parked; Type: INDEX; Schema: public; Owner: -

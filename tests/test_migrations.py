@@ -78,11 +78,14 @@ def rows(url: str) -> dict[str, list[str]]:
         return {t: sorted(r for (r,) in conn.execute(f"SELECT to_jsonb(t)::text FROM {t} t")) for t in tables}
 
 
+ADDED_JOB_COLUMNS = r', "(node_id|parent_id|parent_step|parent_index)": null'
+
+
 def _without_node_ids(tables: dict[str, list[str]]) -> dict[str, list[str]]:
     """The rows, without the workflow and step tables and the job column later migrations added (empty and NULL)."""
     added = ("dygo_workflows", "dygo_nodes", "dygo_edges", "dygo_steps")
     kept = {t: r for t, r in tables.items() if t not in added}
-    kept["dygo_jobs"] = sorted(r.replace(', "node_id": null', "") for r in kept["dygo_jobs"])
+    kept["dygo_jobs"] = sorted(re.sub(ADDED_JOB_COLUMNS, "", r) for r in kept["dygo_jobs"])
     return kept
 
 

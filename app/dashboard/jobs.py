@@ -48,8 +48,13 @@ def jobs_page(
     state: str = "",
     q: str = "",
     cursor: str = "",
+    parent_id: str = "",
 ) -> Response:
     where = _job_filter(queue, kind, state, q)
+    # A parent's children (the job page's link): not a bulk filter, so the matching-everything actions are off.
+    parent = int(parent_id) if parent_id.isdigit() and 0 < int(parent_id) < 2**63 else None
+    if parent is not None:
+        where = admin.JobFilter(where.queue, where.kind, where.state, where.text, parent_id=parent)
     try:
         position = decode_cursor(cursor, "newest") if cursor else None
     except ApiError:
@@ -58,7 +63,8 @@ def jobs_page(
     filters = {"queue": queue, "kind": kind, "state": state, "q": q}
     next_link = None
     if page.next_position is not None:
-        next_link = "?" + urlencode({**filters, "cursor": encode_cursor("newest", page.next_position)})
+        kept = {**filters, "parent_id": str(parent)} if parent is not None else filters
+        next_link = "?" + urlencode({**kept, "cursor": encode_cursor("newest", page.next_position)})
     return render(
         request,
         visitor,
@@ -67,6 +73,7 @@ def jobs_page(
         filters=filters,
         next_link=next_link,
         states=admin.STATES,
+        parent_id=parent,
         queues=list(configured_queues(request)),
         here=request.url.path + ("?" + request.url.query if request.url.query else ""),
     )

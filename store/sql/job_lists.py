@@ -20,6 +20,8 @@ JOB_FILTERS = {
     "kind": "kind = %(kind)s",
     # Text search scans, so admin bounds it to a window of ids per page (see list_jobs).
     "text": "(args::text ILIKE %(pattern)s OR last_error ILIKE %(pattern)s)",
+    # A parent's children (`ctx.call`, `ctx.map`): dygo_jobs_parent finds them.
+    "parent": "parent_id = %(parent_id)s",
     "below": "id < %(below)s",
     "above": "id > %(above)s",
     "floor": "id >= %(floor)s",

@@ -16,7 +16,8 @@ RETENTION_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('dygo.retention'))"
 # the %(window)s ids starting at the first job after %(after)s. Returns how many were deleted and
 # where the next step starts, or NULL when that first job was enqueued inside the retention window
 # (ids grow with time, so every later job is that recent too) or there is no job after %(after)s.
-# A job finishes after it is enqueued, so no older succeeded job hides beyond that point.
+# A job finishes after it is enqueued, so no older succeeded job hides beyond that point. A child whose
+# parent's step still waits is kept: that step's result is made from its row when the last child ends.
 # `= ANY(ARRAY(...))` keeps the delete on the primary key whatever the statistics.
 TRIM_SUCCEEDED_RANGE = """
 WITH first AS (
@@ -26,6 +27,8 @@ WITH first AS (
     SELECT id FROM dygo_jobs
     WHERE id >= (SELECT id FROM first WHERE old) AND id < (SELECT id FROM first WHERE old) + %(window)s
       AND state = 'succeeded' AND finished_at < now() - make_interval(secs => %(keep)s)
+      AND (parent_id IS NULL OR NOT EXISTS (
+          SELECT FROM dygo_steps s WHERE s.job_id = parent_id AND s.key = parent_step AND s.state = 'waiting'))
     FOR UPDATE SKIP LOCKED
 ), trimmed AS (
     DELETE FROM dygo_jobs WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1

@@ -73,7 +73,7 @@ SELECT EXISTS (SELECT FROM lease) AS leased,
 # A job's recorded steps in call order, as the API and the dashboard show them.
 JOB_STEPS = """
 SELECT key, split_part(key, '#', 1) AS name, split_part(key, '#', 2)::int AS occurrence, op, seq, attempt,
-    recorded_at, duration, result, wake_at, state, waits_for
+    recorded_at, duration, result, wake_at, state, waits_for, children, children_left
 FROM dygo_steps WHERE job_id = %(job_id)s
 ORDER BY seq, recorded_at"""
 
