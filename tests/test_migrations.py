@@ -80,7 +80,7 @@ def rows(url: str) -> dict[str, list[str]]:
 
 def _without_node_ids(tables: dict[str, list[str]]) -> dict[str, list[str]]:
     """The rows, without the workflow and step tables and the job column later migrations added (empty and NULL)."""
-    added = ("dygo_workflows", "dygo_nodes", "dygo_edges", "dygo_steps")
+    added = ("dygo_workflows", "dygo_nodes", "dygo_edges", "dygo_steps", "dygo_events")
     kept = {t: r for t, r in tables.items() if t not in added}
     kept["dygo_jobs"] = sorted(r.replace(', "node_id": null', "") for r in kept["dygo_jobs"])
     return kept
