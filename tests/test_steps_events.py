@@ -10,8 +10,10 @@ import pytest
 from dygo.store import emit, enqueue
 from dygo.store.errors import EventError
 from dygo.store.events import Emitted, check_key, timeout_seconds
+from dygo.store.maintenance import RetentionPeriods
 
 from tests.conftest import wait_until
+from tests.test_retention import run_trim
 from tests.test_steps import effects, started_worker
 from tests.test_worker import job_row, wait_for_state
 
@@ -208,3 +210,18 @@ def test_event_keys_payloads_and_timeouts_are_checked_with_errors_naming_the_fie
         tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         with pytest.raises(EventError, match="^transaction: an emit needs a READ COMMITTED transaction"):
             emit(tx, "fine")
+
+
+def test_retention_deletes_events_and_placeholders_older_than_event_retention(conn, db_url):
+    conn.execute(
+        "INSERT INTO dygo_events (key, payload, emitted_at, created_at) VALUES "
+        "('old', '1', now() - interval '8 days', now() - interval '9 days'), "
+        "('recent', '2', now() - interval '1 day', now() - interval '9 days'), "  # a placeholder emitted lately
+        "('old placeholder', NULL, NULL, now() - interval '8 days'), "
+        "('placeholder', NULL, NULL, now() - interval '1 day')"
+    )
+    week = RetentionPeriods(succeeded=0, dead=0, cancelled=0, daily_stats=0, events=7 * 86400)
+    trimmed = run_trim(db_url, week)
+    assert trimmed is not None and trimmed.events == 2
+    assert {key for (key,) in conn.execute("SELECT key FROM dygo_events")} == {"recent", "placeholder"}
+    assert run_trim(db_url, RetentionPeriods(succeeded=0, dead=0, cancelled=0, daily_stats=0)).events == 0
