@@ -31,3 +31,10 @@ async def steps(ctx: JobContext, args: dict) -> None:
 async def sleep_until(ctx: JobContext, args: dict) -> None:
     """A durable sleep until the epoch second `until` (bench/sleep_wake.py), then nothing."""
     await ctx.sleep("nap", max(args["until"] - time.time(), 0.0))
+
+
+@job("bench.wait_event")
+async def wait_event(ctx: JobContext, args: dict) -> float:
+    """Waits for the event `key` (bench/event_wake.py); returns the epoch second its run went on after the wait."""
+    await ctx.wait_for_event("e", key=args["key"])
+    return time.time()
