@@ -697,6 +697,9 @@ def _show_steps(conn: psycopg.Connection, job_id: int) -> int:
     for step in recorded:
         if step["op"] == "sleep":
             shown = f"wakes {_utc(step['wake_at'])}"
+        elif step["op"] == "event" and step["state"] != "done":  # a wait for an event: its key and state
+            deadline = f" until {_utc(step['wake_at'])}" if step["wake_at"] else ""
+            shown = f"{step['state']} for event {step['waits_for']!r}{deadline}"
         else:
             text = json.dumps(step["result"])
             shown = text if len(text) <= 60 else text[:59] + "…"

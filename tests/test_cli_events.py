@@ -29,3 +29,14 @@ def test_events_emit_refuses_a_bad_payload_or_key(db_url):
     bad_key = dygo(db_url, "events", "emit", "a/b")
     assert bad_key.returncode == 1
     assert bad_key.stderr.strip() == "dygo: key: an event key may not contain '/' or control characters, got 'a/b'"
+
+
+def test_jobs_steps_shows_an_event_wait_with_its_key_and_state(conn, db_url, spawn):
+    job = enqueue(conn, "test.wait_event", {"key": "order:43", "timeout": "1d"})
+    spawn("worker").wait_for_line("started")
+    waiting(conn, job.id)
+    shown = dygo(db_url, "jobs", "steps", str(job.id))
+    assert shown.returncode == 0, shown.stderr
+    [line] = [line for line in shown.stdout.splitlines() if "approval#1" in line]
+    assert line.split()[1:3] == ["approval#1", "event"]
+    assert "waiting for event 'order:43' until 20" in line

@@ -8,6 +8,7 @@ import threading
 import psycopg
 import pytest
 from dygo.store import emit, enqueue
+from dygo.store.admin import act_on_job
 from dygo.store.errors import EventError
 from dygo.store.events import Emitted, check_key, timeout_seconds
 from dygo.store.maintenance import RetentionPeriods
@@ -225,3 +226,26 @@ def test_retention_deletes_events_and_placeholders_older_than_event_retention(co
     assert trimmed is not None and trimmed.events == 2
     assert {key for (key,) in conn.execute("SELECT key FROM dygo_events")} == {"recent", "placeholder"}
     assert run_trim(db_url, RetentionPeriods(succeeded=0, dead=0, cancelled=0, daily_stats=0)).events == 0
+
+
+def test_a_cancelled_waiting_job_retried_waits_again_or_resumes_if_its_event_came(conn, spawn):
+    job = enqueue(conn, "test.wait_event", {"key": "order:11"})
+    other = enqueue(conn, "test.wait_event", {"key": "order:12"})
+    started_worker(spawn)
+    waiting(conn, job.id)
+    waiting(conn, other.id)
+    for job_id in (job.id, other.id):
+        assert act_on_job(conn, "cancel", job_id)["state"] == "cancelled"
+
+    # Emitted while its job is cancelled: the wait is done, but nobody is woken.
+    assert emit(conn, "order:12", "meanwhile") == Emitted(woken=0, duplicate=False)
+    assert wait_of(conn, other.id)[:3] == ("done", "order:12", "meanwhile")
+    assert job_row(conn, other.id)["state"] == "cancelled"
+
+    act_on_job(conn, "retry", other.id)
+    assert wait_for_state(conn, other.id, "succeeded", "dead")["result"]["payload"] == "meanwhile"
+    act_on_job(conn, "retry", job.id)
+    wait_until(lambda: effects(conn, job.id)["run"] == 2, message="the retry to replay its wait")
+    waiting(conn, job.id)  # it waits again, on the wait recorded before
+    assert emit(conn, "order:11", "later") == Emitted(woken=1, duplicate=False)
+    assert wait_for_state(conn, job.id, "succeeded", "dead")["result"]["payload"] == "later"
