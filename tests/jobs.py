@@ -504,13 +504,13 @@ async def steps_abc(ctx: JobContext, args: dict) -> list:
 @job("test.wait_event", max_attempts=3, retry_backoff="50ms")
 async def wait_event(ctx: JobContext, args: dict) -> dict:
     """A step, a wait for the event `key` (with `timeout`; `catch`: a timeout is caught), another step. `pause`:
-    seconds the first run sleeps before the wait; `fail_once`: the run after the event fails once, so its retry
-    replays the wait."""
+    seconds the run number `pause_at` (default 1) sleeps before the wait; `fail_once`: the run after the event
+    fails once, so its retry replays the wait."""
     from dygo.store.errors import EventTimeout
 
     await ctx.step("before", effect, ctx, "before")
     runs = await asyncio.to_thread(effect, ctx, "run")
-    if args.get("pause") and runs == 1:  # the first run only: a test takes a lock meanwhile
+    if args.get("pause") and runs == args.get("pause_at", 1):  # one run only: a test acts meanwhile
         await asyncio.sleep(args["pause"])
     try:
         payload = await ctx.wait_for_event("approval", key=args["key"], timeout=args.get("timeout"))

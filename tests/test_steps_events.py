@@ -249,3 +249,29 @@ def test_a_cancelled_waiting_job_retried_waits_again_or_resumes_if_its_event_cam
     waiting(conn, job.id)  # it waits again, on the wait recorded before
     assert emit(conn, "order:11", "later") == Emitted(woken=1, duplicate=False)
     assert wait_for_state(conn, job.id, "succeeded", "dead")["result"]["payload"] == "later"
+
+
+@pytest.mark.parametrize("ending", ["emit", "timeout"])
+def test_a_wait_ended_while_its_replay_runs_wakes_the_job_when_the_replay_waits_again(conn, spawn, ending):
+    """A retried job replays a wait still waiting; while its run goes on, an emit (or the timeout sweep) ends the
+    wait and leaves the job alone (it is active). The run then waits again: its settle finds the wait ended
+    and makes the job pending at once, and the next run gets the payload (or EventTimeout)."""
+    args = {"key": f"order:13{ending}", "pause": 3.0, "pause_at": 2, "catch": True}
+    if ending == "timeout":
+        args["timeout"] = 1.5  # passes while the retry's run pauses
+    job = enqueue(conn, "test.wait_event", args)
+    started_worker(spawn)
+    waiting(conn, job.id)
+    act_on_job(conn, "cancel", job.id)
+    act_on_job(conn, "retry", job.id)
+    wait_until(lambda: effects(conn, job.id)["run"] == 2, message="the retry's run to pause before its wait")
+    if ending == "emit":
+        assert emit(conn, args["key"], "while it ran") == Emitted(woken=0, duplicate=False)
+    else:
+        wait_until(lambda: wait_of(conn, job.id)[0] == "timed_out", timeout=5, message="the sweep")
+    assert job_row(conn, job.id)["state"] == "active"
+    row = wait_for_state(conn, job.id, "succeeded", "dead")
+    expected = "while it ran" if ending == "emit" else None
+    assert row["result"].get("payload") == expected
+    assert ("timed_out" in row["result"]) == (ending == "timeout")
+    assert effects(conn, job.id)["run"] == 3

@@ -35,7 +35,8 @@ SELECT EXISTS (SELECT FROM lease) AS leased, EXISTS (SELECT FROM event) AS emitt
 # event's row (LOCK_EVENT): only for a job this transaction settled to waiting. The step is waiting, with its
 # deadline (NULL: none); or done with the payload if the event was emitted meanwhile, and then the job is
 # pending again at once. A wait recorded before (a replay that waits again) keeps its row and its deadline;
-# an emit that came after that deadline does not count, and the timeout sweep ends it.
+# if an emit or the timeout sweep ended it while its job ran (and so left the job as it was), the job is
+# pending again at once too. An emit that came after the deadline does not count: the sweep ends the wait.
 RECORD_WAIT = """
 WITH fence AS (
     SELECT id FROM dygo_jobs WHERE id = %(job_id)s AND state = 'waiting' AND xmin = pg_current_xact_id()::xid
@@ -51,7 +52,10 @@ WITH fence AS (
     RETURNING state
 ), woken AS (
     UPDATE dygo_jobs SET state = 'pending', run_at = now()
-    WHERE id = (SELECT id FROM fence) AND EXISTS (SELECT FROM recorded WHERE state = 'done')
+    WHERE id = (SELECT id FROM fence)
+      AND (EXISTS (SELECT FROM recorded WHERE state = 'done')
+           OR EXISTS (SELECT FROM dygo_steps WHERE job_id = %(job_id)s AND key = %(key)s
+                                              AND state IN ('done', 'timed_out')))
     RETURNING 1
 )
 SELECT count(*) FROM woken"""
@@ -87,24 +91,28 @@ WITH done AS (
 SELECT count(*) FROM woken"""
 
 # The timeout sweep (worker/event_timeouts.py): waits whose deadline has passed, oldest first, time out; their
-# jobs, if still waiting, are pending now and raise EventTimeout at the wait. SKIP LOCKED: a row an emit or
-# another worker's sweep holds is left to it.
+# jobs, if still waiting, are pending now and raise EventTimeout at the wait. Everything with SKIP LOCKED, the
+# waits' rows and then their jobs' (a wait whose job row another transaction holds is left for the next pass):
+# the sweep never waits, so it cannot deadlock with a settle that holds a job's row and waits for its wait's
+# row. A job row taken without waiting is its latest version, so the state it is moved from is the real one.
 TIME_OUT_WAITS = """
-WITH due AS (
+WITH due AS MATERIALIZED (
     SELECT job_id, key FROM dygo_steps
     WHERE state = 'waiting' AND wake_at < statement_timestamp()
     ORDER BY wake_at LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
+), jobs AS MATERIALIZED (
+    SELECT id, state FROM dygo_jobs WHERE id IN (SELECT job_id FROM due) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
 ), timed_out AS (
     UPDATE dygo_steps s SET state = 'timed_out',
         duration = greatest(extract(epoch FROM statement_timestamp() - s.recorded_at), 0)
-    FROM due d WHERE s.job_id = d.job_id AND s.key = d.key
+    FROM due d
+    WHERE s.job_id = d.job_id AND s.key = d.key
+      AND (d.job_id IN (SELECT id FROM jobs) OR NOT EXISTS (SELECT FROM dygo_jobs j WHERE j.id = d.job_id))
     RETURNING s.job_id
-), locked AS MATERIALIZED (
-    SELECT id FROM dygo_jobs WHERE id IN (SELECT job_id FROM timed_out) ORDER BY id FOR NO KEY UPDATE
 ), woken AS (
     UPDATE dygo_jobs SET state = 'pending', run_at = now()
-    WHERE id = ANY(ARRAY(SELECT id FROM locked)) AND state = 'waiting'
+    WHERE id = ANY(ARRAY(SELECT job_id FROM timed_out)) AND id IN (SELECT id FROM jobs WHERE state = 'waiting')
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM timed_out), (SELECT count(*) FROM woken)"""
