@@ -18,6 +18,14 @@ def test_an_admin_emits_an_event_and_the_waiting_job_resumes_with_its_payload(co
     job = enqueue(conn, "test.wait_event", {"key": "order:42"})
     spawn("worker").wait_for_line("started")
     waiting(conn, job.id)
+    [_, wait] = api.reader.get(f"/api/v1/jobs/{job.id}/steps").json()["steps"]
+    assert {k: wait[k] for k in ("key", "op", "state", "waits_for", "wake_at")} == {
+        "key": "approval#1",
+        "op": "event",
+        "state": "waiting",
+        "waits_for": "order:42",
+        "wake_at": None,
+    }
     response = api.admin.post("/api/v1/events/order:42", json={"approved": True})
     assert response.status_code == 200, response.text
     assert response.json() == {"woken": 1, "duplicate": False}
