@@ -2,7 +2,8 @@
 
 An event is a key ("order:42") and a JSON payload. The first emit of a key wins: its payload is kept, and a
 later emit of the key changes nothing and wakes nobody (Emitted.duplicate). An emit runs in the caller's
-transaction (two statements): nothing of it is seen, and nobody wakes, unless that transaction commits.
+transaction (two statements, sent in one round trip): nothing of it is seen, and nobody wakes, unless that
+transaction commits.
 
 A wait is a step (`name#n`, store/steps.py). Its first run reads the event: emitted already, the step is
 recorded done with the payload and the run goes on. Not emitted, the run ends with Suspended, and the settle
@@ -29,19 +30,19 @@ import hashlib
 import hmac
 import json
 import os
-from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import psycopg
-from dygo.store.db import one
+from dygo.store.db import aroll_back, one, roll_back
 from dygo.store.durations import parse_duration
 from dygo.store.errors import CodedError, ConfigError, EventError, EventTimeout, LeaseLost, StepError, Suspended
 from dygo.store.leases import Wait
 from dygo.store.sql import events as sql
 from dygo.store.sql import steps as steps_sql
+from psycopg.pq import TransactionStatus
 
 if TYPE_CHECKING:
     from dygo.store.steps import Steps
@@ -106,42 +107,54 @@ def timeout_seconds(timeout: Any) -> float | None:
 
 def emit(conn: psycopg.Connection[Any], key: str, payload: Any = None) -> Emitted:
     """Emit the event `key` with `payload` (JSON) in `conn`'s transaction: it counts once that transaction
-    commits (an autocommit connection: at once). The first emit of a key wins. The transaction must be READ
-    COMMITTED (PostgreSQL's default); emit several keys in one transaction in sorted order."""
+    commits (an autocommit connection outside a transaction: in one of its own, at once). The first emit of a
+    key wins. The transaction must be READ COMMITTED (PostgreSQL's default; EventError otherwise, and the
+    transaction must then roll back); emit several keys in one transaction in sorted order. One round trip."""
     params = {"event": check_key(key), "payload": encode_payload(payload)}
-    with _transaction(conn):
-        first, isolation = one(conn.execute(sql.EMIT_EVENT, params).fetchone())
-        _check_isolation(isolation)
-        if not first:
-            return Emitted(0, True)
-        woken = one(conn.execute(sql.WAKE_WAITERS, params).fetchone())[0]
-    return Emitted(int(woken), False)
+    own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+    try:
+        with conn.pipeline():
+            if own:
+                conn.execute(sql.BEGIN_READ_COMMITTED)
+            emitted = conn.execute(sql.EMIT_EVENT, params)
+            woken = conn.execute(sql.WAKE_WAITERS, params)
+            if own:
+                conn.execute(sql.COMMIT)
+    except BaseException:
+        if own:
+            roll_back(conn)
+        raise
+    return _emitted(emitted.fetchone(), woken.fetchone())
 
 
 async def aemit(conn: psycopg.AsyncConnection[Any], key: str, payload: Any = None) -> Emitted:
     """`emit` on an async connection."""
     params = {"event": check_key(key), "payload": encode_payload(payload)}
-    async with conn.transaction() if conn.autocommit else nullcontext():
-        first, isolation = one(await (await conn.execute(sql.EMIT_EVENT, params)).fetchone())
-        _check_isolation(isolation)
-        if not first:
-            return Emitted(0, True)
-        woken = one(await (await conn.execute(sql.WAKE_WAITERS, params)).fetchone())[0]
-    return Emitted(int(woken), False)
+    own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+    try:
+        async with conn.pipeline():
+            if own:
+                await conn.execute(sql.BEGIN_READ_COMMITTED)
+            emitted = await conn.execute(sql.EMIT_EVENT, params)
+            woken = await conn.execute(sql.WAKE_WAITERS, params)
+            if own:
+                await conn.execute(sql.COMMIT)
+    except BaseException:
+        if own:
+            await aroll_back(conn)
+        raise
+    return _emitted(await emitted.fetchone(), await woken.fetchone())
 
 
-def _transaction(conn: psycopg.Connection[Any]) -> Any:
-    """An autocommit connection's two statements in one transaction; else the caller's own transaction."""
-    return conn.transaction() if conn.autocommit else nullcontext()
-
-
-def _check_isolation(isolation: str) -> None:
+def _emitted(emitted: Any, woken: Any) -> Emitted:
+    first, isolation = one(emitted)
     if isolation != "read committed":
         raise EventError(
             "transaction",
             f"an emit needs a READ COMMITTED transaction (it must see the waits committed while it waited for "
-            f"the event's row), not {isolation.upper()}",
+            f"the event's row), not {isolation.upper()}; roll this one back",
         )
+    return Emitted(int(one(woken)[0]), not first)
 
 
 # --- callback URLs ----------------------------------------------------------------------------------

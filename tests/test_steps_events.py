@@ -3,11 +3,12 @@ each effect of the waiting job is a `test_runs` row noted with its name (tests/j
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import psycopg
 import pytest
-from dygo.store import emit, enqueue
+from dygo.store import aemit, emit, enqueue
 from dygo.store.admin import act_on_job
 from dygo.store.errors import EventError
 from dygo.store.events import Emitted, check_key, timeout_seconds
@@ -275,3 +276,22 @@ def test_a_wait_ended_while_its_replay_runs_wakes_the_job_when_the_replay_waits_
     assert row["result"].get("payload") == expected
     assert ("timed_out" in row["result"]) == (ending == "timeout")
     assert effects(conn, job.id)["run"] == 3
+
+
+def test_aemit_wakes_on_an_async_connection_in_its_own_or_the_caller_s_transaction(conn, db_url, spawn):
+    jobs = {key: enqueue(conn, "test.wait_event", {"key": key}).id for key in ("async:1", "async:2")}
+    started_worker(spawn)
+    for job_id in jobs.values():
+        waiting(conn, job_id)
+
+    async def go() -> list[Emitted]:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
+            first = await aemit(aconn, "async:1", {"n": 1})
+            async with aconn.transaction():
+                second = await aemit(aconn, "async:2", {"n": 2})
+                again = await aemit(aconn, "async:2", {"n": 3})
+            return [first, second, again]
+
+    assert asyncio.run(go()) == [Emitted(1, False), Emitted(1, False), Emitted(0, True)]
+    for n, job_id in enumerate(jobs.values(), 1):
+        assert wait_for_state(conn, job_id, "succeeded")["result"]["payload"] == {"n": n}

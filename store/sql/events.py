@@ -73,13 +73,19 @@ WITH emitted AS (
 )
 SELECT EXISTS (SELECT FROM emitted) AS first, current_setting('transaction_isolation') AS isolation"""
 
-# An emit's second statement: every wait for the key whose deadline has not passed is done, with the payload
-# and the seconds it waited, and its job, if still waiting, is pending now. Returns the jobs woken.
+# An emit's second statement, sent with the first (one round trip) and run once the first has its row lock,
+# with a snapshot taken then: if this transaction wrote the event (so not a duplicate), every wait for the key
+# whose deadline has not passed is done, with the event's payload and the seconds it waited, and its job, if
+# still waiting, is pending now. Returns the jobs woken.
 WAKE_WAITERS = """
-WITH done AS (
-    UPDATE dygo_steps SET state = 'done', result = %(payload)s::jsonb,
+WITH event AS (
+    SELECT payload FROM dygo_events
+    WHERE key = %(event)s AND emitted_at IS NOT NULL AND xmin = pg_current_xact_id()::xid
+), done AS (
+    UPDATE dygo_steps SET state = 'done', result = (SELECT payload FROM event),
         duration = greatest(extract(epoch FROM statement_timestamp() - recorded_at), 0)
     WHERE waits_for = %(event)s AND state = 'waiting' AND (wake_at IS NULL OR wake_at > statement_timestamp())
+      AND EXISTS (SELECT FROM event)
     RETURNING job_id
 ), locked AS MATERIALIZED (
     SELECT id FROM dygo_jobs WHERE id IN (SELECT job_id FROM done) ORDER BY id FOR NO KEY UPDATE
@@ -89,6 +95,10 @@ WITH done AS (
     RETURNING 1
 )
 SELECT count(*) FROM woken"""
+
+# An emit on an autocommit connection outside a transaction: its own, read committed whatever the default.
+BEGIN_READ_COMMITTED = "BEGIN ISOLATION LEVEL READ COMMITTED"
+COMMIT = "COMMIT"
 
 # The timeout sweep (worker/event_timeouts.py): waits whose deadline has passed, oldest first, time out; their
 # jobs, if still waiting, are pending now and raise EventTimeout at the wait. Everything with SKIP LOCKED, the
