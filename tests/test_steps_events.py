@@ -295,3 +295,12 @@ def test_aemit_wakes_on_an_async_connection_in_its_own_or_the_caller_s_transacti
     assert asyncio.run(go()) == [Emitted(1, False), Emitted(1, False), Emitted(0, True)]
     for n, job_id in enumerate(jobs.values(), 1):
         assert wait_for_state(conn, job_id, "succeeded")["result"]["payload"] == {"n": n}
+
+
+def test_an_emit_inside_a_savepoint_wakes_its_waits(conn, db_url, spawn):
+    job = enqueue(conn, "test.wait_event", {"key": "order:14"})
+    started_worker(spawn)
+    waiting(conn, job.id)
+    with psycopg.connect(db_url, autocommit=True) as outer, outer.transaction(), outer.transaction():
+        assert emit(outer, "order:14", "nested") == Emitted(woken=1, duplicate=False)
+    assert wait_for_state(conn, job.id, "succeeded")["result"]["payload"] == "nested"

@@ -39,7 +39,7 @@ CREATE TABLE dygo_steps (
 CREATE TABLE dygo_events (
     key        text        PRIMARY KEY,
     payload    jsonb,                  -- the first emit's; NULL for null and for a placeholder
-    emitted_at timestamptz,            -- NULL: a wait's placeholder, not emitted yet
+    emitted_at timestamptz,            -- its emit's transaction's start; NULL: a wait's placeholder, not emitted yet
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX dygo_events_age ON dygo_events ((coalesce(emitted_at, created_at)));

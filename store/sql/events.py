@@ -66,7 +66,7 @@ SELECT count(*) FROM woken"""
 EMIT_EVENT = """
 WITH emitted AS (
     INSERT INTO dygo_events AS e (key, payload, emitted_at)
-    VALUES (%(event)s, %(payload)s::jsonb, statement_timestamp())
+    VALUES (%(event)s, %(payload)s::jsonb, now())
     ON CONFLICT (key) DO UPDATE SET payload = EXCLUDED.payload, emitted_at = EXCLUDED.emitted_at
     WHERE e.emitted_at IS NULL
     RETURNING 1
@@ -74,13 +74,13 @@ WITH emitted AS (
 SELECT EXISTS (SELECT FROM emitted) AS first, current_setting('transaction_isolation') AS isolation"""
 
 # An emit's second statement, sent with the first (one round trip) and run once the first has its row lock,
-# with a snapshot taken then: if this transaction wrote the event (so not a duplicate), every wait for the key
-# whose deadline has not passed is done, with the event's payload and the seconds it waited, and its job, if
-# still waiting, is pending now. Returns the jobs woken.
+# with a snapshot taken then: if this transaction wrote the event (its emitted_at is this transaction's now(),
+# where a duplicate's is an earlier transaction's; not xmin, which a savepoint makes a subtransaction's), every
+# wait for the key whose deadline has not passed is done, with the event's payload and the seconds it waited,
+# and its job, if still waiting, is pending now. Returns the jobs woken.
 WAKE_WAITERS = """
 WITH event AS (
-    SELECT payload FROM dygo_events
-    WHERE key = %(event)s AND emitted_at IS NOT NULL AND xmin = pg_current_xact_id()::xid
+    SELECT payload FROM dygo_events WHERE key = %(event)s AND emitted_at = now()
 ), done AS (
     UPDATE dygo_steps SET state = 'done', result = (SELECT payload FROM event),
         duration = greatest(extract(epoch FROM statement_timestamp() - recorded_at), 0)
