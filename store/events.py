@@ -13,6 +13,8 @@ row (store/sql/events.py tells the lock order). An emit takes that row exclusive
 payload) every wait for the key whose deadline has not passed and moves their jobs to `pending`. Whichever of
 the two comes second sees what the first did, so no wake-up is lost: an emit racing a wait's settle either
 wakes the recorded wait or is seen by the settle, which records the wait done and the job pending at once.
+The settle waits for an emit in flight at most 50 ms (it holds the worker's one shared connection); past
+that it records no wait, and the job runs again RECHECK_DELAY later and reads the event then (`recheck`).
 
 The run after the wake replays the job's steps; the wait returns the payload (JSON-decoded) without waiting
 again. A wait whose deadline passes is timed out by a worker's sweep (worker/event_timeouts.py, every few
@@ -39,7 +41,7 @@ import psycopg
 from dygo.store.db import aroll_back, one, roll_back
 from dygo.store.durations import parse_duration
 from dygo.store.errors import CodedError, ConfigError, EventError, EventTimeout, LeaseLost, StepError, Suspended
-from dygo.store.leases import Wait
+from dygo.store.leases import Outcome, Unsuccessful, Wait
 from dygo.store.sql import events as sql
 from dygo.store.sql import steps as steps_sql
 from psycopg.pq import TransactionStatus
@@ -267,6 +269,28 @@ def _suspended(steps: Steps, step: str, seq: int, event: str, seconds: float | N
     }
     reason = f"event {event!r}"
     return Suspended(step, reason, Wait(reason, sql.RECORD_WAIT, params, lock=sql.LOCK_EVENT, lock_key=event))
+
+
+# --- a settle that could not take an event's row -------------------------------------------------------
+
+RECHECK_DELAY = 1.0  # seconds before a run whose wait met an emit in flight checks the event again
+
+
+def recheck(outcomes: list[Outcome]) -> list[Outcome] | None:
+    """The batch of a settle that failed with lock_not_available (dygo_lock_event gave up waiting for an
+    event's row that an emit's transaction holds), its event waits made rechecks: pending in RECHECK_DELAY,
+    the attempt refunded, nothing recorded, so the job runs again and reads the event then. None when the
+    batch has no event wait (the error came from elsewhere)."""
+    changed = False
+    again: list[Outcome] = []
+    for outcome in outcomes:
+        if isinstance(outcome, Unsuccessful) and outcome.wait is not None and outcome.wait.lock == sql.LOCK_EVENT:
+            outcome = Unsuccessful(
+                outcome.job, "pending", delay=RECHECK_DELAY, refund_attempt=True, progress=outcome.progress
+            )
+            changed = True
+        again.append(outcome)
+    return again if changed else None
 
 
 # --- the worker's timeout sweep -------------------------------------------------------------------------

@@ -312,17 +312,17 @@ $_$;
 CREATE FUNCTION public.dygo_lock_event(p_key text) RETURNS void
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    v_timeout text := current_setting('lock_timeout');
 BEGIN
+    PERFORM set_config('lock_timeout', '50ms', true);
     LOOP
         PERFORM 1 FROM dygo_events WHERE key = p_key FOR SHARE;
-        IF FOUND THEN
-            RETURN;
-        END IF;
+        EXIT WHEN FOUND;
         INSERT INTO dygo_events (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING;
-        IF FOUND THEN
-            RETURN;
-        END IF;
+        EXIT WHEN FOUND;
     END LOOP;
+    PERFORM set_config('lock_timeout', v_timeout, true);
 END
 $$;
 

@@ -95,19 +95,23 @@ def test_an_emit_in_a_rolled_back_transaction_wakes_nobody_and_a_later_emit_does
     assert wait_for_state(conn, job.id, "succeeded")["result"]["payload"] == "kept"
 
 
-def test_an_emit_holding_the_event_row_while_the_wait_settles_still_wakes_the_job(conn, db_url, spawn):
-    """The emit's transaction has written the event but not committed: the run finds no event and suspends, and
-    its settle waits for the event's row. At the emit's commit, the settle sees the event: the job runs again."""
+def test_an_emit_in_flight_when_the_wait_settles_makes_the_job_check_again_and_wake_at_its_commit(conn, db_url, spawn):
+    """The emit's transaction has written the event but not committed: the run finds no event and suspends; its
+    settle waits a moment for the event's row, then gives up (the worker's shared connection is not left to
+    someone else's transaction) and settles the job to check again a second later, recording no wait. The
+    worker runs other jobs meanwhile. At the emit's commit, the next check finds the event."""
     with psycopg.connect(db_url) as tx:
         assert emit(tx, "order:5", "raced") == Emitted(woken=0, duplicate=False)
         job = enqueue(conn, "test.wait_event", {"key": "order:5"})
-        started_worker(spawn)
-        wait_until(lambda: blocked_on_lock(conn, "dygo_lock_event"), message="the settle to wait for the event's row")
-        assert job_row(conn, job.id)["state"] == "active"
+        spawn("worker", "--concurrency", "1").wait_for_line("started")
+        wait_until(lambda: effects(conn, job.id)["run"] >= 2, message="the wait to be checked again")
+        assert wait_of(conn, job.id) == ()  # no wait recorded without the event's row
+        other = enqueue(conn, "test.record", {})
+        wait_for_state(conn, other.id, "succeeded")
+        assert job_row(conn, job.id)["attempt"] <= 1  # every check refunded
         tx.commit()
     row = wait_for_state(conn, job.id, "succeeded", "dead")
     assert row["result"] == {"payload": "raced", "attempt": 1}
-    assert effects(conn, job.id)["run"] == 2  # it suspended once, and was woken by its own settle
     assert wait_of(conn, job.id)[:3] == ("done", "order:5", "raced")
 
 
@@ -304,3 +308,27 @@ def test_an_emit_inside_a_savepoint_wakes_its_waits(conn, db_url, spawn):
     with psycopg.connect(db_url, autocommit=True) as outer, outer.transaction(), outer.transaction():
         assert emit(outer, "order:14", "nested") == Emitted(woken=1, duplicate=False)
     assert wait_for_state(conn, job.id, "succeeded")["result"]["payload"] == "nested"
+
+
+def test_a_settle_that_cannot_take_an_event_row_rechecks_only_event_waits():
+    from datetime import UTC, datetime
+
+    from dygo.store.events import RECHECK_DELAY, recheck
+    from dygo.store.leases import ClaimedJob, Succeeded, Unsuccessful, Wait
+    from dygo.store.sql.events import LOCK_EVENT
+
+    def claimed(job_id: int) -> ClaimedJob:
+        return ClaimedJob(job_id, "test.noop", "default", {}, {}, 1, 3, datetime.now(UTC), "token")
+
+    event_wait = Unsuccessful(claimed(1), "waiting", refund_attempt=True, wait=Wait("e", "SELECT 1", {}, LOCK_EVENT))
+    other_wait = Unsuccessful(claimed(2), "waiting", refund_attempt=True, wait=Wait("child", "SELECT 1", {}))
+    success = Succeeded(claimed(3), None)
+    assert recheck([other_wait, success]) is None
+    again = recheck([event_wait, other_wait, success])
+    assert again is not None and again[1:] == [other_wait, success]
+    assert (again[0].state, again[0].delay, again[0].refund_attempt, again[0].wait) == (
+        "pending",
+        RECHECK_DELAY,
+        True,
+        None,
+    )

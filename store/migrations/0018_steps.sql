@@ -52,18 +52,21 @@ CREATE INDEX dygo_steps_wait_deadline ON dygo_steps (wake_at) WHERE state = 'wai
 -- holds against an emit of the key (store/sql/events.py LOCK_EVENT). Waiters share it, so they never queue
 -- on each other. A loop, each statement with a fresh snapshot: a row another transaction inserted meanwhile
 -- is then locked, and one deleted meanwhile (retention) is inserted again, so the call never returns unlocked.
+-- An emit in flight holds the row: the settle waits for it at most 50 ms (its lock_timeout, then put back),
+-- since it holds the worker's one shared connection; past that the settle fails with lock_not_available and
+-- the worker settles those waits as a recheck instead (store/events.py recheck).
 CREATE FUNCTION dygo_lock_event(p_key text) RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_timeout text := current_setting('lock_timeout');
 BEGIN
+    PERFORM set_config('lock_timeout', '50ms', true);
     LOOP
         PERFORM 1 FROM dygo_events WHERE key = p_key FOR SHARE;
-        IF FOUND THEN
-            RETURN;
-        END IF;
+        EXIT WHEN FOUND;
         INSERT INTO dygo_events (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING;
-        IF FOUND THEN
-            RETURN;
-        END IF;
+        EXIT WHEN FOUND;
     END LOOP;
+    PERFORM set_config('lock_timeout', v_timeout, true);
 END
 $$;

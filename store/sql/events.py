@@ -5,8 +5,9 @@ Every path that ends a wait takes the rows in one order: the event's row, then s
 waiting settle holds the event's row FOR SHARE from before it takes any job row (store/leases.py Wait.lock)
 until it commits; an emit takes it exclusively before it looks for waits. Whichever comes second runs its
 next statement with a snapshot taken after the first committed, and so sees the other's work: a settle sees
-the emit (and records its wait as done), or the emit sees the waiting step (and wakes it). The timeout sweep
-takes step rows with SKIP LOCKED, then job rows, and never an event's row.
+the emit (and records its wait as done), or the emit sees the waiting step (and wakes it). A settle waits for
+an emit in flight at most 50 ms (dygo_lock_event), then fails, and the worker settles the wait as a recheck
+(store/events.py). The timeout sweep takes step rows with SKIP LOCKED, then job rows, and never an event's row.
 """
 
 # The event's row, FOR SHARE until the settle's transaction ends (a placeholder first if the key has none).
