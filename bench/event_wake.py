@@ -12,8 +12,9 @@ transaction, flat out or `--rate` emits a second. Each job's handler returns the
 after the wait. Latency per job = that second - the moment its emit's transaction committed (the commit's
 return here; same host, same clock). Rate = jobs / (the last job's resume - the first commit).
 
-Printed per round: p50, p95, p99, max latency and jobs/s, then the median round; and the emitter's time in its
-transactions, commits included, per emit (µs/emit).
+Printed per round: p50, p95, p99, max latency and jobs/s, then the median round; the emitter's time in its
+transactions, commits included, per emit (µs/emit); and, measured after the round, a one-row INSERT committed on
+its own from this process (µs/INSERT): an emit's floor on this disk at that moment.
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ from dygo.store.events import emit  # noqa: E402
 from dygo.store.migrate import migrate  # noqa: E402
 
 DATABASE = "bench_event_wake"
+
+
+def bare_insert_us(conn: psycopg.Connection, count: int = 300) -> float:
+    """The floor of an emit in its own transaction: a one-row INSERT committed on its own (one round trip and
+    a commit's WAL flush), from this process, measured in each round next to the emits."""
+    conn.execute("CREATE TABLE IF NOT EXISTS bench_bare_insert (key text, payload jsonb)")
+    began = time.perf_counter()
+    for n in range(count):
+        conn.execute("INSERT INTO bench_bare_insert VALUES (%s, 'null')", (f"k:{n}",))
+    elapsed = time.perf_counter() - began
+    conn.execute("DROP TABLE bench_bare_insert")
+    return elapsed / count * 1e6
 
 
 def one_round(
@@ -107,6 +120,7 @@ def main() -> int:
                 latencies, jobs_per_s, per_emit = one_round(conn, worker, args.jobs, args.burst, args.rate)
                 ordered = sorted(latencies)
                 summary = [percentile(ordered, p) for p in (50, 95, 99)] + [ordered[-1], jobs_per_s, per_emit]
+                summary.append(bare_insert_us(conn))
                 print(f"round {number + 1} done", file=sys.stderr, flush=True)
                 rounds.append(summary)
     pace = f"{args.rate:g} emits/s" if args.rate else "flat out"
@@ -114,13 +128,16 @@ def main() -> int:
         f"{args.jobs} jobs waiting for their own keys, emitted {pace}, {args.burst} per transaction; one worker at "
         f"concurrency {args.concurrency}; ms from the emit's commit to the handler going on\n"
     )
-    print(f"{'round':>6} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8} {'jobs/s':>8} {'µs/emit':>8}")
-    for number, (p50, p95, p99, most, jobs_per_s, per_emit) in enumerate(rounds, 1):
-        print(f"{number:>6} {p50:>8.1f} {p95:>8.1f} {p99:>8.1f} {most:>8.1f} {jobs_per_s:>8.0f} {per_emit:>8.0f}")
-    p50, p95, p99, most, jobs_per_s, per_emit = (statistics.median(r[i] for r in rounds) for i in range(6))
+    print(f"{'round':>6} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8} {'jobs/s':>8} {'µs/emit':>8} {'µs/INSERT':>9}")
+    for number, (p50, p95, p99, most, jobs_per_s, per_emit, bare) in enumerate(rounds, 1):
+        print(
+            f"{number:>6} {p50:>8.1f} {p95:>8.1f} {p99:>8.1f} {most:>8.1f} {jobs_per_s:>8.0f} {per_emit:>8.0f} "
+            f"{bare:>9.0f}"
+        )
+    p50, p95, p99, most, jobs_per_s, per_emit, bare = (statistics.median(r[i] for r in rounds) for i in range(7))
     print(
         f"\nmedian of the rounds: p50 {p50:.1f} ms, p95 {p95:.1f} ms, p99 {p99:.1f} ms, max {most:.1f} ms, "
-        f"{jobs_per_s:.0f} jobs/s, {per_emit:.0f} µs per emit"
+        f"{jobs_per_s:.0f} jobs/s, {per_emit:.0f} µs per emit; a one-row INSERT committed alone {bare:.0f} µs"
     )
     return 0
 
