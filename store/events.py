@@ -31,6 +31,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,6 +49,8 @@ from psycopg.pq import TransactionStatus
 
 if TYPE_CHECKING:
     from dygo.store.steps import Steps
+
+log = logging.getLogger("dygo.worker")
 
 MAX_KEY = 200  # characters of an event key
 MAX_PAYLOAD_BYTES = 1024 * 1024  # of an event's payload as JSON: it becomes the waits' step result
@@ -290,6 +293,8 @@ def recheck(outcomes: list[Outcome]) -> list[Outcome] | None:
             )
             changed = True
         again.append(outcome)
+    if changed:
+        log.info("event waits met an emit of their key in flight: their jobs read it again in %gs", RECHECK_DELAY)
     return again if changed else None
 
 
