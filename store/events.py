@@ -17,8 +17,8 @@ The settle waits for an emit in flight at most 50 ms (it holds the worker's one 
 that it records no wait, and the job runs again RECHECK_DELAY later and reads the event then (`recheck`).
 
 The run after the wake replays the job's steps; the wait returns the payload (JSON-decoded) without waiting
-again. A wait whose deadline passes is timed out by a worker's sweep (worker/event_timeouts.py, every few
-seconds), and its replay raises EventTimeout, which the handler may catch.
+again. A wait whose deadline passes is timed out by a worker's sweep (worker/event_timeouts.py, every
+second), and its replay raises EventTimeout, which the handler may catch.
 
 A callback URL (`callback_url`) lets a third party emit one key through `dygo serve` without an API token: it
 carries an HMAC-SHA256 of the key made with DYGO_SECRET_KEY, which serve and the processes making the URLs
@@ -236,7 +236,7 @@ async def wait_for_event(steps: Steps, name: str, key: str, timeout: Any) -> Any
             raise EventTimeout(step, event, seconds)
         if recorded.state != "waiting":
             raise StepError(step, "recorded as another kind of step, not an event wait: they cannot share a name")
-        raise _suspended(steps, step, seq, event, seconds)  # woken early (an operator): wait again
+        raise _suspended(steps, step, seq, event, seconds)  # run before its wait ended (a retry): wait again
     steps._check_new(step, seq)
     lease = steps.lease
     params = {
