@@ -4,7 +4,8 @@ Every path under /api/, and /metrics, needs a token once any token is configured
 HEAD, an `admin` token for everything else. The check is middleware rather than a per-route
 dependency, so a route added later is protected without anyone remembering to, and an
 unauthenticated request is refused before its body is read. /healthz, /readyz and the OpenAPI
-documents stay open (load balancers and browsers reach them without a token).
+documents stay open (load balancers and browsers reach them without a token), and so do events' callback
+URLs, whose route checks the signature they carry instead (app/events.py).
 """
 
 from __future__ import annotations
@@ -77,8 +78,17 @@ def _fingerprint(digest: bytes) -> str:
     return hashlib.sha256(b"dygo-session-token\n" + digest).hexdigest()[:32]
 
 
+# A callback URL's path (app/events.py): its signature is its credential, checked by the route, so a third
+# party can call it with no token.
+SIGNED_PATHS = re.compile(r"^/api/v1/events/[^/]+/callback$")
+
+
+def signed(path: str) -> bool:
+    return SIGNED_PATHS.match(path) is not None
+
+
 def _protected(path: str) -> bool:
-    return path.startswith(PROTECTED_PREFIX) or path in PROTECTED_PATHS
+    return (path.startswith(PROTECTED_PREFIX) and not signed(path)) or path in PROTECTED_PATHS
 
 
 class BearerAuth:

@@ -21,6 +21,7 @@ from dygo.app.dashboard import error_page, install_dashboard, is_dashboard
 from dygo.app.db import ServePools, down
 from dygo.app.docs import install_docs
 from dygo.app.errors import coded_response, error_response
+from dygo.app.events import router as events_router
 from dygo.app.guard import HostRule, Perimeter
 from dygo.app.jobs import add_enqueue_routes
 from dygo.app.jobs import router as jobs_router
@@ -109,6 +110,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
     app.include_router(limits_router)
     app.include_router(schedules_router)
     app.include_router(workflows_router)
+    app.include_router(events_router)
     app.include_router(system_router)
     install_metrics(app)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from dygo.app.auth import PROTECTED_PREFIX
+from dygo.app.auth import PROTECTED_PREFIX, signed
 from dygo.app.schemas import EnqueueOptions
 from dygo.store.registry import Registry
 from fastapi import FastAPI
@@ -151,6 +151,6 @@ def _declare_bearer(schema: dict[str, Any]) -> None:
         }
     }
     for path, operations in schema["paths"].items():
-        if path.startswith(PROTECTED_PREFIX):
+        if path.startswith(PROTECTED_PREFIX) and not signed(path):
             for operation in operations.values():
                 operation["security"] = [{"bearer": []}]

@@ -253,8 +253,13 @@ class Step(BaseModel):
     seq: int = Field(description="Its call's position in the run that recorded it (the order of the list)")
     attempt: int = Field(description="The job's attempt that recorded it")
     recorded_at: datetime
-    duration: float = Field(description="Seconds its function ran; for a sleep, the seconds it sleeps")
-    result: Any = Field(description="The JSON its function returned (null for None and for a sleep)")
+    duration: float = Field(
+        description="Seconds its function ran; for a sleep, the seconds it sleeps; for an event wait that ended, "
+        "the seconds it waited"
+    )
+    result: Any = Field(
+        description="The JSON its function returned (null for None and for a sleep); an event wait's: the payload"
+    )
     wake_at: datetime | None = Field(description="A sleep's end; an event wait's timeout; null otherwise")
     state: Literal["waiting", "done", "failed", "timed_out"] | None = Field(
         None,

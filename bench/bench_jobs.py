@@ -40,3 +40,10 @@ async def snooze_until(ctx: JobContext, args: dict) -> None:
     left = args["until"] - time.time()
     if left > 0:
         raise Snooze(left)
+
+
+@job("bench.wait_event")
+async def wait_event(ctx: JobContext, args: dict) -> float:
+    """Waits for the event `key` (bench/event_wake.py); returns the epoch second its run went on after the wait."""
+    await ctx.wait_for_event("e", key=args["key"])
+    return time.time()

@@ -249,6 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="one workflow and its nodes",
     )
     show.add_argument("id", type=positive_int)
+    events = command("events", "emit an event: wake the jobs waiting for its key (ctx.wait_for_event)")
+    event_actions = events.add_subparsers(dest="events_command", required=True, metavar="ACTION")
+    emit = event_actions.add_parser(
+        "emit",
+        help="emit the event KEY (the first emit of a key wins; a later one changes nothing)",
+        description="emit an event: the jobs waiting for its key resume with its payload",
+    )
+    emit.add_argument("key", metavar="KEY", help="the event's key (e.g. 'order:42')")
+    emit.add_argument("--payload", type=json_value, metavar="JSON", help="the event's payload, as JSON (default: null)")
     command("status", "show each queue's jobs by state, its lag and pause, the live workers and the failing kinds")
 
     db = commands.add_parser("db", help="the embedded PostgreSQL server (used when DATABASE_URL is unset)")
@@ -290,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                 return jobs_command(settings, args)
             if args.command == "workflows":
                 return workflows_command(settings, args)
+            if args.command == "events":
+                return events_command(settings, args)
         raise AssertionError(f"no handler for the command {args.command!r}")
     except ConfigError as exc:
         print(f"dygo: configuration error: {exc}", file=sys.stderr)
@@ -725,6 +736,9 @@ def _show_steps(conn: psycopg.Connection, job_id: int) -> int:
     for step in recorded:
         if step["op"] == "sleep":
             shown = f"wakes {_utc(step['wake_at'])}"
+        elif step["op"] == "event" and step["state"] != "done":  # a wait for an event: its key and state
+            deadline = f" until {_utc(step['wake_at'])}" if step["wake_at"] else ""
+            shown = f"{step['state']} for event {step['waits_for']!r}{deadline}"
         else:
             text = json.dumps(step["result"])
             shown = text if len(text) <= 60 else text[:59] + "…"
@@ -818,6 +832,37 @@ def _act_on_jobs(conn: psycopg.Connection, action: str, ids: list[int]) -> int:
             continue
         print(f"job {job_id}: {'retried' if action == 'retry' else 'cancelled'}, now {job['state']}")
     return code
+
+
+def json_value(text: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"must be JSON (a quoted string is '\"text\"'), got {text!r}: {exc}") from None
+
+
+def events_command(settings: Settings, args: argparse.Namespace) -> int:
+    """`dygo events emit KEY`: store.events.emit, as POST /api/v1/events/{key} does. Exit 1 for a bad key or
+    payload; a duplicate (the key was emitted before) is said, and exits 0."""
+    from dygo.store import events
+    from dygo.store.db import database_url
+    from dygo.store.errors import EventError
+    from dygo.store.migrate import check_schema
+
+    with psycopg.connect(database_url(settings), autocommit=True) as conn:
+        check_schema(conn)
+        try:
+            emitted = events.emit(conn, args.key, args.payload)
+        except EventError as exc:
+            print(f"dygo: {exc}", file=sys.stderr)
+            return 1
+    if emitted.duplicate:
+        print(f"event {args.key!r} was emitted before: the first emit wins, so nothing changed and nobody woke")
+    else:
+        print(f"emitted event {args.key!r}: {emitted.woken} waiting job(s) woken")
+    return 0
 
 
 def workflows_command(settings: Settings, args: argparse.Namespace) -> int:

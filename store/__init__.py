@@ -6,6 +6,8 @@ from dygo.store.errors import (
     ChildFailed,
     ConfigError,
     EnqueueError,
+    EventError,
+    EventTimeout,
     LeaseLost,
     Reportable,
     Retry,
@@ -17,6 +19,7 @@ from dygo.store.errors import (
     StepOrderError,
     Suspended,
 )
+from dygo.store.events import Emitted, aemit, callback_url, emit
 from dygo.store.registry import JobContext, job, make_context, registry
 from dygo.store.results import await_for_result, wait_for_result
 from dygo.store.results import result as result  # deprecated alias of await_for_result, for one release
@@ -29,6 +32,9 @@ __all__ = [
     "ConfigError",
     "EnqueueError",
     "Enqueued",
+    "Emitted",
+    "EventError",
+    "EventTimeout",
     "JobContext",
     "JobRequest",
     "LeaseLost",
@@ -43,12 +49,15 @@ __all__ = [
     "Suspended",
     "Workflow",
     "WorkflowError",
+    "aemit",
     "aenqueue",
     "aenqueue_many",
     "aenqueue_workflow",
     "await_for_result",
     "batch",
+    "callback_url",
     "chain",
+    "emit",
     "enqueue",
     "enqueue_many",
     "enqueue_workflow",

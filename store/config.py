@@ -318,6 +318,7 @@ class FileSettings(BaseModel):
     dead_retention: Retention = 30 * 86400.0
     cancelled_retention: Retention = 30 * 86400.0
     workflow_retention: Retention = 30 * 86400.0  # finished workflows' own rows (their jobs follow the above)
+    event_retention: Retention = 7 * 86400.0  # events (store/events.py), after their emit, and waits' placeholders
     stats_retention: Retention = 90 * 86400.0  # daily stats rows, by their day
     retention_interval: PositiveDuration = 60.0  # how often one worker of the cluster trims
     # Database connections each `dygo serve` process may hold for requests (its LISTEN connection for

@@ -170,6 +170,29 @@ class LeaseLost(DygoError):
         super().__init__(f"job {job_id}: step {key!r} not recorded: this run lost the job's lease")
 
 
+# --- Events (store/events.py) ---------------------------------------------------------------------
+
+
+class EventError(CodedError):
+    """An event's key or payload, or a wait's timeout, breaks a rule; the message names the field (422)."""
+
+    http_status = 422
+
+    def __init__(self, field: str, rule: str) -> None:
+        self.field, self.rule = field, rule
+        super().__init__("invalid_event", f"{field}: {rule}", {"field": field})
+
+
+class EventTimeout(DygoError):
+    """Raised by `ctx.wait_for_event` when its timeout passed before the event was emitted. A handler may catch
+    it and go on (its replays raise it again at the same wait); uncaught, it fails the attempt like any error."""
+
+    def __init__(self, key: str, event: str, timeout: float | None) -> None:
+        self.key, self.event, self.timeout = key, event, timeout
+        after = "" if timeout is None else f" within {timeout:g}s"
+        super().__init__(f"step {key!r}: event {event!r} was not emitted{after}")
+
+
 # --- Admin operations ---------------------------------------------------------------------------
 
 

@@ -1,11 +1,12 @@
 """Retention: the worker's trimming of old history, one worker of the cluster at a time.
 
 A pass deletes succeeded, dead and cancelled jobs (skipped ones with the cancelled) older than their
-retention, the recorded steps of jobs deleted since (store/steps.py), expired idempotency keys, the expired
-rows of result waiters that died waiting (store/results.py) and old daily and minute stats, in batches that
-each commit on their own (no long row locks, no long transaction holding back vacuum), and a bounded number
-of batches per kind so one pass never runs long. What is left over is taken by the next pass.
-Every statement lives in store/sql/retention.py.
+retention, events and waits' placeholders older than theirs (store/events.py), the recorded steps of jobs
+deleted since (store/steps.py), expired idempotency keys, the expired rows of result waiters that died
+waiting (store/results.py) and old daily and minute stats, in batches that each commit on their own (no long
+row locks, no long transaction holding back vacuum), and a bounded number of batches per kind so one pass
+never runs long. What is left over is taken by the next pass. Every statement lives in
+store/sql/retention.py, but for the events' (store/sql/events.py).
 
 Each batch takes the cluster-wide retention lock in its own transaction (a transaction-level advisory
 lock, so it works through PgBouncer in transaction mode, where a session lock would stay with a server
@@ -25,6 +26,7 @@ import psycopg
 from dygo.store import admin
 from dygo.store.config import Settings
 from dygo.store.db import one
+from dygo.store.sql import events as events_sql
 from dygo.store.sql import retention as sql
 from dygo.store.sql.leases import INDEX_SCANS_ONLY
 
@@ -45,6 +47,7 @@ class RetentionPeriods:
     cancelled: float
     daily_stats: float
     workflows: float = 0.0
+    events: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetentionPeriods:
@@ -54,6 +57,7 @@ class RetentionPeriods:
             settings.cancelled_retention,
             settings.stats_retention,
             settings.workflow_retention,
+            settings.event_retention,
         )
 
 
@@ -66,6 +70,7 @@ class Trimmed:
     cancelled: int = 0
     skipped: int = 0  # kept as long as cancelled jobs (cancelled_retention)
     workflows: int = 0
+    events: int = 0  # emitted events and waits' placeholders (store/events.py)
     steps: int = 0  # of jobs deleted since the last pass
     idempotency_keys: int = 0
     result_waiters: int = 0
@@ -122,6 +127,8 @@ async def trim(connections: Connections, periods: RetentionPeriods, walk: Succee
             trimmed.skipped = await _repeat(connections, sql.TRIM_SKIPPED, periods.cancelled, trimmed)
         if periods.workflows:
             trimmed.workflows = await _repeat(connections, sql.TRIM_WORKFLOWS, periods.workflows, trimmed)
+        if periods.events:
+            trimmed.events = await _repeat(connections, events_sql.TRIM_EVENTS, periods.events, trimmed)
         trimmed.steps = await _repeat(connections, sql.TRIM_ORPHAN_STEPS, 0.0, trimmed)
         trimmed.idempotency_keys = await _repeat(connections, sql.TRIM_EXPIRED_KEYS, 0.0, trimmed)
         trimmed.result_waiters = await _repeat(connections, sql.TRIM_EXPIRED_WAITERS, 0.0, trimmed)

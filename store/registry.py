@@ -154,6 +154,35 @@ class JobContext:
             raise RuntimeError(f"ctx.{method} needs a worker's database connection; this context has none")
         return self.steps
 
+    # -- events (store/events.py)
+
+    async def wait_for_event(self, name: str, /, *, key: str, timeout: str | float | timedelta | None = None) -> Any:
+        """Wait, as the step `name#n`, until the event `key` is emitted (`dygo.emit`, the API, a callback URL),
+        without holding a slot: returns its payload (as JSON decodes it), at once if it was emitted before.
+        Until then the job is `waiting` (its attempt not spent). EventTimeout, which the handler may catch,
+        when `timeout` ("3d", seconds, a timedelta; None: none) passes first. Let Suspended through."""
+        if self.steps is None:
+            raise RuntimeError("ctx.wait_for_event needs a worker's database connection; this context has none")
+        from dygo.store.events import wait_for_event
+
+        return await wait_for_event(self.steps, name, key, timeout)
+
+    def wait_for_event_sync(self, name: str, /, *, key: str, timeout: str | float | timedelta | None = None) -> Any:
+        """`wait_for_event` for a sync handler (`def`, run in its own thread)."""
+        if self.steps is None:
+            raise RuntimeError("ctx.wait_for_event_sync needs a worker's database connection; this context has none")
+        from dygo.store.events import wait_for_event
+
+        steps = self.steps
+        steps._not_on_loop("wait_for_event_sync", "await ctx.wait_for_event(...)")
+        return steps._on_loop(wait_for_event(steps, name, key, timeout))
+
+    def callback_url(self, key: str, base_url: str = "") -> str:
+        """A URL that emits the event `key` when POSTed to, with no API token (store.events.callback_url)."""
+        from dygo.store.events import callback_url
+
+        return callback_url(key, base_url)
+
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far the job is, 0 to 1, with an optional message. Cheap to call often: the
         worker keeps the latest value and writes it at most once a second (API and dashboard show it)."""

@@ -397,6 +397,27 @@ END
 $_$;
 
 --
+-- Name: dygo_lock_event(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_lock_event(p_key text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM set_config('lock_timeout', '50ms', true);
+    LOOP
+        PERFORM 1 FROM dygo_events WHERE key = p_key FOR SHARE;
+        EXIT WHEN FOUND;
+        INSERT INTO dygo_events (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING;
+        EXIT WHEN FOUND;
+    END LOOP;
+    PERFORM set_config('lock_timeout', v_timeout, true);
+END
+$$;
+
+--
 -- Name: dygo_lock_workflows(bigint[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -600,6 +621,17 @@ CREATE TABLE public.dygo_edges (
     state text DEFAULT 'open'::text NOT NULL,
     CONSTRAINT dygo_edges_policy_check CHECK ((policy = ANY (ARRAY['cancel'::text, 'continue'::text, 'skip'::text, 'hold'::text, 'on_failure'::text]))),
     CONSTRAINT dygo_edges_state_check CHECK ((state = ANY (ARRAY['open'::text, 'met'::text, 'cancel'::text, 'skip'::text, 'held'::text])))
+);
+
+--
+-- Name: dygo_events; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.dygo_events (
+    key text NOT NULL,
+    payload jsonb,
+    emitted_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 --
@@ -975,6 +1007,13 @@ ALTER TABLE ONLY public.dygo_edges
     ADD CONSTRAINT dygo_edges_pkey PRIMARY KEY (upstream, downstream);
 
 --
+-- Name: dygo_events dygo_events_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_events
+    ADD CONSTRAINT dygo_events_pkey PRIMARY KEY (key);
+
+--
 -- Name: dygo_idempotency_keys dygo_idempotency_keys_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1092,6 +1131,12 @@ CREATE INDEX dygo_edges_downstream ON public.dygo_edges USING btree (downstream)
 CREATE INDEX dygo_edges_workflow ON public.dygo_edges USING btree (workflow_id);
 
 --
+-- Name: dygo_events_age; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX dygo_events_age ON public.dygo_events USING btree (COALESCE(emitted_at, created_at));
+
+--
 -- Name: dygo_idempotency_keys_expiry; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1168,6 +1213,18 @@ CREATE INDEX dygo_schedules_due ON public.dygo_schedules USING btree (next_run_a
 --
 
 CREATE INDEX dygo_steps_sleeps ON public.dygo_steps USING btree (wake_at) WHERE (op = 'sleep'::text);
+
+--
+-- Name: dygo_steps_wait_deadline; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX dygo_steps_wait_deadline ON public.dygo_steps USING btree (wake_at) WHERE (state = 'waiting'::text);
+
+--
+-- Name: dygo_steps_waits_for; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX dygo_steps_waits_for ON public.dygo_steps USING btree (waits_for) WHERE (state = 'waiting'::text);
 
 --
 -- Name: dygo_workflows_finished; Type: INDEX; Schema: public; Owner: -

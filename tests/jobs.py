@@ -496,3 +496,45 @@ async def steps_abc(ctx: JobContext, args: dict) -> list:
     if await asyncio.to_thread(effect, ctx, "check") == 1:
         raise RuntimeError("dies after its steps")
     return results
+
+
+# --- events (tests/test_steps_events.py): ctx.wait_for_event, each effect a test_runs row naming it ----------
+
+
+@job("test.wait_event", max_attempts=3, retry_backoff="50ms")
+async def wait_event(ctx: JobContext, args: dict) -> dict:
+    """A step, a wait for the event `key` (with `timeout`; `catch`: a timeout is caught), another step. `pause`:
+    seconds the run number `pause_at` (default 1) sleeps before the wait; `fail_once`: the run after the event
+    fails once, so its retry replays the wait."""
+    from dygo.store.errors import EventTimeout
+
+    await ctx.step("before", effect, ctx, "before")
+    runs = await asyncio.to_thread(effect, ctx, "run")
+    if args.get("pause") and runs == args.get("pause_at", 1):  # one run only: a test acts meanwhile
+        await asyncio.sleep(args["pause"])
+    try:
+        payload = await ctx.wait_for_event("approval", key=args["key"], timeout=args.get("timeout"))
+    except EventTimeout as exc:
+        if not args.get("catch"):
+            raise
+        await asyncio.to_thread(record, ctx, "timed out")
+        return {"timed_out": str(exc), "attempt": ctx.attempt}
+    await ctx.step("after", effect, ctx, "after")
+    if args.get("fail_once") and await asyncio.to_thread(effect, ctx, "fail") == 1:
+        raise RuntimeError("failing once after the event")
+    return {"payload": payload, "attempt": ctx.attempt}
+
+
+@job("test.wait_event_sync", max_attempts=3)
+def wait_event_sync(ctx: JobContext, args: dict) -> dict:
+    """`wait_event` as a sync handler, without the options."""
+    ctx.step_sync("before", effect, ctx, "before")
+    payload = ctx.wait_for_event_sync("approval", key=args["key"])
+    ctx.step_sync("after", effect, ctx, "after")
+    return {"payload": payload, "attempt": ctx.attempt}
+
+
+@job("test.callback_url", max_attempts=1)
+async def callback_url(ctx: JobContext, args: dict) -> str:
+    """The callback URL of the event `key`, as a worker makes it."""
+    return ctx.callback_url(args["key"])

@@ -12,13 +12,29 @@ SAMPLE_PATH_VALUES = {"job_id": "1", "name": "default"}
 
 
 def every_api_operation(api) -> list[tuple[str, str]]:
-    """(method, path) of every operation the OpenAPI document lists under /api/, path parameters filled."""
+    """(method, path) of every operation the OpenAPI document lists under /api/ with the bearer scheme, path
+    parameters filled. The others (events' callback URLs) carry a signature instead: they have tests of their
+    own (tests/test_api_events.py), and test_only_callback_urls_go_without_a_token checks there are no more."""
     operations = []
     for path, methods in api.anon.get("/openapi.json").json()["paths"].items():
         if path.startswith("/api/"):
             concrete = re.sub(r"\{(\w+)\}", lambda m: SAMPLE_PATH_VALUES.get(m.group(1), "x"), path)
-            operations += [(method.upper(), concrete) for method in methods]
+            operations += [(method.upper(), concrete) for method, op in methods.items() if "security" in op]
     return operations
+
+
+def test_only_callback_urls_go_without_a_token(module_api):
+    paths = module_api.anon.get("/openapi.json").json()["paths"]
+    open_operations = [
+        (method, path)
+        for path, methods in paths.items()
+        if path.startswith("/api/")
+        for method, operation in methods.items()
+        if "security" not in operation
+    ]
+    assert open_operations == [("post", "/api/v1/events/{key}/callback")]
+    refused = module_api.anon.post("/api/v1/events/x/callback", params={"sig": "forged"}, json=1)
+    assert refused.status_code == 403  # no token needed, but the signature is checked
 
 
 def test_the_document_lists_every_area(module_api):

@@ -83,7 +83,7 @@ ADDED_JOB_COLUMNS = r', "(node_id|parent_id|parent_step|parent_index)": null'
 
 def _without_node_ids(tables: dict[str, list[str]]) -> dict[str, list[str]]:
     """The rows, without the workflow and step tables and the job column later migrations added (empty and NULL)."""
-    added = ("dygo_workflows", "dygo_nodes", "dygo_edges", "dygo_steps")
+    added = ("dygo_workflows", "dygo_nodes", "dygo_edges", "dygo_steps", "dygo_events")
     kept = {t: r for t, r in tables.items() if t not in added}
     kept["dygo_jobs"] = sorted(re.sub(ADDED_JOB_COLUMNS, "", r) for r in kept["dygo_jobs"])
     return kept

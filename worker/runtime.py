@@ -43,6 +43,7 @@ from dygo.store.outage import describe, is_outage
 from dygo.store.registry import Registry
 from dygo.worker.capacity import Capacity
 from dygo.worker.database import WorkerConnections
+from dygo.worker.event_timeouts import EventTimeouts
 from dygo.worker.executor import Executor
 from dygo.worker.lease_keeper import LeaseKeeper
 from dygo.worker.lifecycle import announce
@@ -121,6 +122,7 @@ class Worker:
             self.services.append(self.scheduler)
         self.services += [
             Maintainer(self.heartbeat, self.recovery, StaleWorkers(self.database), Retention(self.database, settings)),
+            EventTimeouts(self.database),  # the deadlines of event waits (store/events.py)
             LeaseKeeper(self.database, leased, settings.lease_ttl),
             self.progress,
             self.settler,
@@ -159,6 +161,7 @@ class Worker:
             await self.scheduler.sync()
             await self.scheduler.fire_due()
         await self.recovery.run_once()
+        await EventTimeouts(self.database).run_once()
         progress = self.progress.start()
         async with self.database.connection() as conn:
             claimed = (

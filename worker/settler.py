@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Protocol
 
 import psycopg
-from dygo.store import leases, limits
+from dygo.store import events, leases, limits
 from dygo.store.leases import ClaimedJob, Outcome, Succeeded, Unsuccessful, settle_delay
 from dygo.worker.database import WorkerConnections
 from dygo.worker.telemetry import WorkerStats, outcome_name
@@ -102,6 +102,16 @@ class Settler:
                 if claimed_here:
                     self.wakeups.limit_slots_freed(claimed_here)
                 await self.database.back()
+            except psycopg.errors.LockNotAvailable as exc:
+                # An event wait met an emit in flight (store/events.py recheck): its job checks again soon.
+                again = events.recheck(batch)
+                if again is None:
+                    await self.database.failed(f"settling {len(batch)} job(s)", exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+                else:
+                    self.outbox[: len(batch)] = again
+                continue
             except (psycopg.Error, OSError) as exc:
                 await self.database.failed(f"settling {len(batch)} job(s)", exc)
                 await asyncio.sleep(delay)

@@ -7,7 +7,7 @@ token; every action redirects back with a flash message saying what changed.
 
 One module per page area, as the JSON API has one router per area: login (sign-in, sign-out),
 overview, jobs (list, one job, bulk actions, dead letters), workflows (list, graph, node actions),
-queues (limits, purge, vacuum) and schedules; visitor (session, role, CSRF), rendering (pages,
+queues (limits, purge, vacuum), schedules and events (emit); visitor (session, role, CSRF), rendering (pages,
 redirects, error pages) and filters (the templates' filters) serve them all. This module wires them into the app.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from dygo.app.auth import Tokens
-from dygo.app.dashboard import jobs, login, overview, queues, schedules, workflows
+from dygo.app.dashboard import events, jobs, login, overview, queues, schedules, workflows
 from dygo.app.dashboard.rendering import TEMPLATES, error_page
 from dygo.app.dashboard.visitor import PREFIX, LoginRequired, Refused
 from dygo.app.session import Signer, secret_key
@@ -28,7 +28,7 @@ from fastapi.staticfiles import StaticFiles
 __all__ = ["PREFIX", "LoginRequired", "Refused", "error_page", "install_dashboard", "is_dashboard", "router"]
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
-for area in (login, overview, jobs, workflows, queues, schedules):
+for area in (login, overview, jobs, workflows, queues, schedules, events):
     router.include_router(area.router)
 
 

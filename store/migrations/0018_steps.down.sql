@@ -1,5 +1,5 @@
--- Undo 0018: the recorded steps go; a job that used them runs its steps again on its next attempt.
--- Children: 0017's triggers come back; a child job stays an ordinary job, its parent no longer counted.
+-- Undo 0018: the recorded steps and the events go; a job that used them runs its steps again on its next
+-- attempt. Children: 0017's triggers come back; a child job stays an ordinary job, its parent no longer counted.
 CREATE OR REPLACE FUNCTION dygo_jobs_updated() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -82,4 +82,6 @@ $$;
 DROP FUNCTION dygo_children_ended(bigint[], text[], integer[]);
 DROP INDEX dygo_jobs_parent;
 ALTER TABLE dygo_jobs DROP COLUMN parent_id, DROP COLUMN parent_step, DROP COLUMN parent_index;
+DROP FUNCTION dygo_lock_event(text);
+DROP TABLE dygo_events;
 DROP TABLE dygo_steps;

@@ -224,3 +224,44 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- Events (`ctx.wait_for_event`, `dygo.emit`; store/events.py tells the whole rule). One row per event key:
+-- the first emit writes its payload and emitted_at (first write wins: a later emit changes nothing), and a
+-- wait that begins before any emit leaves a placeholder (emitted_at NULL), so that a waiting settle and an
+-- emit always meet on the same row: the settle holds it FOR SHARE, the emit takes it exclusively, and
+-- whichever comes second sees what the first did. Retention deletes a row once it is older than
+-- event_retention (an emitted one counted from its emit).
+CREATE TABLE dygo_events (
+    key        text        PRIMARY KEY,
+    payload    jsonb,                  -- the first emit's; NULL for null and for a placeholder
+    emitted_at timestamptz,            -- its emit's transaction's start; NULL: a wait's placeholder, not emitted yet
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX dygo_events_age ON dygo_events ((coalesce(emitted_at, created_at)));
+
+-- The event waits an emit wakes (by key) and the timeout sweep finds (by deadline): waiting rows only.
+CREATE INDEX dygo_steps_waits_for ON dygo_steps (waits_for) WHERE state = 'waiting';
+CREATE INDEX dygo_steps_wait_deadline ON dygo_steps (wake_at) WHERE state = 'waiting';
+
+-- Takes an event's row FOR SHARE, first leaving a placeholder if the key has none: the lock a waiting settle
+-- holds against an emit of the key (store/sql/events.py LOCK_EVENT). Waiters share it, so they never queue
+-- on each other. A loop, each statement with a fresh snapshot: a row another transaction inserted meanwhile
+-- is then locked, and one deleted meanwhile (retention) is inserted again, so the call never returns unlocked.
+-- An emit in flight holds the row: the settle waits for it at most 50 ms (its lock_timeout, then put back),
+-- since it holds the worker's one shared connection; past that the settle fails with lock_not_available and
+-- the worker settles those waits as a recheck instead (store/events.py recheck).
+CREATE FUNCTION dygo_lock_event(p_key text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM set_config('lock_timeout', '50ms', true);
+    LOOP
+        PERFORM 1 FROM dygo_events WHERE key = p_key FOR SHARE;
+        EXIT WHEN FOUND;
+        INSERT INTO dygo_events (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING;
+        EXIT WHEN FOUND;
+    END LOOP;
+    PERFORM set_config('lock_timeout', v_timeout, true);
+END
+$$;
