@@ -540,7 +540,7 @@ BEGIN
     WITH stopped AS (
         SELECT * FROM dygo_move_node_jobs(
             ARRAY(SELECT id FROM dygo_nodes WHERE workflow_id = ANY(workflows) AND state = 'running' ORDER BY id),
-            ARRAY['pending', 'paused'], 'cancelled')
+            ARRAY['pending', 'paused', 'waiting'], 'cancelled')
     ), counted AS (
         UPDATE dygo_nodes n SET cancelled = n.cancelled + s.n, jobs_left = n.jobs_left - s.n
         FROM stopped s WHERE n.id = s.node_id

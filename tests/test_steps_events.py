@@ -332,3 +332,20 @@ def test_a_settle_that_cannot_take_an_event_row_rechecks_only_event_waits():
         True,
         None,
     )
+
+
+def test_cancelling_a_workflow_cancels_its_job_waiting_for_an_event(conn, spawn):
+    from dygo.store.workflows import Workflow, cancel_workflow, enqueue_workflow, get_workflow
+
+    wf = Workflow("approval")
+    wf.add("approve", "test.wait_event", {"key": "order:wf"})
+    handle = enqueue_workflow(conn, wf)
+    job_id = handle.jobs["approve"]
+    spawn("worker").wait_for_line("started")
+    waiting(conn, job_id)
+
+    cancel_workflow(conn, handle.id)
+    assert job_row(conn, job_id)["state"] == "cancelled"
+    assert get_workflow(conn, handle.id)["state"] == "cancelled"
+    assert emit(conn, "order:wf", {}).woken == 0  # its event no longer runs it
+    assert effects(conn, job_id) == {"before": 1, "run": 1}

@@ -79,6 +79,31 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION dygo_stop_workflows(workflows bigint[]) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    touched bigint[];
+BEGIN
+    WITH doomed AS (
+        UPDATE dygo_nodes SET cancels = cancels + 1
+        WHERE workflow_id = ANY(workflows) AND state = 'waiting'
+        RETURNING id
+    )
+    SELECT coalesce(array_agg(id), '{}') INTO touched FROM doomed;
+    WITH stopped AS (
+        SELECT * FROM dygo_move_node_jobs(
+            ARRAY(SELECT id FROM dygo_nodes WHERE workflow_id = ANY(workflows) AND state = 'running' ORDER BY id),
+            ARRAY['pending', 'paused'], 'cancelled')
+    ), counted AS (
+        UPDATE dygo_nodes n SET cancelled = n.cancelled + s.n, jobs_left = n.jobs_left - s.n
+        FROM stopped s WHERE n.id = s.node_id
+        RETURNING n.id
+    )
+    SELECT touched || coalesce(array_agg(id), '{}') INTO touched FROM counted;
+    RETURN touched;
+END
+$$;
+
 DROP FUNCTION dygo_children_ended(bigint[], text[], integer[]);
 DROP INDEX dygo_jobs_parent;
 ALTER TABLE dygo_jobs DROP COLUMN parent_id, DROP COLUMN parent_step, DROP COLUMN parent_index;

@@ -265,3 +265,31 @@ BEGIN
     PERFORM set_config('lock_timeout', v_timeout, true);
 END
 $$;
+
+-- 0017's stop of workflows, and a running node's job that waits (an event, a child job) is cancelled like
+-- one not yet started: it runs nothing until woken, and a later wake-up must not run it after its workflow
+-- was cancelled.
+CREATE OR REPLACE FUNCTION dygo_stop_workflows(workflows bigint[]) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    touched bigint[];
+BEGIN
+    WITH doomed AS (
+        UPDATE dygo_nodes SET cancels = cancels + 1
+        WHERE workflow_id = ANY(workflows) AND state = 'waiting'
+        RETURNING id
+    )
+    SELECT coalesce(array_agg(id), '{}') INTO touched FROM doomed;
+    WITH stopped AS (
+        SELECT * FROM dygo_move_node_jobs(
+            ARRAY(SELECT id FROM dygo_nodes WHERE workflow_id = ANY(workflows) AND state = 'running' ORDER BY id),
+            ARRAY['pending', 'paused', 'waiting'], 'cancelled')
+    ), counted AS (
+        UPDATE dygo_nodes n SET cancelled = n.cancelled + s.n, jobs_left = n.jobs_left - s.n
+        FROM stopped s WHERE n.id = s.node_id
+        RETURNING n.id
+    )
+    SELECT touched || coalesce(array_agg(id), '{}') INTO touched FROM counted;
+    RETURN touched;
+END
+$$;
