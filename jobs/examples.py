@@ -8,7 +8,7 @@ import time
 
 from pydantic import BaseModel, Field
 
-from dygo import Abort, JobContext, job
+from dygo import Abort, EventTimeout, JobContext, job
 
 
 @job("example.noop")
@@ -77,3 +77,23 @@ async def checkout(ctx: JobContext, args: Checkout) -> dict:
         raise RuntimeError(f"the carrier is down (attempt {ctx.attempt})")
     label = await ctx.step("ship", lambda: {"label": f"lbl_{ctx.id}"})
     return {**charge, **label}
+
+
+class Approval(BaseModel):
+    order: str = Field("42", pattern=r"^[A-Za-z0-9_-]{1,40}$", description="waits for the event approval:<order>")
+    timeout: float = Field(3600, gt=0, le=7 * 86400, description="seconds to wait for it")
+
+
+@job("example.approval", max_attempts=3, retry_backoff="1s")
+async def approval(ctx: JobContext, args: Approval) -> dict:
+    """A durable wait, then child jobs: waits, holding no slot, for the event approval:<order> (emit it with
+    `dygo events emit approval:42 --payload '{"approved": true}'` or POST /api/v1/events/approval:42), then
+    runs one example.checkout per parcel as child jobs and returns their results."""
+    try:
+        decision = await ctx.wait_for_event("approval", key=f"approval:{args.order}", timeout=args.timeout)
+    except EventTimeout:
+        return {"order": args.order, "approved": False, "why": f"no decision within {args.timeout:g}s"}
+    if not (isinstance(decision, dict) and decision.get("approved")):
+        return {"order": args.order, "approved": False, "decision": decision}
+    parcels = await ctx.map("parcels", "example.checkout", [{"fail_at_ship": 0, "cool_off": 0}] * 2)
+    return {"order": args.order, "approved": True, "parcels": parcels}

@@ -111,3 +111,23 @@ def test_the_example_checkout_charges_once_sleeps_and_ships_on_its_retry(conn, d
     assert row["result"] == {"charge": f"ch_{job_id}", "at_attempt": 1, "label": f"lbl_{job_id}"}
     keys = [key for (key,) in conn.execute("SELECT key FROM dygo_steps WHERE job_id = %s ORDER BY seq", (job_id,))]
     assert keys == ["charge#1", "cool-off#1", "ship#1"]
+
+
+def test_the_example_approval_waits_for_its_event_then_runs_its_parcels_as_child_jobs(conn, db_url, spawn):
+    """jobs/examples.py's example.approval with the repository's own config: waits without a slot until
+    its event is emitted (as `dygo events emit` does), then waits for its two child jobs' results."""
+    from dygo.store import emit
+
+    job_id = conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, args) VALUES ('example.approval', 'default', "
+        """'{"order": "7"}') RETURNING id"""
+    ).fetchone()[0]
+    worker = spawn("worker", env=dygo_env(db_url, DYGO_CONFIG_DIR=str(REPO / "config")))
+    worker.wait_for_line("started")
+    wait_for_state(conn, job_id, "waiting")
+    assert emit(conn, "approval:7", {"approved": True}).woken == 1
+    row = wait_for_state(conn, job_id, "succeeded", "dead")
+    assert row["state"] == "succeeded", worker.stderr()[-2000:]
+    assert row["result"]["approved"] is True and len(row["result"]["parcels"]) == 2
+    children = conn.execute("SELECT count(*) FROM dygo_jobs WHERE parent_id = %s AND state = 'succeeded'", (job_id,))
+    assert children.fetchone()[0] == 2
