@@ -397,9 +397,11 @@ def check_ready(conn: psycopg.Connection) -> int:
 
 
 def nuke(conn: psycopg.Connection) -> dict[str, int]:
-    """Delete every job, idempotency key, stat and queue pause. Development only (the caller checks)."""
+    """Delete every job, workflow, step, event, idempotency key, stat and queue pause. Development only (the
+    caller checks)."""
     with conn.transaction():
-        jobs, keys, stats, queues = one(conn.execute(admin_jobs.NUKE).fetchone())
+        jobs = one(conn.execute(admin_jobs.NUKE_JOBS).fetchone())[0]
+        keys, stats, queues = one(conn.execute(admin_jobs.NUKE).fetchone())
         stats += one(conn.execute(timings.NUKE_TIMINGS).fetchone())[0]
         if jobs:
             results.notify_recheck(conn)

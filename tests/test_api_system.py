@@ -6,6 +6,7 @@ import signal
 
 import psycopg
 from dygo.store import enqueue
+from dygo.store.workflows import Workflow, enqueue_workflow
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.conftest import wait_until
@@ -40,12 +41,17 @@ def test_nuke_empties_everything_in_development(api, conn):
     for _ in range(3):
         enqueue(conn, "test.noop", {}, idempotency_key=None)
     enqueue(conn, "test.noop", {}, idempotency_key="k", idempotency_ttl="1h")
+    wf = Workflow("nuked")  # a workflow with jobs not yet run: its nodes count them as they go
+    wf.add("first", "test.noop", {})
+    wf.add("second", "test.noop", {}, after="first")
+    enqueue_workflow(conn, wf)
     api.admin.post("/api/v1/queues/default/pause")
     assert api.reader.post("/api/v1/nuke").status_code == 403  # read-only token
     report = api.admin.post("/api/v1/nuke").json()
-    assert (report["jobs"], report["idempotency_keys"], report["queue_pauses"]) == (4, 1, 1)
+    assert (report["jobs"], report["idempotency_keys"], report["queue_pauses"]) == (6, 1, 1)
     assert report["stats_rows"] >= 1
     assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM dygo_workflows").fetchone()[0] == 0
     assert not api.reader.get("/api/v1/queues/default").json()["paused"]
 
 

@@ -75,14 +75,22 @@ RETURNING id"""
 
 # Development only (POST /api/v1/nuke, the caller checks): every job, workflow, idempotency key, stats row and
 # queue pause.
+# The jobs go first, in a statement of their own: their delete trigger counts the unfinished ones on their
+# workflows' nodes, which must still be there (in one statement with the workflows' delete, that count
+# would update nodes the cascade deletes: a foreign-key violation).
+NUKE_JOBS = """
+WITH jobs AS (DELETE FROM dygo_jobs RETURNING 1)
+SELECT count(*) FROM jobs"""
+
 NUKE = """
 WITH workflows AS (DELETE FROM dygo_workflows RETURNING 1),
-     jobs AS (DELETE FROM dygo_jobs RETURNING 1),
+     steps AS (DELETE FROM dygo_steps RETURNING 1),
+     events AS (DELETE FROM dygo_events RETURNING 1),
      keys AS (DELETE FROM dygo_idempotency_keys RETURNING 1),
      deltas AS (DELETE FROM dygo_stats_deltas RETURNING 1),
      daily AS (DELETE FROM dygo_daily_stats RETURNING 1),
      minutes AS (DELETE FROM dygo_minute_stats RETURNING 1),
      queues AS (DELETE FROM dygo_queues RETURNING 1)
-SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM keys),
+SELECT (SELECT count(*) FROM keys),
        (SELECT count(*) FROM deltas) + (SELECT count(*) FROM daily) + (SELECT count(*) FROM minutes),
        (SELECT count(*) FROM queues)"""
