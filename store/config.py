@@ -323,6 +323,12 @@ class FileSettings(BaseModel):
     # Database connections each `dygo serve` process may hold for requests (its LISTEN connection for
     # `?wait=` comes on top): DYGO_SERVE_POOL_SIZE, else serve_pool_size in dygo.yml, else this.
     serve_pool_size: PoolSize = 10
+    # Slow clients (app/connections.py): a request's headers must arrive within serve_header_timeout of the
+    # connection opening (or of the previous response), its body within serve_body_timeout of the headers;
+    # each `dygo serve` process holds at most serve_max_connections connections.
+    serve_header_timeout: PositiveDuration = 10.0
+    serve_body_timeout: PositiveDuration = 30.0
+    serve_max_connections: PositiveCount = 1000
     cron: Switch = True  # this worker fires due schedules (`cron: false` or `dygo worker --no-cron`: it does not)
     # Per-worker caps (worker/capacity.py): the most jobs of one kind a worker process runs at once, for kinds
     # whose @job sets no concurrency, and the most of all kinds together (--max-concurrency). None: no cap.
