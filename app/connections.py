@@ -15,7 +15,8 @@ anything. So here:
   with a count, where asyncio logs a traceback per failed accept, thousands a second.
 
 Timed-out and evicted connections are closed without a log line: a client choosing to be slow should not
-choose how much is logged either.
+choose how much is logged either. A request that turns malformed after it was answered (a bad chunk after an
+early 401) is closed with uvicorn's one warning line, not a traceback.
 """
 
 from __future__ import annotations
@@ -124,6 +125,15 @@ class SlowClientGuard(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self.watch()
+
+    def send_400_response(self, msg: str) -> None:
+        """The answer to a request h11 cannot parse, after uvicorn's one warning line. When the answer to this
+        request is already out (an early 401 or 403, then a malformed chunk), a 400 can no longer be sent:
+        the connection is closed, where uvicorn's attempt raised from the parser with a traceback."""
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            super().send_400_response(msg)
+        else:
+            self.transport.close()
 
     def watch(self) -> None:
         """Arms the deadline for what the connection now waits for from the client."""

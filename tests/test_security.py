@@ -293,6 +293,34 @@ def test_a_malformed_chunked_body_logs_one_line_without_a_traceback(serve):
     assert len(refused) == len(requests), logs[-3000:]
 
 
+def test_a_bad_chunk_after_an_early_401_or_403_logs_one_line_without_a_traceback(serve):
+    api = serve()
+    chunked = b"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+    heads = [
+        chunked + b"\r\n",  # 401: no token
+        chunked + b"Authorization: Bearer " + READ_TOKEN.encode() + b"\r\n\r\n",  # 403: a read token
+        chunked + b"Origin: http://evil.example\r\n\r\n",  # 403: another site
+    ]
+    for head in heads:
+        with socket.create_connection(("127.0.0.1", _port(api)), timeout=5) as raw:
+            raw.sendall(head + b"5\r\nhello\r\n")
+            assert raw.recv(4096).startswith((b"HTTP/1.1 401", b"HTTP/1.1 403"))  # the whole answer is out
+            time.sleep(0.2)
+            try:
+                raw.sendall(b"zz-not-hex\r\nrest\r\n0\r\n\r\n")
+                raw.recv(4096)
+            except OSError:
+                pass
+    time.sleep(0.5)
+    assert api.anon.get("/healthz").status_code == 200
+    api.process.signal(2)
+    api.process.wait()
+    logs = api.process.stderr()
+    assert "Traceback" not in logs and "ERROR" not in logs, logs[-3000:]
+    refused = [line for line in logs.splitlines() if "invalid http request" in line.lower()]
+    assert len(refused) <= len(heads), logs[-3000:]
+
+
 # --- 10. relative redirects ----------------------------------------------------------------------------
 
 
