@@ -16,7 +16,8 @@ anything. So here:
 
 Timed-out and evicted connections are closed without a log line: a client choosing to be slow should not
 choose how much is logged either. A request that turns malformed after it was answered (a bad chunk after an
-early 401) is closed with uvicorn's one warning line, not a traceback.
+early 401) is closed with uvicorn's one warning line, not a traceback. A request with both Content-Length and
+Transfer-Encoding gets its connection closed after the answer.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import asyncio
 import logging
 import resource
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import h11
@@ -38,6 +40,7 @@ FILES_KEPT = 128  # file descriptors left for everything but client connections 
 MAX_BACKLOG = 2048  # uvicorn's
 ACCEPT_LOG_INTERVAL = 10.0  # seconds between two lines about failed accepts or a full connection table
 ACCEPT_FAILURE = "socket.accept() out of system resource"
+CLOSE = (b"connection", b"close")
 
 
 def capacity(wanted: int) -> tuple[int, int]:
@@ -91,6 +94,7 @@ class SlowClientGuard(H11Protocol):
         self.deadline: asyncio.TimerHandle | None = None
         self.awaiting: str | None = None  # "headers", "body" or None
         self.refused = False
+        self.framed: object = None  # the request cycle whose framing was checked
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if SlowClientGuard.guarded_loop is not self.loop:
@@ -136,9 +140,13 @@ class SlowClientGuard(H11Protocol):
             self.transport.close()
 
     def watch(self) -> None:
-        """Arms the deadline for what the connection now waits for from the client."""
+        """Checks a new request's framing, and arms the deadline for what the connection now waits for from
+        the client."""
         if self.transport.is_closing():
             return
+        if self.cycle is not None and self.cycle is not self.framed:
+            self.framed = self.cycle
+            self.close_if_ambiguous(self.cycle.scope["headers"])
         state = self.conn.their_state
         if state is h11.IDLE:
             if self.awaiting != "headers":
@@ -151,6 +159,15 @@ class SlowClientGuard(H11Protocol):
         else:  # the request is all in (or the connection is done with)
             self.waiting.pop(self, None)
             self.stop_deadline()
+
+    def close_if_ambiguous(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        """A request with both Content-Length and Transfer-Encoding (h11 goes by Transfer-Encoding) may be read
+        otherwise by a proxy in front: the bytes after it could be a request smuggled past that proxy. So it
+        is answered with `Connection: close`, and the connection closed (RFC 9112, 6.3)."""
+        names = {name for name, _ in headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            self.cycle.keep_alive = False
+            self.cycle.default_headers = [*self.cycle.default_headers, CLOSE]
 
     def start_deadline(self, awaiting: str, seconds: float) -> None:
         self.stop_deadline()

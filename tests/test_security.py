@@ -321,6 +321,47 @@ def test_a_bad_chunk_after_an_early_401_or_403_logs_one_line_without_a_traceback
     assert len(refused) <= len(heads), logs[-3000:]
 
 
+def read_response(raw: socket.socket) -> tuple[bytes, bool]:
+    """(the response, whether the server closed the connection after it)."""
+    data = b""
+    raw.settimeout(2)
+    try:
+        while b"\r\n\r\n" not in data:
+            data += raw.recv(4096)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+        while len(body) < length:
+            body += raw.recv(4096)
+        return head, raw.recv(4096) == b""
+    except TimeoutError:
+        return data, False
+    except ConnectionResetError:
+        return data, True
+
+
+def test_a_request_with_both_content_length_and_transfer_encoding_gets_its_connection_closed(serve):
+    api = serve()
+    body = b'{"kind": "test.noop"}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    requests = [
+        b"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked,
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n0\r\n\r\n",
+    ]
+    for request in requests:
+        with socket.create_connection(("127.0.0.1", _port(api)), timeout=5) as raw:
+            raw.sendall(request)
+            head, closed = read_response(raw)
+            assert head.startswith(b"HTTP/1.1 "), head
+            assert closed, f"the connection stayed open after {head[:40]!r}"
+            assert b"connection: close" in head.lower(), head
+    # Either header alone keeps the connection alive as usual.
+    with socket.create_connection(("127.0.0.1", _port(api)), timeout=5) as raw:
+        raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
+        head, closed = read_response(raw)
+        assert head.startswith(b"HTTP/1.1 200") and not closed, head
+
+
 # --- 10. relative redirects ----------------------------------------------------------------------------
 
 
