@@ -125,7 +125,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return coded_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        if is_dashboard(request):
+            return invalid_page(request, exc.errors())
         return validation_error(exc.errors())
 
     @app.exception_handler(StarletteHTTPException)
@@ -189,6 +191,17 @@ def internal_error(request: Request) -> Response:
             request, 500, "Something went wrong", "An unexpected error occurred; the server log has the details."
         )
     return error_response(500, "internal_error", "an unexpected error occurred; see the server log")
+
+
+def invalid_page(request: Request, errors: Sequence[Any]) -> Response:
+    """The dashboard's error page for a request whose values do not fit: a path that is no page (a job id that
+    is not a number) is a 404, anything else a 422 naming each field."""
+    if any(e["loc"][:1] == ("path",) for e in errors):
+        return error_page(
+            request, 404, "Page not found", "There is no such page: the address is not one of the dashboard's."
+        )
+    fields = "; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in errors)
+    return error_page(request, 422, "Value refused", f"A value in this request is not valid: {fields}.")
 
 
 def allowed_methods(request: Request) -> str:

@@ -388,3 +388,15 @@ def test_a_nul_in_a_dashboard_filter_shows_the_dashboards_error_page(serve):
         assert reply.status_code == 422, (path, reply.text)
         assert reply.headers["content-type"].startswith("text/html"), path
         assert "<h1" in reply.text and "NUL" in reply.text and '"error":' not in reply.text, reply.text[:500]
+
+
+def test_a_malformed_id_in_a_dashboard_path_shows_the_dashboards_error_page(serve):
+    api = serve(tokens=False)
+    for path in ("/dashboard/jobs/abc", "/dashboard/jobs/%00", "/dashboard/jobs/1.5", "/dashboard/workflows/x%0a"):
+        reply = api.anon.get(path)
+        assert reply.status_code == 404, (path, reply.text)
+        assert reply.headers["content-type"].startswith("text/html"), (path, reply.text[:300])
+        assert "<h1" in reply.text and '"detail"' not in reply.text, reply.text[:500]
+    # The API keeps its JSON error.
+    reply = api.anon.get("/api/v1/jobs/abc")
+    assert reply.status_code == 422 and reply.json()["error"]["code"], reply.text
