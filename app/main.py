@@ -46,6 +46,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
+from dygo.logs import hidden_tokens
+
 log = logging.getLogger("dygo.serve")
 
 # How often serve folds the stats and timing deltas into their rollups (stats reads fold too).
@@ -56,6 +58,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
     """The service; `host` is the address it is bound to, which (with allowed_hosts) decides the Host
     headers it answers (app/guard.py)."""
     check_protection(settings, host=None)
+    hidden_tokens(token for _, token in settings.api_tokens)  # no token reaches the access log, wherever it is sent
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

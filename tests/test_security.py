@@ -262,6 +262,35 @@ def test_a_token_in_the_query_string_is_redacted_from_the_access_log(serve):
     assert secret not in logs
 
 
+def test_a_configured_token_anywhere_in_the_target_is_redacted_from_the_access_log(serve):
+    api = serve()
+    quoted = "".join(f"%{ord(c):02X}" for c in READ_TOKEN)  # every character percent-encoded
+    targets = [
+        f"/api/v1/queues?jwt={ADMIN_TOKEN}",
+        f"/api/v1/queues?t={ADMIN_TOKEN}&limit=3",
+        f"/api/v1/queues?pwd={READ_TOKEN}&pass={ADMIN_TOKEN}&credentials={READ_TOKEN}",
+        f"/api/v1/queues?token[]={ADMIN_TOKEN}",
+        f"/api/v1/queues?limit=3;token={ADMIN_TOKEN}",
+        f"/api/v1/queues?x=Bearer%20{ADMIN_TOKEN}",
+        f"/api/v1/jobs/{ADMIN_TOKEN}",
+        f"/dashboard/{READ_TOKEN}/jobs",
+        f"/api/v1/queues?q={quoted}",
+        "/api/v1/queues?q=not-a-token-but-just-as-long-as-one-0123456789",
+    ]
+    with socket.create_connection(("127.0.0.1", _port(api)), timeout=5) as raw:
+        for target in targets:  # raw, so that no client re-encodes the target
+            raw.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            read_response(raw)
+    api.process.signal(2)
+    api.process.wait()
+    logs = api.process.stderr()
+    assert ADMIN_TOKEN not in logs and READ_TOKEN not in logs and quoted not in logs, logs[-3000:]
+    lines = [line for line in logs.splitlines() if "uvicorn.access" in line and "/healthz" not in line]
+    assert len(lines) == len(targets), logs[-3000:]
+    assert "GET /api/v1/queues?t=***&limit=3 " in logs and "GET /api/v1/jobs/*** " in logs, logs[-3000:]
+    assert "/dashboard/***/jobs " in logs and "not-a-token-but-just-as-long-as-one-0123456789" in logs
+
+
 # --- 8. client protocol errors ------------------------------------------------------------------------
 
 
