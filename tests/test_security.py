@@ -7,6 +7,9 @@ errors, relative redirects, and the dashboard's own error page for a value Postg
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import re
 import socket
 import time
@@ -143,6 +146,30 @@ def test_a_session_cookie_copied_before_logout_is_dead_after_it_on_every_process
     for api in (first, second):
         reply = signed_in_page(api.url, copied)
         assert reply.status_code == 303 and "/dashboard/login" in reply.headers["location"], api.url
+
+
+def cookie_value(cookie: str) -> dict:
+    """What a session cookie says, as anyone holding a copy can read it (it is signed, not encrypted)."""
+    payload = cookie.rpartition(".")[0]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_a_copied_session_cookie_cannot_test_token_guesses_offline(serve):
+    fingerprints = []
+    for key in ("first-signing-key-" + "a1B2c3D4e5F6g7H8i9J0k", "second-signing-key-" + "Z9y8X7w6V5u4T3s2R1q0p"):
+        api = serve(DYGO_SECRET_KEY=key)
+        with httpx.Client(base_url=api.url) as client:
+            fingerprints.append(cookie_value(log_in(client, ADMIN_TOKEN))["tk"])
+    # Keyed by the signing key: the same token gives another fingerprint under another key, so a guess cannot
+    # be checked against a copied cookie without the key.
+    assert fingerprints[0] != fingerprints[1]
+    digest = hashlib.sha256(ADMIN_TOKEN.encode()).digest()
+    for unkeyed in (
+        hashlib.sha256(b"dygo-session-token\n" + digest).hexdigest(),
+        hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest(),
+        hashlib.sha256(digest).hexdigest(),
+    ):
+        assert fingerprints[0] not in unkeyed and fingerprints[1] not in unkeyed
 
 
 def test_sessions_end_when_their_token_is_rotated_out_even_with_a_fixed_secret_key(serve):

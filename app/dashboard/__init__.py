@@ -34,8 +34,9 @@ for area in (login, overview, jobs, workflows, queues, schedules):
 
 def install_dashboard(app: FastAPI) -> None:
     tokens = app.state.settings.api_tokens
-    app.state.dashboard_tokens = Tokens(tokens)
-    app.state.dashboard_signer = Signer(secret_key(tokens))
+    key = secret_key(tokens)
+    app.state.dashboard_tokens = Tokens(tokens, key)
+    app.state.dashboard_signer = Signer(key)
     settings = app.state.settings
     app.state.auth_throttle = AuthThrottle(
         app.state,
