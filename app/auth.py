@@ -141,8 +141,9 @@ def locked_out(until: float, throttle: AuthThrottle) -> JSONResponse:
     return error_response(
         429,
         "too_many_failures",
-        f"{throttle.attempts} wrong tokens from your address within {throttle.window:g}s: tokens "
-        f"from it are refused for {wait}s (the right one too); check the token you send",
+        f"too many wrong tokens within {throttle.window:g}s, from your address ({throttle.attempts}) or from "
+        f"all addresses together ({throttle.global_attempts}): tokens from it are refused for {wait}s (the right "
+        "one too); check the token you send",
         {"retry_after_seconds": wait},
         headers={"Retry-After": str(wait)},
     )

@@ -313,6 +313,9 @@ class FileSettings(BaseModel):
     # Wrong tokens from one client address within the window before it is locked out (app/throttle.py).
     failed_token_limit: PositiveCount = 5
     failed_token_window: PositiveDuration = 300.0
+    # Wrong tokens from all addresses together within the window before tokens from addresses not let in
+    # lately are refused unchecked (app/throttle.py).
+    failed_token_global_limit: PositiveCount = 100
     # Retention, in seconds; 0 keeps those rows forever. Trimmed by workers (store/maintenance.py).
     completed_retention: Retention = 24 * 3600.0  # succeeded jobs, after they finished
     dead_retention: Retention = 30 * 86400.0

@@ -42,6 +42,7 @@ def install_dashboard(app: FastAPI) -> None:
         app.state,
         settings.failed_token_limit,  # shared with app.auth.BearerAuth
         settings.failed_token_window,
+        settings.failed_token_global_limit,
     )
     app.mount(PREFIX + "/static", StaticFiles(directory=str(TEMPLATES / "static")), name="dashboard-static")
     app.include_router(router)
