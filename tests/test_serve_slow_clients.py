@@ -43,13 +43,15 @@ def file_limit(soft: int) -> Iterator[None]:
 @pytest.fixture
 def slow_serve(db_url: str, tmp_path: Path) -> Iterator[Api]:
     """`dygo serve` with a short header timeout and 1024 file descriptors."""
-    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < HALF_SENT + 200:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < HALF_SENT + 200:
         pytest.skip(f"this test needs {HALF_SENT + 200} file descriptors (ulimit -Hn)")
     port = free_port()
     env = dygo_env(db_url, DYGO_CONFIG_DIR=str(config_dir(tmp_path, f"serve_header_timeout: {HEADER_TIMEOUT}s\n")))
     with file_limit(SERVE_FILES):
         process = DygoProcess(db_url, "serve", "--port", str(port), env=env)
     try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, HALF_SENT + 200), hard))  # for the test's sockets
         process.wait_for_line("dygo serve: auth")
         api = Api(process, port)
         api.wait_until_healthy()
@@ -57,6 +59,7 @@ def slow_serve(db_url: str, tmp_path: Path) -> Iterator[Api]:
         api.close()
     finally:
         process.stop()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def open_half_sent(port: int, count: int) -> list[socket.socket]:
