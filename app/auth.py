@@ -40,17 +40,20 @@ READ_METHODS = frozenset({"GET", "HEAD"})
 class Tokens:
     """The configured tokens, kept only as SHA-256 digests and compared in constant time."""
 
-    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+    def __init__(self, pairs: Iterable[tuple[str, str]], key: bytes = b"") -> None:
         self._digests = [(role, _digest(token)) for role, token in pairs]
         # A dashboard session remembers which token signed it in by this fingerprint (never the token):
-        # once that token is no longer configured, the session is over (a rotation signs it out).
+        # once that token is no longer configured, the session is over (a rotation signs it out). The
+        # fingerprint is an HMAC under `key` (the dashboard's signing key): the cookie is readable, and an
+        # unkeyed hash there would let whoever copied it test token guesses offline.
+        self._key = key
         self._fingerprints: dict[str, str] = {}
         for role, digest in self._digests:
-            if self._fingerprints.get(_fingerprint(digest)) != "admin":
-                self._fingerprints[_fingerprint(digest)] = role
+            if self._fingerprints.get(_fingerprint(key, digest)) != "admin":
+                self._fingerprints[_fingerprint(key, digest)] = role
 
     def fingerprint(self, presented: str) -> str:
-        return _fingerprint(_digest(presented))
+        return _fingerprint(self._key, _digest(presented))
 
     def role_of_fingerprint(self, fingerprint: str | None) -> str | None:
         return self._fingerprints.get(fingerprint or "")
@@ -74,8 +77,8 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
-def _fingerprint(digest: bytes) -> str:
-    return hashlib.sha256(b"dygo-session-token\n" + digest).hexdigest()[:32]
+def _fingerprint(key: bytes, digest: bytes) -> str:
+    return hmac.new(key, b"dygo-session-token\n" + digest, hashlib.sha256).hexdigest()[:32]
 
 
 # A callback URL's path (app/events.py): its signature is its credential, checked by the route, so a third
@@ -148,8 +151,9 @@ def locked_out(until: float, throttle: AuthThrottle) -> JSONResponse:
     return error_response(
         429,
         "too_many_failures",
-        f"{throttle.attempts} wrong tokens from your address within {throttle.window:g}s: tokens "
-        f"from it are refused for {wait}s (the right one too); check the token you send",
+        f"too many wrong tokens within {throttle.window:g}s, from your address ({throttle.attempts}) or from "
+        f"all addresses together ({throttle.global_attempts}): tokens from it are refused for {wait}s (the right "
+        "one too); check the token you send",
         {"retry_after_seconds": wait},
         headers={"Retry-After": str(wait)},
     )

@@ -47,6 +47,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
+from dygo.logs import hidden_tokens
+
 log = logging.getLogger("dygo.serve")
 
 # How often serve folds the stats and timing deltas into their rollups (stats reads fold too).
@@ -57,6 +59,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
     """The service; `host` is the address it is bound to, which (with allowed_hosts) decides the Host
     headers it answers (app/guard.py)."""
     check_protection(settings, host=None)
+    hidden_tokens(token for _, token in settings.api_tokens)  # no token reaches the access log, wherever it is sent
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,7 +130,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return coded_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        if is_dashboard(request):
+            return invalid_page(request, exc.errors())
         return validation_error(exc.errors())
 
     @app.exception_handler(StarletteHTTPException)
@@ -191,6 +196,17 @@ def internal_error(request: Request) -> Response:
             request, 500, "Something went wrong", "An unexpected error occurred; the server log has the details."
         )
     return error_response(500, "internal_error", "an unexpected error occurred; see the server log")
+
+
+def invalid_page(request: Request, errors: Sequence[Any]) -> Response:
+    """The dashboard's error page for a request whose values do not fit: a path that is no page (a job id that
+    is not a number) is a 404, anything else a 422 naming each field."""
+    if any(e["loc"][:1] == ("path",) for e in errors):
+        return error_page(
+            request, 404, "Page not found", "There is no such page: the address is not one of the dashboard's."
+        )
+    fields = "; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in errors)
+    return error_page(request, 422, "Value refused", f"A value in this request is not valid: {fields}.")
 
 
 def allowed_methods(request: Request) -> str:

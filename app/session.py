@@ -4,7 +4,8 @@ The cookie holds `{"sid", "role", "exp", "tk"}` as JSON signed by itsdangerous (
 is DYGO_SECRET_KEY, or derived from the configured tokens (rotating the tokens then ends every
 session), or random per process in development without tokens. A signed-in session also counts only
 while its row is in dygo_dashboard_sessions (signing out deletes it, on every process at once) and
-while the token it was signed in with (`tk`, a fingerprint of it) is still configured. The CSRF token
+while the token it was signed in with (`tk`, a fingerprint of it keyed by the same key, so a copied cookie
+tests no token guess offline) is still configured. The CSRF token
 of a form is a signature of the session id, so it needs no server-side storage and dies with the session.
 """
 

@@ -412,6 +412,7 @@ def _wait_for_schema(url: str, command: str) -> None:
 def serve_command(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    from dygo.app import connections
     from dygo.app.auth import check_protection
     from dygo.app.guard import HostRule
     from dygo.app.main import create_app
@@ -453,10 +454,33 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
         settings.serve_pool_size,
         extra={"fields": {"event": "capacity", "web_processes": processes, "pool_size": settings.serve_pool_size}},
     )
+    cap, backlog = connections.configure(settings)
+    lifecycle.info(
+        "dygo serve: up to %d connections each; request headers within %gs, bodies within %gs",
+        cap,
+        settings.serve_header_timeout,
+        settings.serve_body_timeout,
+        extra={
+            "fields": {
+                "event": "slow_clients",
+                "max_connections": cap,
+                "header_timeout": settings.serve_header_timeout,
+                "body_timeout": settings.serve_body_timeout,
+            }
+        },
+    )
     # log_config=None: uvicorn's lines (access log included) go through dygo's stderr logging, so
     # stdout keeps lifecycle lines only, as for the worker.
     if processes == 1:
-        uvicorn.run(create_app(settings, jobs, url, host), host=host, port=port, log_level="info", log_config=None)
+        uvicorn.run(
+            create_app(settings, jobs, url, host),
+            host=host,
+            port=port,
+            log_level="info",
+            log_config=None,
+            http=connections.PROTOCOL,
+            backlog=backlog,
+        )
         return 0
     # Several processes: uvicorn's supervisor starts each with a fresh interpreter that builds its app
     # from the environment (web_process_app), so what this process resolved is handed over there.
@@ -477,6 +501,8 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
         port=port,
         log_level="info",
         log_config=None,
+        http=connections.PROTOCOL,
+        backlog=backlog,
     )
     return 0
 
@@ -484,6 +510,7 @@ def serve_command(settings: Settings, args: argparse.Namespace) -> int:
 def web_process_app() -> Any:
     """The app of one of several web processes (WEB_CONCURRENCY > 1), from what serve_command put in the
     environment."""
+    from dygo.app import connections
     from dygo.app.main import create_app
     from dygo.store.db import database_url
     from dygo.store.loading import load_jobs
@@ -491,6 +518,7 @@ def web_process_app() -> Any:
     _die_with_supervisor()
     settings = load_settings()
     configure_logging(resolve_log_format(None, settings.env))
+    connections.configure(settings)
     return create_app(settings, load_jobs(settings), database_url(settings), os.environ["DYGO_HOST"])
 
 

@@ -3,7 +3,8 @@
 Text for people (development), or one JSON object per line (production, or --log-format json).
 In text, control characters in a message (a job's error, a kind, a request path) are escaped, so no
 value can start a line of its own and pass for a log line (log forging); a traceback is indented.
-uvicorn's access log has secret query parameters (`token=`, `api_key=`, ...) replaced by `***`.
+uvicorn's access log has secret query parameters (`token=`, `api_key=`, ...) replaced by `***`, and so is any
+part of a request target equal to a configured token, whatever its place (`hidden_tokens`).
 
 A worker writes one line per job. Written and flushed one by one, those lines cost as much
 as running a no-op job, so INFO lines are buffered and flushed every 0.2 s (and at exit);
@@ -13,14 +14,17 @@ record with a `lines` attribute (worker/execution_log.py); both formatters write
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import threading
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, TextIO
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl, quote, unquote_plus
 
 FLUSH_INTERVAL = 0.2
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -150,13 +154,50 @@ def redact_query(path: str) -> str:
     )
 
 
+# The SHA-256 digests of the configured tokens (`hidden_tokens`): a part of a request target that hashes to one
+# is redacted, whatever its name or place. Tokens have 16 characters or more; nothing shorter is hashed.
+_token_digests: frozenset[bytes] = frozenset()
+SHORTEST_TOKEN = 16
+_TARGET_PARTS = re.compile(r"([/?&;=,])")
+
+
+def _token_digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()
+
+
+def hidden_tokens(tokens: Iterable[str]) -> None:
+    """The tokens this process knows (kept as digests), to be redacted from every request target logged."""
+    global _token_digests
+    _token_digests = frozenset(_token_digest(token) for token in tokens)
+
+
+def _is_token(part: str) -> bool:
+    if len(part) < SHORTEST_TOKEN:
+        return False
+    decoded = unquote_plus(part)
+    return any(
+        _token_digest(word) in _token_digests for word in (decoded, *decoded.split()) if len(word) >= SHORTEST_TOKEN
+    )
+
+
+def redact_tokens(target: str) -> str:
+    """A request target with every path segment, query name or value (split at / ? & ; = ,), percent-decoded,
+    that is a configured token replaced by ***."""
+    if not _token_digests:
+        return target
+    parts = _TARGET_PARTS.split(target)
+    if not any(_is_token(part) for part in parts):
+        return target
+    return "".join(REDACTED if _is_token(part) else part for part in parts)
+
+
 class RedactAccessLog(logging.Filter):
     """For uvicorn's access logger: its arguments are (client, method, path with query, http version, status)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
-            record.args = (*args[:2], redact_query(args[2]), *args[3:])
+            record.args = (*args[:2], redact_query(redact_tokens(args[2])), *args[3:])
         return True
 
 

@@ -313,6 +313,9 @@ class FileSettings(BaseModel):
     # Wrong tokens from one client address within the window before it is locked out (app/throttle.py).
     failed_token_limit: PositiveCount = 5
     failed_token_window: PositiveDuration = 300.0
+    # Wrong tokens from all addresses together within the window before tokens from addresses not let in
+    # lately are refused unchecked (app/throttle.py).
+    failed_token_global_limit: PositiveCount = 100
     # Retention, in seconds; 0 keeps those rows forever. Trimmed by workers (store/maintenance.py).
     completed_retention: Retention = 24 * 3600.0  # succeeded jobs, after they finished
     dead_retention: Retention = 30 * 86400.0
@@ -324,6 +327,12 @@ class FileSettings(BaseModel):
     # Database connections each `dygo serve` process may hold for requests (its LISTEN connection for
     # `?wait=` comes on top): DYGO_SERVE_POOL_SIZE, else serve_pool_size in dygo.yml, else this.
     serve_pool_size: PoolSize = 10
+    # Slow clients (app/connections.py): a request's headers must arrive within serve_header_timeout of the
+    # connection opening (or of the previous response), its body within serve_body_timeout of the headers;
+    # each `dygo serve` process holds at most serve_max_connections connections.
+    serve_header_timeout: PositiveDuration = 10.0
+    serve_body_timeout: PositiveDuration = 30.0
+    serve_max_connections: PositiveCount = 1000
     cron: Switch = True  # this worker fires due schedules (`cron: false` or `dygo worker --no-cron`: it does not)
     # Per-worker caps (worker/capacity.py): the most jobs of one kind a worker process runs at once, for kinds
     # whose @job sets no concurrency, and the most of all kinds together (--max-concurrency). None: no cap.

@@ -91,7 +91,7 @@ def test_schemathesis_with_every_check_finds_nothing(serve, db_url, tmp_path):
     """The CLI, every check (status codes, content types, headers, response schemas, negative data
     refused and positive data accepted, auth enforced, 405 with the right Allow, ...) in every phase:
     the document says what the server does. `ignored_auth` sends wrong tokens on purpose, so this
-    service's failed-token limit is raised (config in a copy of tests/config). PostgreSQL text holds no
+    service's failed-token limits are raised (config in a copy of tests/config). PostgreSQL text holds no
     NUL and UTF-8 no lone surrogate: generated strings leave both out (the server refuses them, 422)."""
     import shutil
     import subprocess
@@ -102,7 +102,7 @@ def test_schemathesis_with_every_check_finds_nothing(serve, db_url, tmp_path):
     config = tmp_path / "config"
     shutil.copytree(TEST_CONFIG, config)
     with (config / "dygo.yml").open("a") as settings:
-        settings.write("failed_token_limit: 100000\n")
+        settings.write("failed_token_limit: 100000\nfailed_token_global_limit: 100000\n")
     api = serve(DYGO_CONFIG_DIR=str(config))
     with psycopg.connect(db_url, autocommit=True) as conn:  # a few rows, so ids and cursors find something
         for n in range(5):

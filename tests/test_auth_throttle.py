@@ -7,6 +7,7 @@ EXCLUSIVE lock on that table: a request that reads it waits for the lock, one th
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -15,10 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from dygo.app.throttle import LOGIN_ATTEMPTS, PRUNE_EVERY, AuthThrottle
+from dygo.app.throttle import ALL_ADDRESSES, LOGIN_ATTEMPTS, PRUNE_EVERY, AuthThrottle
 from dygo.store import auth_state
 
-from tests.conftest import ADMIN_TOKEN, wait_until
+from tests.conftest import ADMIN_TOKEN, TEST_CONFIG, wait_until
 from tests.twins import SIDES, Twins
 
 JOB = {"kind": "test.noop"}
@@ -139,7 +140,8 @@ def test_an_address_whose_failures_are_cleared_is_no_longer_read(serve, conn, db
 
     def cleared_by_second() -> bool:
         assert second.anon.post("/api/v1/jobs", json=JOB, headers=from_address(address)).status_code == 201
-        return conn.execute("SELECT count(*) FROM dygo_auth_failures").fetchone()[0] == 0
+        rows = "SELECT count(*) FROM dygo_auth_failures WHERE address <> %s"  # the global budget's row stays
+        return conn.execute(rows, (ALL_ADDRESSES,)).fetchone()[0] == 0
 
     wait_until(cleared_by_second, message="the second process to hear of the failure and clear it")
     with table_locked(db_url):
@@ -194,3 +196,34 @@ def test_suspects_are_forgotten_once_their_window_has_passed():
     assert not throttle._suspect("10.0.0.1")
     throttle.suspect("192.0.2.1")  # every PRUNE_EVERY failures heard of, the stale ones are swept
     assert list(throttle.suspects) == ["192.0.2.1"]
+
+
+def throttled_serve(serve, tmp_path, extra: str):
+    shutil.copy(TEST_CONFIG / "queues.yml", tmp_path / "queues.yml")
+    (tmp_path / "dygo.yml").write_text((TEST_CONFIG / "dygo.yml").read_text() + extra)
+    return serve(DYGO_CONFIG_DIR=str(tmp_path))
+
+
+def status_from(api, address: str, token: str) -> int:
+    """The status of a GET with `token` from `address`."""
+    return api.anon.get("/api/v1/queues", headers=from_address(address, token)).status_code
+
+
+def test_wrong_tokens_spread_over_many_addresses_spend_a_global_budget_not_a_working_client(serve, conn, tmp_path):
+    api = throttled_serve(serve, tmp_path, "failed_token_global_limit: 20\n")
+    assert status_from(api, "10.1.0.1", ADMIN_TOKEN) == 200  # a client at work before the guessing
+    statuses = [status_from(api, f"10.2.{i // 250}.{i % 250 + 1}", "wrong-token-" + "x" * 30) for i in range(60)]
+    assert statuses.count(401) == 20 and statuses.count(429) == 40, statuses
+    # Guessing from a fresh address gets nothing, the right token included; the working client keeps working.
+    assert status_from(api, "10.3.0.1", ADMIN_TOKEN) == 429
+    assert status_from(api, "10.1.0.1", ADMIN_TOKEN) == 200
+    # Refused guesses are not written: one row per address that got a guess in, and the budget's.
+    assert conn.execute("SELECT count(*) FROM dygo_auth_failures").fetchone()[0] <= 21
+
+
+def test_ipv6_clients_are_counted_by_their_64_network(serve, tmp_path):
+    api = throttled_serve(serve, tmp_path, "")
+    for host in range(1, LOGIN_ATTEMPTS + 1):
+        assert status_from(api, f"2001:db8:0:1::{host:x}", "wrong-token-" + "y" * 30) in (401, 429)
+    assert status_from(api, "2001:db8:0:1:ffff:ffff:ffff:abcd", ADMIN_TOKEN) == 429  # the same /64
+    assert status_from(api, "2001:db8:0:2::1", ADMIN_TOKEN) == 200  # another /64

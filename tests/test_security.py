@@ -7,6 +7,9 @@ errors, relative redirects, and the dashboard's own error page for a value Postg
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import re
 import socket
 import time
@@ -145,6 +148,30 @@ def test_a_session_cookie_copied_before_logout_is_dead_after_it_on_every_process
         assert reply.status_code == 303 and "/dashboard/login" in reply.headers["location"], api.url
 
 
+def cookie_value(cookie: str) -> dict:
+    """What a session cookie says, as anyone holding a copy can read it (it is signed, not encrypted)."""
+    payload = cookie.rpartition(".")[0]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_a_copied_session_cookie_cannot_test_token_guesses_offline(serve):
+    fingerprints = []
+    for key in ("first-signing-key-" + "a1B2c3D4e5F6g7H8i9J0k", "second-signing-key-" + "Z9y8X7w6V5u4T3s2R1q0p"):
+        api = serve(DYGO_SECRET_KEY=key)
+        with httpx.Client(base_url=api.url) as client:
+            fingerprints.append(cookie_value(log_in(client, ADMIN_TOKEN))["tk"])
+    # Keyed by the signing key: the same token gives another fingerprint under another key, so a guess cannot
+    # be checked against a copied cookie without the key.
+    assert fingerprints[0] != fingerprints[1]
+    digest = hashlib.sha256(ADMIN_TOKEN.encode()).digest()
+    for unkeyed in (
+        hashlib.sha256(b"dygo-session-token\n" + digest).hexdigest(),
+        hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest(),
+        hashlib.sha256(digest).hexdigest(),
+    ):
+        assert fingerprints[0] not in unkeyed and fingerprints[1] not in unkeyed
+
+
 def test_sessions_end_when_their_token_is_rotated_out_even_with_a_fixed_secret_key(serve):
     key = "a-fixed-secret-key-for-the-dashboard-0123456789"
     before = serve(DYGO_SECRET_KEY=key)
@@ -262,6 +289,35 @@ def test_a_token_in_the_query_string_is_redacted_from_the_access_log(serve):
     assert secret not in logs
 
 
+def test_a_configured_token_anywhere_in_the_target_is_redacted_from_the_access_log(serve):
+    api = serve()
+    quoted = "".join(f"%{ord(c):02X}" for c in READ_TOKEN)  # every character percent-encoded
+    targets = [
+        f"/api/v1/queues?jwt={ADMIN_TOKEN}",
+        f"/api/v1/queues?t={ADMIN_TOKEN}&limit=3",
+        f"/api/v1/queues?pwd={READ_TOKEN}&pass={ADMIN_TOKEN}&credentials={READ_TOKEN}",
+        f"/api/v1/queues?token[]={ADMIN_TOKEN}",
+        f"/api/v1/queues?limit=3;token={ADMIN_TOKEN}",
+        f"/api/v1/queues?x=Bearer%20{ADMIN_TOKEN}",
+        f"/api/v1/jobs/{ADMIN_TOKEN}",
+        f"/dashboard/{READ_TOKEN}/jobs",
+        f"/api/v1/queues?q={quoted}",
+        "/api/v1/queues?q=not-a-token-but-just-as-long-as-one-0123456789",
+    ]
+    with socket.create_connection(("127.0.0.1", _port(api)), timeout=5) as raw:
+        for target in targets:  # raw, so that no client re-encodes the target
+            raw.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            read_response(raw)
+    api.process.signal(2)
+    api.process.wait()
+    logs = api.process.stderr()
+    assert ADMIN_TOKEN not in logs and READ_TOKEN not in logs and quoted not in logs, logs[-3000:]
+    lines = [line for line in logs.splitlines() if "uvicorn.access" in line and "/healthz" not in line]
+    assert len(lines) == len(targets), logs[-3000:]
+    assert "GET /api/v1/queues?t=***&limit=3 " in logs and "GET /api/v1/jobs/*** " in logs, logs[-3000:]
+    assert "/dashboard/***/jobs " in logs and "not-a-token-but-just-as-long-as-one-0123456789" in logs
+
+
 # --- 8. client protocol errors ------------------------------------------------------------------------
 
 
@@ -293,6 +349,75 @@ def test_a_malformed_chunked_body_logs_one_line_without_a_traceback(serve):
     assert len(refused) == len(requests), logs[-3000:]
 
 
+def test_a_bad_chunk_after_an_early_401_or_403_logs_one_line_without_a_traceback(serve):
+    api = serve()
+    chunked = b"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+    heads = [
+        chunked + b"\r\n",  # 401: no token
+        chunked + b"Authorization: Bearer " + READ_TOKEN.encode() + b"\r\n\r\n",  # 403: a read token
+        chunked + b"Origin: http://evil.example\r\n\r\n",  # 403: another site
+    ]
+    for head in heads:
+        with socket.create_connection(("127.0.0.1", _port(api)), timeout=5) as raw:
+            raw.sendall(head + b"5\r\nhello\r\n")
+            assert raw.recv(4096).startswith((b"HTTP/1.1 401", b"HTTP/1.1 403"))  # the whole answer is out
+            time.sleep(0.2)
+            try:
+                raw.sendall(b"zz-not-hex\r\nrest\r\n0\r\n\r\n")
+                raw.recv(4096)
+            except OSError:
+                pass
+    time.sleep(0.5)
+    assert api.anon.get("/healthz").status_code == 200
+    api.process.signal(2)
+    api.process.wait()
+    logs = api.process.stderr()
+    assert "Traceback" not in logs and "ERROR" not in logs, logs[-3000:]
+    refused = [line for line in logs.splitlines() if "invalid http request" in line.lower()]
+    assert len(refused) <= len(heads), logs[-3000:]
+
+
+def read_response(raw: socket.socket) -> tuple[bytes, bool]:
+    """(the response, whether the server closed the connection after it)."""
+    data = b""
+    raw.settimeout(2)
+    try:
+        while b"\r\n\r\n" not in data:
+            data += raw.recv(4096)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+        while len(body) < length:
+            body += raw.recv(4096)
+        return head, raw.recv(4096) == b""
+    except TimeoutError:
+        return data, False
+    except ConnectionResetError:
+        return data, True
+
+
+def test_a_request_with_both_content_length_and_transfer_encoding_gets_its_connection_closed(serve):
+    api = serve()
+    body = b'{"kind": "test.noop"}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    requests = [
+        b"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked,
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n0\r\n\r\n",
+    ]
+    for request in requests:
+        with socket.create_connection(("127.0.0.1", _port(api)), timeout=5) as raw:
+            raw.sendall(request)
+            head, closed = read_response(raw)
+            assert head.startswith(b"HTTP/1.1 "), head
+            assert closed, f"the connection stayed open after {head[:40]!r}"
+            assert b"connection: close" in head.lower(), head
+    # Either header alone keeps the connection alive as usual.
+    with socket.create_connection(("127.0.0.1", _port(api)), timeout=5) as raw:
+        raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
+        head, closed = read_response(raw)
+        assert head.startswith(b"HTTP/1.1 200") and not closed, head
+
+
 # --- 10. relative redirects ----------------------------------------------------------------------------
 
 
@@ -319,3 +444,15 @@ def test_a_nul_in_a_dashboard_filter_shows_the_dashboards_error_page(serve):
         assert reply.status_code == 422, (path, reply.text)
         assert reply.headers["content-type"].startswith("text/html"), path
         assert "<h1" in reply.text and "NUL" in reply.text and '"error":' not in reply.text, reply.text[:500]
+
+
+def test_a_malformed_id_in_a_dashboard_path_shows_the_dashboards_error_page(serve):
+    api = serve(tokens=False)
+    for path in ("/dashboard/jobs/abc", "/dashboard/jobs/%00", "/dashboard/jobs/1.5", "/dashboard/workflows/x%0a"):
+        reply = api.anon.get(path)
+        assert reply.status_code == 404, (path, reply.text)
+        assert reply.headers["content-type"].startswith("text/html"), (path, reply.text[:300])
+        assert "<h1" in reply.text and '"detail"' not in reply.text, reply.text[:500]
+    # The API keeps its JSON error.
+    reply = api.anon.get("/api/v1/jobs/abc")
+    assert reply.status_code == 422 and reply.json()["error"]["code"], reply.text

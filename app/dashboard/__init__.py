@@ -34,13 +34,15 @@ for area in (login, overview, jobs, workflows, queues, schedules, events):
 
 def install_dashboard(app: FastAPI) -> None:
     tokens = app.state.settings.api_tokens
-    app.state.dashboard_tokens = Tokens(tokens)
-    app.state.dashboard_signer = Signer(secret_key(tokens))
+    key = secret_key(tokens)
+    app.state.dashboard_tokens = Tokens(tokens, key)
+    app.state.dashboard_signer = Signer(key)
     settings = app.state.settings
     app.state.auth_throttle = AuthThrottle(
         app.state,
         settings.failed_token_limit,  # shared with app.auth.BearerAuth
         settings.failed_token_window,
+        settings.failed_token_global_limit,
     )
     app.mount(PREFIX + "/static", StaticFiles(directory=str(TEMPLATES / "static")), name="dashboard-static")
     app.include_router(router)

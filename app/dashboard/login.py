@@ -47,8 +47,9 @@ def _locked_out(request: Request, visitor: Visitor, until: float) -> Response:
         "error.html",
         status=429,
         title="Too many failed sign-ins",
-        message=f"There were {throttle.attempts} failed sign-ins from your address within "
-        f"{_in_words(throttle.window)}, so signing in from it is paused. Try again in "
+        message=f"There were too many failed sign-ins within {_in_words(throttle.window)}, from your address "
+        f"({throttle.attempts}) or from all addresses together ({throttle.global_attempts}), so signing in "
+        "from it is paused. Try again in "
         f"{_in_words(wait)} (at {at}); check that you paste the whole API token.",
     )
     response.headers["Retry-After"] = str(wait)
