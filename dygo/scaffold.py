@@ -42,6 +42,7 @@ jobs: [jobs]
 # dead_retention: 30d         # dead jobs (0 = keep)
 # cancelled_retention: 30d    # cancelled jobs (0 = keep)
 # workflow_retention: 30d     # finished workflows, their nodes and edges (0 = keep)
+# event_retention: 7d         # emitted events (dygo.emit) and waits' placeholders (0 = keep)
 # stats_retention: 90d        # daily stats rows (0 = keep)
 # retention_interval: 60s     # how often one worker of the cluster trims
 # cron: true                  # this worker fires cron schedules (false: leave them to other workers)
@@ -50,6 +51,10 @@ jobs: [jobs]
 # allowed_hosts: [jobs.example.com]   # Host names `dygo serve` answers besides its bound address
 # failed_token_limit: 5       # wrong tokens from one client address before a lock-out (429)
 # failed_token_window: 5m     # ... within this window
+# failed_token_global_limit: 100  # wrong tokens from all addresses together within the window
+# serve_header_timeout: 10s   # a request's headers must arrive within this (slow clients are closed)
+# serve_body_timeout: 30s     # ... and its body within this of its headers
+# serve_max_connections: 1000 # connections per `dygo serve` process (lowered to fit the fd limit)
 #
 # API tokens: prefer the DYGO_ADMIN_TOKEN / DYGO_READ_TOKEN environment variables, or keep this
 # file out of version control. `dygo serve` needs a token anywhere but development on localhost.
