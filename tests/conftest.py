@@ -136,15 +136,16 @@ def fresh_databases(server_url: str, template_url: str) -> Iterator[FreshDatabas
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "shared_database: the module's tests share one database (module_db_url) and one `dygo serve` (module_api)",
+        "shared_database: the test (every test, on a module) uses the module's one database (module_db_url) and "
+        "one `dygo serve` (module_api)",
     )
     config.addinivalue_line("markers", "own_database: this test keeps a fresh database in a shared_database module")
 
 
 def shares_database(request: pytest.FixtureRequest) -> bool:
-    """A test of a `shared_database` module, not marked `own_database`. Its `db_url`, `conn`, `spawn` and
-    `serve` are the module's database, and its `api` the module's one server: each such test reads and
-    counts only the rows it made, so the tests pass in any order."""
+    """A test marked `shared_database` (or in a module so marked), not `own_database`. Its `db_url`, `conn`,
+    `spawn` and `serve` are the module's database, and its `api` the module's one server: each such test
+    reads and counts only the rows it made, so the tests pass in any order."""
     node = request.node
     return node.get_closest_marker("shared_database") is not None and node.get_closest_marker("own_database") is None
 
