@@ -133,9 +133,34 @@ def fresh_databases(server_url: str, template_url: str) -> Iterator[FreshDatabas
     databases.close()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "shared_database: the test (every test, on a module) uses the module's one database (module_db_url) and "
+        "one `dygo serve` (module_api)",
+    )
+    config.addinivalue_line("markers", "own_database: this test keeps a fresh database in a shared_database module")
+
+
+def shares_database(request: pytest.FixtureRequest) -> bool:
+    """A test marked `shared_database` (or in a module so marked), not `own_database`. Its `db_url`, `conn`,
+    `spawn` and `serve` are the module's database, and its `api` the module's one server: each such test
+    reads and counts only the rows it made, so the tests pass in any order."""
+    node = request.node
+    return node.get_closest_marker("shared_database") is not None and node.get_closest_marker("own_database") is None
+
+
 @pytest.fixture
-def db_url(server_url: str, fresh_databases: FreshDatabases, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A fresh migrated database for this test; DATABASE_URL points at it."""
+def db_url(
+    request: pytest.FixtureRequest, server_url: str, fresh_databases: FreshDatabases, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """A fresh migrated database for this test (the module's in a shared_database module); DATABASE_URL
+    points at it."""
+    if shares_database(request):
+        url = request.getfixturevalue("module_db_url")
+        monkeypatch.setenv("DATABASE_URL", url)
+        yield url
+        return
     name = fresh_databases.take()
     url = make_conninfo(server_url, dbname=name)
     monkeypatch.setenv("DATABASE_URL", url)
@@ -326,8 +351,11 @@ def serve(db_url: str, spawn) -> Iterator:
 
 
 @pytest.fixture
-def api(serve) -> Api:
-    """`dygo serve` in development on localhost, with an admin and a read-only token configured."""
+def api(request: pytest.FixtureRequest, serve) -> Api:
+    """`dygo serve` in development on localhost, with an admin and a read-only token configured (the
+    module's one server in a shared_database module)."""
+    if shares_database(request):
+        return request.getfixturevalue("module_api")
     return serve()
 
 

@@ -8,6 +8,10 @@ import pytest
 from dygo.store import admin, enqueue, enqueue_many
 from dygo.store.admin import JobFilter
 
+# One database and one `dygo serve` for the module; the tests that run a worker, or list or change every
+# job, keep a database of their own.
+pytestmark = pytest.mark.shared_database
+
 
 def add(api, **body) -> int:
     response = api.admin.post("/api/v1/jobs", json={"kind": "test.noop", **body})
@@ -25,6 +29,7 @@ def make_active(conn, job_id: int) -> None:
     )
 
 
+@pytest.mark.own_database
 def test_a_job_carries_its_result_and_every_failed_attempt(api, spawn):
     job_id = add(api, kind="test.fail", args={"times": 1})
     assert spawn("worker", "--once").wait() == 0
@@ -40,6 +45,7 @@ def test_a_job_carries_its_result_and_every_failed_attempt(api, spawn):
     assert job["finished_at"] and job["started_at"] and job["lease_owner"] is None
 
 
+@pytest.mark.own_database
 def test_list_filters_by_queue_kind_state_and_text(api, conn):
     noop = add(api)
     other = add(api, kind="test.record_sync", args={"seconds": 0.25})
@@ -69,6 +75,7 @@ def test_list_filters_by_queue_kind_state_and_text(api, conn):
     assert "errors" not in listed and "result" not in listed  # the list is a summary
 
 
+@pytest.mark.own_database
 def test_pages_stay_stable_while_jobs_are_inserted(api, conn):
     original = [r.id for r in enqueue_many(conn, [{"kind": "test.noop", "args": {"n": n}} for n in range(25)])]
     for order, expected in (("newest", original[::-1]), ("oldest", original)):
@@ -91,6 +98,7 @@ def test_pages_stay_stable_while_jobs_are_inserted(api, conn):
             assert all(job_id > original[-1] for job_id in seen[25:])
 
 
+@pytest.mark.own_database
 def test_filters_that_scan_look_at_a_window_of_ids_per_page(conn, monkeypatch):
     monkeypatch.setattr(admin, "SCAN_WINDOW", 10)
     jobs = enqueue_many(conn, [{"kind": "test.record" if n % 7 == 0 else "test.noop"} for n in range(40)])
@@ -110,6 +118,7 @@ def test_filters_that_scan_look_at_a_window_of_ids_per_page(conn, monkeypatch):
         assert pages >= 4  # 40 ids, 10 per window: several (some short or empty) pages
 
 
+@pytest.mark.own_database
 def test_sparse_pending_jobs_are_found_through_their_own_index(conn, monkeypatch):
     monkeypatch.setattr(admin, "SCAN_WINDOW", 5)
     jobs = enqueue_many(conn, [{"kind": "test.noop"}] * 30)
@@ -252,6 +261,7 @@ def test_delete_with_a_state_guard_deletes_only_a_job_in_that_state(api, conn):
     assert api.admin.delete(f"/api/v1/jobs/{scheduled}", params={"state": "scheduled"}).status_code == 204
 
 
+@pytest.mark.own_database
 def test_a_job_shows_when_its_last_attempt_failed(api, spawn):
     job_id = add(api, kind="test.fail", args={"times": 1})
     assert api.reader.get(f"/api/v1/jobs/{job_id}").json()["failed_at"] is None

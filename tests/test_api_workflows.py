@@ -11,6 +11,10 @@ import pytest
 
 from tests.conftest import wait_until
 
+# One database and one `dygo serve` for the module; the tests that run a worker, or list every workflow,
+# keep a database of their own.
+pytestmark = pytest.mark.shared_database
+
 
 @pytest.fixture
 def worker(spawn):
@@ -35,6 +39,11 @@ def node_states(shown: dict) -> dict[str, str]:
     return {node["name"]: node["state"] for node in shown["nodes"]}
 
 
+def rows(conn) -> tuple[int, int]:
+    """How many workflows and jobs the database holds."""
+    return conn.execute("SELECT (SELECT count(*) FROM dygo_workflows), (SELECT count(*) FROM dygo_jobs)").fetchone()
+
+
 def refusal(response, status: int = 422) -> dict:
     assert response.status_code == status, response.text
     error = response.json()["error"]
@@ -53,6 +62,7 @@ ORDER = {
 }
 
 
+@pytest.mark.own_database
 def test_a_chain_runs_node_after_node_and_the_wait_answers_when_it_ends(api, worker):
     created = create(api, ORDER)
     assert created["deduplicated"] is False
@@ -80,13 +90,20 @@ def test_a_chain_runs_node_after_node_and_the_wait_answers_when_it_ends(api, wor
 
 
 def test_a_job_waits_for_its_node_and_the_counts_and_lists_say_so(api, conn):
+    def counts() -> dict[str, int]:
+        return api.reader.get("/api/v1/queues/default").json()["counts"]
+
+    def waiting() -> set[int]:
+        jobs = api.reader.get("/api/v1/jobs", params={"state": "waiting", "limit": 500}).json()["jobs"]
+        return {job["id"] for job in jobs}
+
+    before, waiting_before = counts(), waiting()
     created = create(api, ORDER)
     ship = api.reader.get(f"/api/v1/jobs/{created['jobs']['ship']}").json()
     assert ship["state"] == "waiting"
-    queue = api.reader.get("/api/v1/queues/default").json()
-    assert (queue["counts"]["pending"], queue["counts"]["waiting"]) == (1, 2)
-    waiting = api.reader.get("/api/v1/jobs", params={"state": "waiting"}).json()["jobs"]
-    assert sorted(job["id"] for job in waiting) == sorted([created["jobs"]["ship"], created["jobs"]["mail"]])
+    queue = counts()
+    assert (queue["pending"] - before["pending"], queue["waiting"] - before["waiting"]) == (1, 2)
+    assert waiting() - waiting_before == {created["jobs"]["ship"], created["jobs"]["mail"]}
     shown = workflow(api, created["id"])
     ship_node = next(node for node in shown["nodes"] if node["name"] == "ship")
     assert ship_node["wait"] == "waiting on 1 of 1: charge" and ship_node["waiting_on"] == ["charge"]
@@ -95,11 +112,12 @@ def test_a_job_waits_for_its_node_and_the_counts_and_lists_say_so(api, conn):
     shown = workflow(api, created["id"])
     assert node_states(shown) == {"charge": "skipped", "ship": "skipped", "mail": "skipped"}
     assert shown["state"] == "succeeded"
-    queue = api.reader.get("/api/v1/queues/default").json()
-    assert (queue["counts"]["skipped"], queue["counts"]["waiting"]) == (3, 0)
+    queue = counts()
+    assert (queue["skipped"] - before["skipped"], queue["waiting"]) == (3, before["waiting"])
     assert api.reader.get("/api/v1/jobs", params={"state": "skipped"}).json()["jobs"]
 
 
+@pytest.mark.own_database
 def test_fan_out_and_fan_in_run_a_map_node_between_two_single_jobs(api, worker):
     created = create(
         api,
@@ -150,13 +168,14 @@ def test_fan_out_and_fan_in_run_a_map_node_between_two_single_jobs(api, worker):
     ],
 )
 def test_a_workflow_that_cannot_be_built_is_refused_naming_what_is_wrong(api, conn, nodes, named):
+    before = rows(conn)
     error = refusal(api.admin.post("/api/v1/workflows", json={"name": "bad", "nodes": nodes}))
     assert named in error["message"], error
-    assert conn.execute("SELECT count(*) FROM dygo_workflows").fetchone()[0] == 0
-    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
+    assert rows(conn) == before
 
 
 def test_an_empty_group_is_refused_for_the_options_or_kind_its_jobs_would_be_refused_for(api, conn):
+    before = rows(conn)
     batch = {"name": "empty", "kind": "test.noop", "args": [], "open": True}
     for wrong, code in (({"priority": 5000}, "invalid_option"), ({"kind": "no.such.kind"}, "unknown_kind")):
         error = refusal(api.admin.post("/api/v1/batches", json={**batch, **wrong}))
@@ -164,7 +183,7 @@ def test_an_empty_group_is_refused_for_the_options_or_kind_its_jobs_would_be_ref
     node = {"name": "fan", "kind": "test.noop", "map": [], "queue": "nowhere"}
     error = refusal(api.admin.post("/api/v1/workflows", json={"name": "empty", "nodes": [node]}))
     assert error["code"] == "unknown_queue" and error["message"].startswith("node 'fan': "), error
-    assert conn.execute("SELECT count(*) FROM dygo_workflows").fetchone()[0] == 0
+    assert rows(conn) == before
     # The same with good options is a batch opened empty, which jobs can join later.
     assert api.admin.post("/api/v1/batches", json={**batch, "priority": 5}).status_code == 201
 
@@ -179,6 +198,7 @@ def test_a_bad_policy_is_refused_naming_the_field(api):
 
 
 def test_the_same_idempotency_key_gives_the_same_workflow_back(api, conn):
+    workflows_before = rows(conn)[0]
     first = create(api, ORDER, **{"Idempotency-Key": "order-42"})
     again = create(api, {**ORDER, "name": "other"}, status=200, **{"Idempotency-Key": "order-42"})
     assert again == {**first, "deduplicated": True}
@@ -188,11 +208,12 @@ def test_the_same_idempotency_key_gives_the_same_workflow_back(api, conn):
         "/api/v1/workflows", json={**ORDER, "idempotency_key": "a"}, headers={"Idempotency-Key": "b"}
     )
     assert refusal(mismatch, 409)["code"] == "idempotency_key_mismatch"
-    assert conn.execute("SELECT count(*) FROM dygo_workflows").fetchone()[0] == 1
+    assert rows(conn)[0] == workflows_before + 1
     batch = {"name": "b", "kind": "test.noop", "args": [{}]}
     assert api.admin.post("/api/v1/batches", json=batch, headers={"Idempotency-Key": "order-42"}).json() == again
 
 
+@pytest.mark.own_database
 def test_the_list_is_newest_first_with_filters_and_a_cursor(api):
     ids = [create(api, {**ORDER, "name": f"wf-{n % 2}"})["id"] for n in range(5)]
     api.admin.post(f"/api/v1/workflows/{ids[1]}/cancel")
@@ -231,7 +252,8 @@ def _wait_in_background(api, workflow_id: int, wait: str = "20s") -> tuple[threa
 def test_a_waiting_request_is_woken_by_a_cancel_and_cancelling_twice_is_a_conflict(api, conn):
     created = create(api, ORDER)  # no worker: it would run forever
     thread, answer = _wait_in_background(api, created["id"])
-    wait_until(lambda: conn.execute("SELECT count(*) FROM dygo_result_waiters").fetchone()[0] == 1)
+    waiters = "SELECT count(*) FROM dygo_result_waiters WHERE job_id = %s"  # a workflow's waiter: minus its id
+    wait_until(lambda: conn.execute(waiters, (-created["id"],)).fetchone()[0] == 1)
     cancelled_at = time.monotonic()
     response = api.admin.post(f"/api/v1/workflows/{created['id']}/cancel")
     assert response.status_code == 200 and response.json()["state"] == "cancelled"
@@ -241,7 +263,7 @@ def test_a_waiting_request_is_woken_by_a_cancel_and_cancelling_twice_is_a_confli
     assert answer["body"]["state"] == "cancelled"
     assert set(node_states(answer["body"]).values()) == {"cancelled"}
     assert refusal(api.admin.post(f"/api/v1/workflows/{created['id']}/cancel"), 409)["code"] == "workflow_not_running"
-    wait_until(lambda: conn.execute("SELECT count(*) FROM dygo_result_waiters").fetchone()[0] == 0)
+    wait_until(lambda: conn.execute(waiters, (-created["id"],)).fetchone()[0] == 0)
 
 
 def test_a_wait_that_runs_out_answers_the_workflow_as_it_is(api):
@@ -257,6 +279,7 @@ def test_a_wait_that_runs_out_answers_the_workflow_as_it_is(api):
         assert refusal(api.reader.get("/api/v1/workflows/999999", params=params), 404)["code"] == "workflow_not_found"
 
 
+@pytest.mark.own_database
 def test_retrying_a_failed_node_re_arms_what_its_failure_cancelled(api, worker):
     created = create(
         api,
@@ -299,6 +322,7 @@ def test_cancelling_a_waiting_node_cancels_what_runs_after_it_and_its_retry_wait
     assert [states[created["jobs"][name]] for name in ("charge", "ship", "mail")] == ["pending", "waiting", "waiting"]
 
 
+@pytest.mark.own_database
 def test_an_open_batch_takes_jobs_until_sealed_and_fires_its_callback_once(api, worker, conn):
     response = api.admin.post(
         "/api/v1/batches",

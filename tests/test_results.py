@@ -52,6 +52,7 @@ def test_waiting_request_is_woken_by_the_job_finishing(conn, api, worker):
     assert all(0 <= lag < 1.0 for lag in lags), lags
 
 
+@pytest.mark.shared_database  # the module's one database and server: it reads only its own jobs
 def test_wait_on_a_job_that_never_finishes_returns_it_as_it_is_at_the_timeout(conn, api):
     job = enqueue(conn, "test.record", {})  # no worker runs it
     asked = time.monotonic()
@@ -61,6 +62,7 @@ def test_wait_on_a_job_that_never_finishes_returns_it_as_it_is_at_the_timeout(co
     assert 0.3 <= waited < 1.0, waited
 
 
+@pytest.mark.shared_database  # the module's one database and server: it reads only its own jobs
 def test_wait_longer_than_60s_or_not_a_duration_is_refused_naming_the_field(conn, api):
     job = enqueue(conn, "test.record", {})
     for wait in ("61s", "soon"):
@@ -85,6 +87,7 @@ def _wait_in_background(api, job_id: int, wait: str = "10s") -> tuple[threading.
     return thread, answer
 
 
+@pytest.mark.shared_database  # the module's one database and server: it reads only its own jobs
 def test_cancelling_or_deleting_a_job_wakes_its_waiters_at_once(conn, api):
     cancelled = enqueue(conn, "test.record", {})
     thread, answer = _wait_in_background(api, cancelled.id)

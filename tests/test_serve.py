@@ -7,7 +7,10 @@ import socket
 import httpx
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import DygoProcess, wait_until
+
+# One database and one `dygo serve` for the module: each test counts or reads only the rows it made.
+pytestmark = pytest.mark.shared_database
 
 
 def free_port() -> int:
@@ -16,10 +19,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def api(spawn):
+@pytest.fixture(scope="module")
+def api(module_db_url):
     port = free_port()
-    spawn("serve", "--port", str(port)).wait_for_line("dygo serve: http://127.0.0.1")
+    process = DygoProcess(module_db_url, "serve", "--port", str(port))
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
 
     def healthy():
@@ -28,9 +31,13 @@ def api(spawn):
         except httpx.TransportError:
             return False
 
-    wait_until(healthy, message="serve to answer /healthz")
-    yield client
-    client.close()
+    try:
+        process.wait_for_line("dygo serve: http://127.0.0.1")
+        wait_until(healthy, message="serve to answer /healthz")
+        yield client
+    finally:
+        client.close()
+        process.stop()
 
 
 def test_enqueue_over_http_then_read_the_job_back(api, conn):
@@ -66,11 +73,12 @@ def test_idempotency_key_over_http_answers_200_with_the_same_job(api):
     ],
 )
 def test_bad_enqueue_is_a_422_naming_the_problem(api, conn, body, code, fragment):
+    before = conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0]
     response = api.post("/api/v1/jobs", json=body)
     assert response.status_code == 422
     error = response.json()["error"]
     assert error["code"] == code and fragment in error["message"]
-    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM dygo_jobs").fetchone()[0] == before
 
 
 def test_invalid_args_details_name_the_field(api):
