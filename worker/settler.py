@@ -102,17 +102,12 @@ class Settler:
                 if claimed_here:
                     self.wakeups.limit_slots_freed(claimed_here)
                 await self.database.back()
-            except psycopg.errors.LockNotAvailable as exc:
-                # An event wait met an emit in flight (store/events.py recheck): its job checks again soon.
-                again = events.recheck(batch)
-                if again is None:
-                    await self.database.failed(f"settling {len(batch)} job(s)", exc)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 10.0)
-                else:
-                    self.outbox[: len(batch)] = again
-                continue
             except (psycopg.Error, OSError) as exc:
+                # An event wait that met an emit in flight (store/events.py recheck): its job checks again soon.
+                again = events.recheck(batch) if isinstance(exc, psycopg.errors.LockNotAvailable) else None
+                if again is not None:
+                    self.outbox[: len(batch)] = again
+                    continue
                 await self.database.failed(f"settling {len(batch)} job(s)", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
