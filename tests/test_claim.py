@@ -97,4 +97,6 @@ def test_every_claim_statement_starts_a_job_as_claim_jobs_does_and_returns_its_c
         r"CROSS JOIN LATERAL \(\n\s+SELECT min\(run_at\).*?\) AS n\n",  # a short queue's next scheduled job
         r"\nSELECT id, kind, .*?\nFROM claimed\nUNION ALL\nSELECT NULL, .*?FROM next_due\n",  # the columns
     ):
-        assert part(statement, pattern) == part(plain, pattern)
+        # A rate-limited job's start time is the limited claim's own column (NULL in the others).
+        start_in = r"node_id,\s+(NULL::float8|\(SELECT [^\n]*\)) AS start_in"
+        assert re.sub(start_in, "", part(statement, pattern)) == re.sub(start_in, "", part(plain, pattern))

@@ -330,16 +330,20 @@ class Producer:
     ) -> Claim:
         """Claim up to wanted[queue] jobs per queue (store/claim.py) and start them."""
         kind_free = self._kind_free() if self.capacity.capped else None
-        claim = await claim_jobs(conn, wanted, self.worker_id, self.lease_ttl, since=walk_starts, kind_free=kind_free)
+        # Jobs claimed ahead already waiting here take the next free slots: beyond the rest, a job is claimed ahead.
+        free = {name: max(self.slots[name].free - len(self.slots[name].ahead), 0) for name in wanted}
+        claim = await claim_jobs(
+            conn, wanted, self.worker_id, self.lease_ttl, since=walk_starts, kind_free=kind_free, free=free
+        )
         self.held_back = claim.held_back
         taken = Counter(job.kind for job in claim.jobs)
         given = kind_free or {}
         self.capped_kind_filled = any(0 < free <= taken[kind] for kind, free in given.items())
         self.capped_kind_skipped = any(free <= 0 for free in given.values())
-        # The process cap counts started jobs across the queues, a limit counts claimed jobs as running:
-        # under either, no job waits here.
+        # The process cap counts started jobs across the queues: under it, no job waits here. A cluster-wide
+        # limit counts a job claimed ahead as running, and admits one only with room to spare (store/claim.py).
         for name in wanted:
-            self.slots[name].ahead.allowed = self.capacity.max_concurrency is None and not claim.under_limit
+            self.slots[name].ahead.allowed = self.capacity.max_concurrency is None
         starting = []
         for job in claim.jobs:
             slots = self.slots[job.queue]

@@ -83,6 +83,8 @@ class Runs:
             )
 
     async def _execute(self, job: ClaimedJob, finished: Callable[[ClaimedJob, float], None]) -> None:
+        if job.not_before is not None and (delay := job.not_before - time.monotonic()) > 0:
+            await asyncio.sleep(delay)  # a rate limit's start time: its slot is taken, its handler waits
         began = time.monotonic()
         try:
             if self.traced:

@@ -1,0 +1,3 @@
+-- Undo 0019: rate limits count starts in their window again; bursts set on limits are forgotten.
+DROP TABLE dygo_limit_pace;
+ALTER TABLE dygo_limits DROP COLUMN rate_burst, DROP COLUMN file_burst;
