@@ -354,6 +354,11 @@ CLAIM_SESSION = (
     "SELECT set_config('enable_seqscan', 'off', false), set_config('synchronous_commit', 'off', false), "
     "set_config('plan_cache_mode', 'force_generic_plan', false)"
 )
+# The limited claim's transaction: CLAIM_SETTINGS, and no bitmap scans. Its one generic plan knows neither the
+# queue nor how many jobs the limits admit, and would otherwise fetch every ready job of the queue through a
+# bitmap of the ready index and sort them all, at every claim (a cost that grows with the backlog); with the
+# bitmap scan priced out it walks the ready index in claim order and stops at the claim's size, as CLAIM_JOBS.
+LIMITED_SETTINGS = CLAIM_SETTINGS + ", set_config('enable_bitmapscan', 'off', true)"
 _claim_sessions: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
 
 
@@ -576,8 +581,8 @@ async def _claim_limited(
     try:
         async with conn.pipeline():
             await conn.execute(leases.BEGIN)
-            # Index scans only (the claim's UPDATE by id, on a table of a few pages), no wait for the flush.
-            await conn.execute(CLAIM_SETTINGS)
+            # Index walks only (LIMITED_SETTINGS), no wait for the flush.
+            await conn.execute(LIMITED_SETTINGS)
             await conn.execute(LOCK_LIMITS, {"keys": sorted(r.lock_key for r in concerned)})
             await cursor.execute(CLAIM_LIMITED, params)
             await conn.execute(leases.COMMIT)
