@@ -174,11 +174,11 @@ def all_systems() -> list[System]:
         # A limit the queue never reaches, beside its twin without one (bench/README.md, "A limit never reached").
         dygo("dygo-concurrency-limited", settings=("--limit", "concurrency")),
         dygo("dygo-rate-limited", settings=("--limit", "rate")),
+        dygo("dygo_c4", settings=("--concurrency", "4")),
         dygo("dygo_c4-concurrency-limited", settings=("--concurrency", "4", "--limit", "concurrency")),
         dygo("dygo_c4-rate-limited", settings=("--concurrency", "4", "--limit", "rate")),
         # Larger claims for a backlog at pgqueuer_b500's concurrency: the fastest setting here (issue 12, item 7).
         dygo("dygo_c1000", settings=("--concurrency", "1000", "--claim-batch-size", "500")),
-        dygo("dygo_c4", settings=("--concurrency", "4")),
         # The same code with migration 0017's workflow triggers dropped (what workflows cost plain jobs), or
         # counted another way (bench/workflow_triggers.py: row triggers; a third update trigger of its own).
         dygo("dygo_no_workflows", settings=("--workflow-triggers", "none")),

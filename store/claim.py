@@ -38,7 +38,7 @@ from dygo.store import leases, limits, workflows
 from dygo.store.codecs import array, load_json
 from dygo.store.db import aroll_back, through_transaction_pooler
 from dygo.store.leases import ClaimedJob
-from dygo.store.limits import LimitRow
+from dygo.store.limits import START_SLACK, LimitRow
 from dygo.store.registry import Registry, registry
 from psycopg.rows import RowMaker, no_result
 from psycopg.types.json import set_json_loads
@@ -597,6 +597,7 @@ def _parse(rows: list[ClaimRow], under_limit: bool, sent: float) -> Claim:
     due_in: dict[str, float] = {}
     held_back: dict[str, float] = {}
     last_run_at: dict[str, float] = {}  # rows in claim order: the last one stays
+    held = {row.queue for row in rows if row.id is None and row.held_for is not None}
     for row in rows:
         if row.id is not None:
             jobs.append(
@@ -613,6 +614,9 @@ def _parse(rows: list[ClaimRow], under_limit: bool, sent: float) -> Claim:
                     row.waited,
                     row.node_id,
                     not_before=sent + row.start_in if row.start_in is not None else None,
+                    start_by=sent + row.start_in + START_SLACK
+                    if row.start_in is not None and row.queue in held
+                    else None,
                 )
             )
             last_run_at[row.queue] = row.run_at
@@ -629,6 +633,12 @@ def _parse(rows: list[ClaimRow], under_limit: bool, sent: float) -> Claim:
         last_run_at={queue: _timestamp(run_at) for queue, run_at in last_run_at.items()},
         under_limit=under_limit,
     )
+
+
+def _start_by(sent: float, start_in: float | None) -> float | None:
+    """The latest start of a job whose rate limit is in use (it held the claim back): its start time plus the
+    slack the spacing leaves (limits.START_SLACK)."""
+    return None if start_in is None else sent + start_in + START_SLACK
 
 
 def _timestamp(epoch: float) -> datetime:

@@ -45,6 +45,9 @@ class ClaimedJob:
     # A rate limit's start time for it (store/claim.py), on this process's time.monotonic(): its handler does
     # not start before. None: at once.
     not_before: float | None = None
+    # The latest time (the same clock) its handler may start, when a rate limit held its claim back (the limit
+    # is in use): a later start would crowd the starts after it. None: no such bound.
+    start_by: float | None = None
 
 
 Progress = tuple[float, str | None]  # (fraction, message) of a `ctx.progress` report

@@ -100,3 +100,23 @@ def test_every_claim_statement_starts_a_job_as_claim_jobs_does_and_returns_its_c
         # A rate-limited job's start time is the limited claim's own column (NULL in the others).
         start_in = r"node_id,\s+(NULL::float8|\(SELECT [^\n]*\)) AS start_in"
         assert re.sub(start_in, "", part(statement, pattern)) == re.sub(start_in, "", part(plain, pattern))
+
+
+def test_a_rate_limit_hands_out_start_times_a_spacing_apart_and_a_burst_at_once(conn, db_url):
+    enqueue_many(conn, [{"kind": "test.noop"}] * 12)
+    limits.change_limit(conn, "kind", "test.noop", {"rate_limit": "20/s"}, ["default"])
+    limits.forget_cache()
+    spacing = (1.0 + limits.START_SLACK) / 20
+    first = claim_now(db_url, {"default": 10})
+    # The starts of the next RATE_HORIZON: the first at once, the next a spacing later; the rest held back until
+    # their start times come within reach.
+    waits = sorted(job.not_before - min(j.not_before for j in first.jobs) for job in first.jobs)
+    assert len(waits) == 1 + int(claim.RATE_HORIZON / spacing)
+    assert all(abs(b - a - spacing) < 0.005 for a, b in zip(waits, waits[1:], strict=False)), waits
+    assert 0 < first.held_back["default"] <= claim.RATE_HORIZON
+    limits.change_limit(conn, "kind", "test.noop", {"rate_burst": 4}, ["default"])
+    conn.execute("DELETE FROM dygo_limit_pace")  # idle again
+    limits.forget_cache()
+    burst = claim_now(db_url, {"default": 10})
+    waits = sorted(job.not_before - min(j.not_before for j in burst.jobs) for job in burst.jobs)
+    assert waits[:4] == [waits[0]] * 4 and abs(waits[4] - waits[0] - spacing) < 0.005, waits

@@ -16,17 +16,12 @@ from collections.abc import Callable
 
 from dygo.store import tracing
 from dygo.store.leases import ClaimedJob, Unsuccessful
-from dygo.store.limits import START_SLACK
 from dygo.worker.executor import Executor
 from dygo.worker.progress import ProgressWriter
 from dygo.worker.settler import Settler
 from dygo.worker.telemetry import WorkerStats, outcome_name
 
 log = logging.getLogger("dygo.worker")
-
-# A rate-limited job whose start time passed by more than this when its task woke is handed back: the
-# limit's slack (store/limits.py START_SLACK), what the spacing of its starts leaves for lateness.
-LATEST_START = START_SLACK
 
 
 class Runs:
@@ -109,14 +104,14 @@ class Runs:
 
     async def _at_start_time(self, job: ClaimedJob) -> bool:
         """Wait for a rate-limited job's start time (its slot is taken meanwhile). False when this process woke
-        too late for it (CPU starved, its loop busy): the job goes back to its queue for a start time of its
-        own, rather than start where the limit's spacing no longer holds."""
+        after its `start_by` (CPU starved, its loop busy, under a limit in use): the job goes back to its queue
+        for a start time of its own, rather than start where the limit's spacing no longer holds."""
         assert job.not_before is not None
         if (delay := job.not_before - time.monotonic()) > 0:
             await asyncio.sleep(delay)
-        late = time.monotonic() - job.not_before
-        if late <= LATEST_START:
+        if job.start_by is None or time.monotonic() <= job.start_by:
             return True
+        late = time.monotonic() - job.not_before
         self.hand_back([job], "rate-limited", f"woke {late * 1000:.0f} ms after its start time")
         return False
 
