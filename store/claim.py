@@ -345,19 +345,21 @@ CLAIM_SETTINGS = (
     "SELECT set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'off', true), "
     "set_config('plan_cache_mode', 'force_generic_plan', true)"
 )
-# The same three settings for a whole session: the worker's own claim connection, when it goes straight to
+# The same three settings for a whole session, and LIMITED_SETTINGS' fourth (the plain claims walk the index
+# either way): the worker's own claim connection, when it goes straight to
 # PostgreSQL (through a transaction pooler a session is not the worker's, and nothing is prepared there). Its
 # claims are then one statement each, with no pipeline around them. Every claim on it commits without waiting
 # for the flush, a limited claim too: what a server crash loses is the whole claim, its start-log rows with
 # it, so its jobs are pending again.
 CLAIM_SESSION = (
     "SELECT set_config('enable_seqscan', 'off', false), set_config('synchronous_commit', 'off', false), "
-    "set_config('plan_cache_mode', 'force_generic_plan', false)"
+    "set_config('plan_cache_mode', 'force_generic_plan', false), set_config('enable_bitmapscan', 'off', false)"
 )
-# The limited claim's transaction: CLAIM_SETTINGS, and no bitmap scans. Its one generic plan knows neither the
-# queue nor how many jobs the limits admit, and would otherwise fetch every ready job of the queue through a
-# bitmap of the ready index and sort them all, at every claim (a cost that grows with the backlog); with the
-# bitmap scan priced out it walks the ready index in claim order and stops at the claim's size, as CLAIM_JOBS.
+# The limited claim's transaction: CLAIM_SETTINGS, and no bitmap scans (a claim session has them all). Its one
+# generic plan knows neither the queue nor how many jobs the limits admit, and would otherwise fetch every ready
+# job of the queue through a bitmap of the ready index and sort them all, at every claim (a cost that grows with
+# the backlog); with the bitmap scan priced out it walks the ready index in claim order and stops at the claim's
+# size, as CLAIM_JOBS.
 LIMITED_SETTINGS = CLAIM_SETTINGS + ", set_config('enable_bitmapscan', 'off', true)"
 _claim_sessions: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
 
@@ -581,8 +583,8 @@ async def _claim_limited(
     try:
         async with conn.pipeline():
             await conn.execute(leases.BEGIN)
-            # Index walks only (LIMITED_SETTINGS), no wait for the flush.
-            await conn.execute(LIMITED_SETTINGS)
+            if conn not in _claim_sessions:  # index walks only (LIMITED_SETTINGS), no wait for the flush
+                await conn.execute(LIMITED_SETTINGS)
             await conn.execute(LOCK_LIMITS, {"keys": sorted(r.lock_key for r in concerned)})
             await cursor.execute(CLAIM_LIMITED, params)
             await conn.execute(leases.COMMIT)
