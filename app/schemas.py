@@ -360,12 +360,22 @@ RateLimit = Annotated[
 ]
 
 
+def _count_not_text(value: Any) -> Any:
+    """A count is a JSON number: "5" and true are refused (lax integers would take them), 5.0 is 5."""
+    if isinstance(value, bool | str):
+        raise PydanticCustomError("int_type", "Input should be an integer, not a string or a boolean")
+    return value
+
+
+LimitCount = Annotated[int, BeforeValidator(_count_not_text)]
+
+
 class FlowLimitChange(BaseModel):
     """A change to a limit: a field left out keeps its value, null removes it. The rules are config/queues.yml's
     (store/config.py): counts are JSON integers, not strings or booleans; a key comes with a limit."""
 
     model_config = ConfigDict(extra="forbid")
-    concurrency_limit: StrictInt | None = Field(
+    concurrency_limit: LimitCount | None = Field(
         None, ge=1, le=MAX_CONCURRENCY_LIMIT, description="null: no concurrency limit; left out: unchanged"
     )
     rate_limit: RateLimit | None = Field(
@@ -373,7 +383,7 @@ class FlowLimitChange(BaseModel):
         description=f"N/s, N/m or N/h, N from 1 to {MAX_RATE_COUNT:,}: starts spread evenly through the window; "
         "null: no rate limit; left out: unchanged",
     )
-    rate_burst: StrictInt | None = Field(
+    rate_burst: LimitCount | None = Field(
         None,
         ge=1,
         le=MAX_RATE_COUNT,

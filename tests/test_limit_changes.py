@@ -34,7 +34,7 @@ def limited(api, conn):
         ({"concurrency_limit": "5"}, "concurrency_limit"),
         ({"concurrency_limit": True}, "concurrency_limit"),
         ({"concurrency_limit": 0}, "concurrency_limit"),
-        ({"concurrency_limit": 2.0}, "concurrency_limit"),
+        ({"concurrency_limit": 2.5}, "concurrency_limit"),
         ({"concurrency_limit": 1_000_001}, "concurrency_limit"),
         ({"rate_limit": 30}, "rate_limit"),
         ({"rate_limit": "\u0663\u0660/s"}, "rate_limit"),  # Arabic-Indic digits
