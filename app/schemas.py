@@ -367,7 +367,8 @@ def _count_not_text(value: Any) -> Any:
     return value
 
 
-LimitCount = Annotated[int, BeforeValidator(_count_not_text)]
+ConcurrencyLimit = Annotated[int, Field(ge=1, le=MAX_CONCURRENCY_LIMIT), BeforeValidator(_count_not_text)]
+RateBurst = Annotated[int, Field(ge=1, le=MAX_RATE_COUNT), BeforeValidator(_count_not_text)]
 
 
 class FlowLimitChange(BaseModel):
@@ -375,18 +376,16 @@ class FlowLimitChange(BaseModel):
     (store/config.py): counts are JSON integers, not strings or booleans; a key comes with a limit."""
 
     model_config = ConfigDict(extra="forbid")
-    concurrency_limit: LimitCount | None = Field(
-        None, ge=1, le=MAX_CONCURRENCY_LIMIT, description="null: no concurrency limit; left out: unchanged"
+    concurrency_limit: ConcurrencyLimit | None = Field(
+        None, description="null: no concurrency limit; left out: unchanged"
     )
     rate_limit: RateLimit | None = Field(
         None,
         description=f"N/s, N/m or N/h, N from 1 to {MAX_RATE_COUNT:,}: starts spread evenly through the window; "
         "null: no rate limit; left out: unchanged",
     )
-    rate_burst: LimitCount | None = Field(
+    rate_burst: RateBurst | None = Field(
         None,
-        ge=1,
-        le=MAX_RATE_COUNT,
         description="starts that may come at once after an idle spell, at most the rate's count; null: 1 "
         "(evenly spaced); left out: unchanged (dropped with its rate)",
     )
