@@ -95,7 +95,9 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
         docs_url=None,
         redoc_url=None,
         description="Durable background jobs on PostgreSQL: the admin API. "
-        'Errors are `{"error": {"code", "message", "details"}}`.',
+        'Errors are `{"error": {"code", "message", "details"}}`. No string, anywhere in a body or a parameter '
+        "(args and meta included), may hold a NUL character or an unpaired surrogate: PostgreSQL cannot store "
+        "them, so they are refused (422 invalid_value).",
         # Outermost first: the perimeter (Host, Origin, headers), bearer auth, then the body limit.
         middleware=[
             Middleware(Perimeter, hosts=HostRule(host, settings.allowed_hosts)),
