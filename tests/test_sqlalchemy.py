@@ -93,7 +93,7 @@ def test_async_session_commits_or_rolls_back_with_the_job(engine, module_db_url,
             await engine.dispose()
 
     async def enqueue_through(connection) -> None:
-        from tests.typed_project.receipts import Receipt, send_receipt
+        from tests.examples.sqlalchemy_orders import Receipt, send_receipt
 
         await send_receipt.aenqueue(connection, Receipt(order_id=3, email="async-conn@example.com"))
 

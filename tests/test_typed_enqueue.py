@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import textwrap
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -12,6 +14,8 @@ from dygo import EnqueueError, Job, enqueue_many, make_context
 from tests.jobs import Context, Sleep, context, noop, record_async, record_sync
 
 pytestmark = pytest.mark.shared_database
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def stored(conn: psycopg.Connection, job_id: int) -> tuple:
@@ -86,10 +90,15 @@ def test_batch_on_a_connection_out_of_autocommit_rolls_back_with_the_caller(db_u
 
 
 def test_the_readme_example_enqueues_with_its_own_write(conn):
-    from tests.typed_project.right import pay
+    from tests.typed_project.right import sign_up
 
-    conn.execute("CREATE TABLE IF NOT EXISTS orders (id integer PRIMARY KEY, paid boolean NOT NULL DEFAULT false)")
-    conn.execute("INSERT INTO orders (id) VALUES (41) ON CONFLICT DO NOTHING")
-    job_id = pay(conn, 41, "a@example.com")
-    assert stored(conn, job_id)[:3] == ("shop.send_receipt", "default", {"order_id": 41, "email": "a@example.com"})
-    assert conn.execute("SELECT paid FROM orders WHERE id = 41").fetchone() == (True,)
+    conn.execute("CREATE TABLE IF NOT EXISTS users (email text PRIMARY KEY)")
+    job_id = sign_up(conn, "new@example.com")
+    assert stored(conn, job_id)[:3] == ("email.send", "default", {"to": "new@example.com", "subject": "Welcome"})
+    assert conn.execute("SELECT count(*) FROM users WHERE email = 'new@example.com'").fetchone() == (1,)
+
+
+def test_the_readme_shows_the_tested_example():
+    snippet = (REPO / "tests" / "typed_project" / "right.py").read_text().split("[start:typed]\n")[1]
+    lines = snippet.split("    # --8<-- [end:typed]")[0].splitlines()
+    assert textwrap.dedent("\n".join(lines)) in (REPO / "README.md").read_text()

@@ -48,9 +48,17 @@ def test_mypy_strict_reports_each_wrong_field_option_and_args_type(mypy_report):
     reported = {int(n) for n in re.findall(r"^tests/typed_project/wrong\.py:(\d+): error", output, re.M)}
     assert code == 1
     assert reported == marked_lines("wrong.py"), output
-    assert 'Unexpected keyword argument "emial" for "Receipt"' in output
+    assert 'Unexpected keyword argument "subjet" for "SendEmail"' in output
 
 
 def test_mypy_strict_passes_the_right_typed_enqueue(mypy_report):
     _, output = mypy_report
     assert [line for line in output.splitlines() if "wrong.py" not in line] == []
+
+
+def test_the_enqueueing_guide_shows_what_mypy_says(mypy_report):
+    _, output = mypy_report
+    guide = (REPO / "docs" / "guides" / "enqueueing.md").read_text()
+    shown = [line for line in guide.splitlines() if line.startswith("wrong.py:")]
+    assert len(shown) == len(marked_lines("wrong.py"))
+    assert all(f"tests/typed_project/{line}" in output for line in shown), output

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict
 
-REPO = Path(__file__).resolve().parent.parent.parent
+BASE_DIR = Path(__file__).resolve().parent.parent  # tests/, whose config/ holds queues.yml and dygo.yml
 DATABASE = conninfo_to_dict(os.environ["DATABASE_URL"])
 
 SECRET_KEY = "only-for-the-tests"
@@ -32,7 +32,7 @@ DATABASES = {
 
 DYGO = {
     "DATABASE": "default",  # the alias `manage.py dygo` runs on (the default)
-    "CONFIG_DIR": REPO / "tests" / "config",  # queues.yml and dygo.yml
+    "CONFIG_DIR": BASE_DIR / "config",  # queues.yml and dygo.yml
 }
 # --8<-- [end:settings]
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel
 from sqlalchemy import String
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from tests.typed_project.receipts import Receipt, send_receipt
+from dygo import JobContext, job
 
 
 class Base(DeclarativeBase):
@@ -18,6 +19,19 @@ class Order(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     email: Mapped[str] = mapped_column(String(200))
+
+
+# --8<-- [start:job]
+class Receipt(BaseModel):
+    order_id: int
+    email: str
+
+
+@job("shop.send_receipt")
+async def send_receipt(ctx: JobContext, args: Receipt) -> None: ...
+
+
+# --8<-- [end:job]
 
 
 # --8<-- [start:session]

@@ -6,13 +6,13 @@ from typing import Any
 
 import psycopg
 
-from tests.typed_project.receipts import Receipt, send_receipt
+from tests.typed_project.emails import SendEmail, send_email
 
 
-def pay(conn: psycopg.Connection[Any], order_id: int, email: str) -> int:
+def sign_up(conn: psycopg.Connection[Any], email: str) -> int:
     # --8<-- [start:typed]
     with conn.transaction():
-        conn.execute("UPDATE orders SET paid = true WHERE id = %s", (order_id,))
-        job = send_receipt.enqueue(conn, Receipt(order_id=order_id, email=email), delay="1m")
+        conn.execute("INSERT INTO users (email) VALUES (%s)", (email,))
+        job = send_email.enqueue(conn, SendEmail(to=email, subject="Welcome"), delay="10m")
     # --8<-- [end:typed]
     return job.id

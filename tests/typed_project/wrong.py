@@ -6,10 +6,10 @@ from typing import Any
 
 import psycopg
 
-from tests.typed_project.receipts import Receipt, send_receipt
+from tests.typed_project.emails import SendEmail, send_email
 
 
-def pay(conn: psycopg.Connection[Any], order_id: int) -> None:
-    send_receipt.enqueue(conn, Receipt(order_id=order_id, emial="a@example.com"))  # wrong: a misspelt field
-    send_receipt.enqueue(conn, {"order_id": order_id, "email": "a@example.com"})  # wrong: a dict, not a Receipt
-    send_receipt.enqueue(conn, Receipt(order_id=order_id, email="a@example.com"), priority="high")  # wrong: option
+def sign_up(conn: psycopg.Connection[Any], email: str) -> None:
+    send_email.enqueue(conn, SendEmail(to=email, subjet="Welcome"))  # wrong: a misspelt field
+    send_email.enqueue(conn, {"to": email, "subject": "Welcome"})  # wrong: a dict, not a SendEmail
+    send_email.enqueue(conn, SendEmail(to=email, subject="Welcome"), priority="high")  # wrong: an option's type
