@@ -12,10 +12,12 @@ is passed, and recognised by the module that defines its class, so neither is im
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 import psycopg
 from dygo.store.errors import DygoError
+from psycopg.pq import TransactionStatus
 
 # What enqueue accepts: a psycopg connection, or one of the objects listed in the docstring.
 Connectable = Any
@@ -44,6 +46,23 @@ async def async_connection(conn: Connectable) -> psycopg.AsyncConnection[Any]:
     if adapter is None:
         raise _unsupported(conn, asynchronous=True)
     return await adapter(conn)
+
+
+def joined_transaction(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
+    """All-or-nothing for several statements, inside the caller's transaction: a transaction of their own on
+    an autocommit connection, a savepoint inside an open transaction. A connection out of autocommit with no
+    transaction open yet gets no block: `conn.transaction()` would open and commit one of its own, where the
+    first statement opens the caller's, which then commits or rolls back with the caller's writes."""
+    if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        return nullcontext()
+    return conn.transaction()
+
+
+def ajoined_transaction(conn: psycopg.AsyncConnection[Any]) -> AbstractAsyncContextManager[Any]:
+    """`joined_transaction` for an AsyncConnection."""
+    if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        return nullcontext()
+    return conn.transaction()
 
 
 def _library(conn: Connectable) -> str:

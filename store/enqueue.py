@@ -13,7 +13,6 @@ import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -22,13 +21,18 @@ from typing import Any
 import psycopg
 from dygo.store import tracing
 from dygo.store.config import KEBAB_CASE
-from dygo.store.connections import Connectable, async_connection, sync_connection
+from dygo.store.connections import (
+    Connectable,
+    ajoined_transaction,
+    async_connection,
+    joined_transaction,
+    sync_connection,
+)
 from dygo.store.db import one
 from dygo.store.durations import parse_duration
 from dygo.store.errors import EnqueueConflict, EnqueueError
 from dygo.store.registry import KIND_PATTERN, MAX_KIND_LENGTH, Registry, registry
 from dygo.store.sql import enqueue as sql
-from psycopg.pq import TransactionStatus
 
 PRIORITY_RANGE = (-1000, 1000)
 ATTEMPTS_RANGE = (1, 1000)  # max_attempts
@@ -496,23 +500,6 @@ async def aenqueue_many(conn: Connectable, jobs: Sequence[JobRequest | Mapping[s
         return await _aenqueue_batch(await async_connection(conn), _BatchPlan(_prepare_batch(jobs)))
 
 
-def _batch_transaction(conn: psycopg.Connection) -> AbstractContextManager[Any]:
-    """All-or-nothing for a batch of several statements: its own transaction on an autocommit connection, a
-    savepoint inside the caller's. A connection out of autocommit with no transaction open yet gets none:
-    `conn.transaction()` would open and commit one of its own, and the batch's first statement opens the
-    caller's transaction instead, which then commits or rolls back the jobs with the caller's writes."""
-    if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-        return nullcontext()
-    return conn.transaction()
-
-
-def _abatch_transaction(conn: psycopg.AsyncConnection) -> AbstractAsyncContextManager[Any]:
-    """`_batch_transaction` for an AsyncConnection."""
-    if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-        return nullcontext()
-    return conn.transaction()
-
-
 def _enqueue_batch(conn: psycopg.Connection, plan: _BatchPlan) -> list[Enqueued]:
     rows = plan.rows
     if not rows:
@@ -520,7 +507,7 @@ def _enqueue_batch(conn: psycopg.Connection, plan: _BatchPlan) -> list[Enqueued]
     if plan.one_statement:
         return _inserted_in_one_statement(conn.execute(sql.INSERT_JOBS, (rows_json(rows),)).fetchall())
     results: dict[int, Enqueued] = {}
-    with _batch_transaction(conn):
+    with joined_transaction(conn):
         for i in plan.windowed:
             results[i] = _insert_one(conn, rows[i])
         db_now, ids = one(conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,)).fetchone())
@@ -546,7 +533,7 @@ async def _aenqueue_batch(conn: psycopg.AsyncConnection, plan: _BatchPlan) -> li
         cursor = await conn.execute(sql.INSERT_JOBS, (rows_json(rows),))
         return _inserted_in_one_statement(await cursor.fetchall())
     results: dict[int, Enqueued] = {}
-    async with _abatch_transaction(conn):
+    async with ajoined_transaction(conn):
         for i in plan.windowed:
             results[i] = await _ainsert_one(conn, rows[i])
         db_now, ids = one(await (await conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,))).fetchone())

@@ -118,14 +118,34 @@ def test_asyncpg_engine_is_refused_with_the_fix_named(engine, module_db_url):
         asyncio.run(go())
 
 
-def test_a_session_handed_to_aenqueue_is_refused_with_the_fix_named(engine):
+def test_sync_and_async_sessions_handed_to_the_wrong_twin_are_refused_with_the_fix_named(engine, module_db_url):
     from dygo import aenqueue
 
+    args = {"order_id": 1, "email": "x@example.com"}
     with Session(engine) as session, pytest.raises(UnsupportedConnection, match="use enqueue with it"):
-        asyncio.run(aenqueue(session, "shop.send_receipt", {"order_id": 1, "email": "x@example.com"}))
+        asyncio.run(aenqueue(session, "shop.send_receipt", args))
+    with pytest.raises(UnsupportedConnection, match=r"use `await aenqueue\(...\)` with it"):
+        enqueue(AsyncSession(async_engine(module_db_url)), "shop.send_receipt", args)
 
 
 def test_an_engine_on_another_database_is_refused(tmp_path):
     engine = create_engine(f"sqlite:///{tmp_path / 'shop.db'}")
     with Session(engine) as session, pytest.raises(UnsupportedConnection, match=r"sqlite\+pysqlite.*not psycopg 3"):
         enqueue(session, "shop.send_receipt", {"order_id": 1, "email": "x@example.com"})
+
+
+def test_a_workflow_joins_the_session_transaction(engine, conn):
+    from dygo import chain, enqueue_workflow
+
+    def receipt(order_id: int) -> tuple[str, str, dict]:
+        return (f"r{order_id}", "shop.send_receipt", {"order_id": order_id, "email": "workflow@example.com"})
+
+    with Session(engine) as session:
+        enqueue_workflow(session, chain("sa-rolled-back", receipt(1), receipt(2)))
+        session.rollback()
+    with Session(engine) as session:
+        enqueue_workflow(session, chain("sa-committed", receipt(3), receipt(4)))
+        session.commit()
+    names = [name for (name,) in conn.execute("SELECT name FROM dygo_workflows WHERE name LIKE 'sa-%'")]
+    assert names == ["sa-committed"]
+    assert sorted(receipts_for(conn, "workflow@example.com")) == [3, 4]
