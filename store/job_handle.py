@@ -26,16 +26,16 @@ R = TypeVar("R")  # what calling the handler returns (a coroutine for an `async 
 
 
 class EnqueueOptions(TypedDict, total=False):
-    """The options of `enqueue` (docs/guides/enqueueing.md), each optional."""
+    """The options of `enqueue` (docs/guides/enqueueing.md), each optional; None is the default, as unset."""
 
-    queue: str
-    priority: int
-    run_at: datetime
-    delay: str | float | timedelta
-    max_attempts: int
+    queue: str | None
+    priority: int | None
+    run_at: datetime | None
+    delay: str | float | timedelta | None
+    max_attempts: int | None
     meta: Mapping[str, str]
-    idempotency_key: str
-    idempotency_ttl: str | float | timedelta
+    idempotency_key: str | None
+    idempotency_ttl: str | float | timedelta | None
 
 
 class Job(Generic[A, R]):
