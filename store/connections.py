@@ -12,11 +12,12 @@ is passed, and recognised by the module that defines its class, so neither is im
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, TypeVar
 
 import psycopg
 from dygo.store.errors import DygoError
+from dygo.store.sql import enqueue as sql
 from psycopg.pq import TransactionStatus
 
 # What enqueue accepts: a psycopg connection, or one of the objects listed in the docstring.
@@ -48,20 +49,22 @@ async def async_connection(conn: Connectable) -> psycopg.AsyncConnection[Any]:
     return await adapter(conn)
 
 
-def joined_transaction(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
+def joined_transaction(conn: psycopg.Connection[Any]) -> AbstractContextManager[psycopg.Transaction]:
     """All-or-nothing for several statements, inside the caller's transaction: a transaction of their own on
-    an autocommit connection, a savepoint inside an open transaction. A connection out of autocommit with no
-    transaction open yet gets no block: `conn.transaction()` would open and commit one of its own, where the
-    first statement opens the caller's, which then commits or rolls back with the caller's writes."""
+    an autocommit connection, else a savepoint in the caller's (a failed batch leaves it usable). A
+    connection out of autocommit with no transaction open yet has it opened first: there
+    `conn.transaction()` would open and commit one of its own, which would outlive the caller's rollback."""
     if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-        return nullcontext()
+        conn.execute(sql.OPEN_TRANSACTION)
     return conn.transaction()
 
 
-def ajoined_transaction(conn: psycopg.AsyncConnection[Any]) -> AbstractAsyncContextManager[Any]:
-    """`joined_transaction` for an AsyncConnection."""
+async def ajoined_transaction(
+    conn: psycopg.AsyncConnection[Any],
+) -> AbstractAsyncContextManager[psycopg.AsyncTransaction]:
+    """`joined_transaction` for an AsyncConnection: `async with await ajoined_transaction(conn):`."""
     if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-        return nullcontext()
+        await conn.execute(sql.OPEN_TRANSACTION)
     return conn.transaction()
 
 

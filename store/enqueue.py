@@ -533,7 +533,7 @@ async def _aenqueue_batch(conn: psycopg.AsyncConnection, plan: _BatchPlan) -> li
         cursor = await conn.execute(sql.INSERT_JOBS, (rows_json(rows),))
         return _inserted_in_one_statement(await cursor.fetchall())
     results: dict[int, Enqueued] = {}
-    async with ajoined_transaction(conn):
+    async with await ajoined_transaction(conn):
         for i in plan.windowed:
             results[i] = await _ainsert_one(conn, rows[i])
         db_now, ids = one(await (await conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,))).fetchone())

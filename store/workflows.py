@@ -398,7 +398,7 @@ async def aenqueue_workflow(conn: Connectable, workflow: Workflow) -> WorkflowHa
     """`enqueue_workflow` on an AsyncConnection."""
     plan = _WorkflowPlan.of(workflow)
     conn = await async_connection(conn)
-    async with ajoined_transaction(conn):
+    async with await ajoined_transaction(conn):
         inserted = await (await conn.execute(sql.INSERT_WORKFLOW, plan.insert_params())).fetchone()
         if inserted is None:
             cursor = await conn.execute(sql.WORKFLOW_BY_KEY, (workflow.idempotency_key,))
