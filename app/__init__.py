@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dygo.app.main import create_app
-    from dygo.app.mount import Authenticate, mount, running
+    from dygo.app.mounting import Authenticate, mount, running
 
 __all__ = ["Authenticate", "create_app", "mount", "running"]
 
@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
 
         return create_app
     if name in ("Authenticate", "mount", "running"):
-        from dygo.app import mount as module
+        from dygo.app import mounting as module
 
         return getattr(module, name)
     raise AttributeError(f"module 'dygo.app' has no attribute {name!r}")

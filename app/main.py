@@ -28,7 +28,7 @@ from dygo.app.jobs import router as jobs_router
 from dygo.app.limits import router as limits_router
 from dygo.app.listening import ServeListener, Subscriber
 from dygo.app.metrics import install_metrics
-from dygo.app.mount import ApplicationAuth, Authenticate
+from dygo.app.mounting import ApplicationAuth, Authenticate
 from dygo.app.openapi import install_openapi
 from dygo.app.paths import route_path
 from dygo.app.queues import router as queues_router
@@ -70,7 +70,7 @@ def create_app(
     """The service; `host` is the address it is bound to, which (with allowed_hosts) decides the Host
     headers it answers (app/guard.py). Without settings, jobs or a database URL, they are read as `dygo serve`
     reads them (config/, its jobs, DATABASE_URL or the embedded server). `authenticate`: the application's
-    own sign-in in place of tokens, for an app mounted in another (app/mount.py)."""
+    own sign-in in place of tokens, for an app mounted in another (app/mounting.py)."""
     settings = settings if settings is not None else load_settings()
     jobs = jobs if jobs is not None else load_jobs(settings)
     database_url = database_url if database_url is not None else configured_url(settings)
@@ -80,7 +80,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
-        # The service's own state, whichever app runs the lifespan (a parent's, when mounted: app/mount.py).
+        # The service's own state, whichever app runs the lifespan (a parent's, when mounted: app/mounting.py).
         # The pools of this process (app/db.py): settings.serve_pool_size connections at most.
         app.state.db = db = ServePools(database_url, settings.serve_pool_size, app.state.outage)
         await db.open()
