@@ -64,7 +64,7 @@ def test_api_and_pages_refuse_requests_the_applications_sign_in_refuses(site):
     assert refused.status_code == 403, refused.text
 
 
-def test_openapi_document_and_docs_pages_name_the_mount_point(site, page):
+def test_openapi_document_and_docs_pages_name_the_mount_point(site, page):  # noqa: F811
     document = httpx.get(site + "/jobs/openapi.json", cookies=STAFF).json()
     assert document["servers"] == [{"url": "/jobs"}]
     assert "/api/v1/jobs" in document["paths"]
@@ -77,7 +77,7 @@ def test_openapi_document_and_docs_pages_name_the_mount_point(site, page):
     assert httpx.get(site + "/jobs/docs/static/redoc.standalone.js", cookies=STAFF).status_code == 200
 
 
-def test_dashboard_is_clicked_through_under_the_prefix_and_its_actions_work(site, page, conn):
+def test_dashboard_is_clicked_through_under_the_prefix_and_its_actions_work(site, page, conn):  # noqa: F811
     page.goto(site + "/login/staff")  # the application signs the user in and sends them to /jobs/
     expect(page).to_have_url(site + "/jobs/dashboard/")
     expect(page.locator(".visitor")).to_contain_text("admin")
@@ -112,7 +112,7 @@ def test_dashboard_is_clicked_through_under_the_prefix_and_its_actions_work(site
     expect(page).to_have_url(site + "/jobs/dashboard/")
 
 
-def test_a_read_role_sees_the_dashboard_without_actions(site, page):
+def test_a_read_role_sees_the_dashboard_without_actions(site, page):  # noqa: F811
     page.context.add_cookies([{"name": "session", "value": "viewer-session", "url": site}])
     page.goto(site + "/jobs/dashboard/queues")
     expect(page.locator(".visitor")).to_contain_text("read")
