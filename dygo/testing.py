@@ -67,7 +67,12 @@ class Drained(list[Run]):
 
 
 class DrainNeverEnds(AssertionError):
-    """Jobs were still due after MAX_ROUNDS rounds of a drain: a job that re-enqueues or snoozes itself forever."""
+    """Jobs were still due after the rounds of a drain (MAX_ROUNDS): a job that re-enqueues or snoozes itself
+    forever. `runs`: what the drain ran."""
+
+    def __init__(self, message: str, runs: Drained) -> None:
+        super().__init__(message)
+        self.runs = runs
 
 
 def _run_of(job: ClaimedJob, outcome: Outcome) -> Run:
@@ -132,7 +137,8 @@ async def adrain_jobs(
         return runs
     raise DrainNeverEnds(
         f"jobs were still due after {max_rounds} rounds of the drain (last kinds run: {runs.kinds()[-5:]}); "
-        "does a job enqueue or snooze itself forever?"
+        "does a job enqueue or snooze itself forever?",
+        runs,
     )
 
 
