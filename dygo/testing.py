@@ -18,6 +18,7 @@ import json
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,8 +144,14 @@ async def adrain_jobs(
 
 
 def drain_jobs(url: str, **options: Any) -> Drained:
-    """adrain_jobs, for a test that is not async (with an event loop running, use adrain_jobs)."""
-    return asyncio.run(adrain_jobs(url, **options))
+    """adrain_jobs, for a test that is not async. Where this thread already runs an event loop (Playwright's
+    sync API does), the drain gets a loop of its own in another thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(adrain_jobs(url, **options))
+    with ThreadPoolExecutor(1, thread_name_prefix="dygo-drain") as thread:
+        return thread.submit(asyncio.run, adrain_jobs(url, **options)).result()
 
 
 def _trigger(url: str, names: list[str]) -> None:

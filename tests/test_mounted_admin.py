@@ -3,10 +3,12 @@ application's sign-in: a real uvicorn process, clicked through in a real headles
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -68,6 +70,7 @@ def test_openapi_document_and_docs_pages_name_the_mount_point(site, page):  # no
     document = httpx.get(site + "/jobs/openapi.json", cookies=STAFF).json()
     assert document["servers"] == [{"url": "/jobs"}]
     assert "/api/v1/jobs" in document["paths"]
+    assert "securitySchemes" not in document["components"]  # no bearer token: the application's sign-in applies
     page.context.add_cookies([{"name": "session", "value": "staff-session", "url": site}])
     page.goto(site + "/jobs/docs")
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("dygo")  # the bundle and the document loaded
@@ -118,3 +121,38 @@ def test_a_read_role_sees_the_dashboard_without_actions(site, page):  # noqa: F8
     expect(page.locator(".visitor")).to_contain_text("read")
     expect(page.locator("h1")).to_have_text(re.compile("Queues"))
     assert page.locator("form[method=post]").count() == 0
+
+
+def test_running_opens_a_mounted_apps_pools_inside_the_parents_own_lifespan(module_db_url):
+    from contextlib import asynccontextmanager
+
+    from dygo.app import create_app, running
+    from dygo.store.config import load_settings
+    from dygo.store.registry import registry
+    from fastapi import FastAPI
+
+    from tests.conftest import TEST_CONFIG
+
+    admin = create_app(load_settings(TEST_CONFIG), registry, module_db_url, authenticate=lambda request: "read")
+    started = []
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async with running(admin):
+            started.append(True)
+            yield
+
+    parent = FastAPI(lifespan=lifespan)
+    parent.mount("/ops/jobs", admin)
+
+    async def visit() -> httpx.Response:
+        async with parent.router.lifespan_context(parent):
+            transport = httpx.ASGITransport(app=parent)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                return await client.get("/ops/jobs/api/v1/queues")
+
+    with ThreadPoolExecutor(1) as thread:  # a loop of its own: Playwright's sync API runs one in this thread
+        reply = thread.submit(asyncio.run, visit()).result()
+    assert started == [True]
+    assert reply.status_code == 200, reply.text
+    assert [queue["name"] for queue in reply.json()["queues"]][:1] == ["default"]
