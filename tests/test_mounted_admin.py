@@ -156,3 +156,33 @@ def test_running_opens_a_mounted_apps_pools_inside_the_parents_own_lifespan(modu
     assert started == [True]
     assert reply.status_code == 200, reply.text
     assert [queue["name"] for queue in reply.json()["queues"]][:1] == ["default"]
+
+
+def test_a_mounted_app_without_authenticate_still_wants_its_tokens_under_the_prefix(module_db_url):
+    from dygo.app import create_app, mount
+    from dygo.store.config import load_settings
+    from dygo.store.registry import registry
+    from fastapi import FastAPI
+
+    from tests.conftest import ADMIN_TOKEN, TEST_CONFIG
+
+    settings = load_settings(TEST_CONFIG).model_copy(update={"api_tokens": (("admin", ADMIN_TOKEN),)})
+    parent = FastAPI()
+    mount(parent, "/ops", create_app(settings, registry, module_db_url))
+
+    async def visit() -> list[object]:
+        async with parent.router.lifespan_context(parent):
+            transport = httpx.ASGITransport(app=parent)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                anonymous = await client.get("/ops/api/v1/queues")
+                signed = await client.get("/ops/api/v1/queues", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+                page = await client.get("/ops/dashboard/jobs")
+                return [anonymous.status_code, signed.status_code, page.status_code, page.headers.get("location")]
+
+    with ThreadPoolExecutor(1) as thread:
+        assert thread.submit(asyncio.run, visit()).result() == [
+            401,
+            200,
+            303,
+            "/ops/dashboard/login?next=%2Fops%2Fdashboard%2Fjobs",
+        ]
