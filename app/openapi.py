@@ -79,7 +79,8 @@ def install_openapi(app: FastAPI, jobs: Registry) -> None:
         body = schema["paths"]["/api/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
         body["schema"] = one_job
         schemas["BatchRequest"]["properties"]["jobs"]["items"] = one_job
-        _declare_bearer(schema)
+        if app.state.authenticate is None:  # otherwise the application's own sign-in applies (app/mounting.py)
+            _declare_bearer(schema)
         app.openapi_schema = schema
         return schema
 

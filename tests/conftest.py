@@ -27,6 +27,8 @@ from tests.pgbouncer import PgBouncer
 from tests.pgbouncer import missing_reason as pgbouncer_missing
 
 REPO = Path(__file__).resolve().parent.parent
+# Example projects, whose own tests run as their users run them (tests/test_testing_plugin.py).
+collect_ignore = ["projects"]
 TEST_CONFIG = REPO / "tests" / "config"
 TEMPLATE = f"dygo_test_template_{os.getpid()}"
 TEST_TABLES = """
