@@ -4,6 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
+# Test processes side by side (pytest-xdist): most tests wait on workers and servers, not the CPU. Tests
+# marked `alone` (they measure time) run after them, by themselves.
+TEST_PROCESSES ?= 2
 
 .PHONY: run test setup lint typecheck docs bench bench-http bench-dashboard bench-fleet bench-snapshot bench-table-size chaos chaos-pgbouncer stop-db browsers pgbouncer
 
@@ -56,7 +59,8 @@ test: setup browsers pgbouncer
 	$(BIN)/ruff format --check .
 	$(BIN)/python scripts/typecheck.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadscope -m "not alone"
+	$(BIN)/pytest -m alone
 
 # The manual (docs/, mkdocs.yml) into site/; `make test` builds it too, where a broken link fails.
 docs: setup

@@ -172,6 +172,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "one `dygo serve` (module_api)",
     )
     config.addinivalue_line("markers", "own_database: this test keeps a fresh database in a shared_database module")
+    config.addinivalue_line(
+        "markers",
+        "alone: the module's tests measure time (a recovery within a second, a rate per second), so `make test` "
+        "runs them after the parallel part, with no other test beside them",
+    )
 
 
 def shares_database(request: pytest.FixtureRequest) -> bool:

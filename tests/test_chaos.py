@@ -17,6 +17,8 @@ from dygo.store import JobRequest, embedded, enqueue, enqueue_many
 
 from tests.conftest import wait_until
 
+pytestmark = pytest.mark.alone
+
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO / ".dygo" / "chaos-test"
 

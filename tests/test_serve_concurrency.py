@@ -18,6 +18,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tests.conftest import ADMIN_TOKEN, READ_TOKEN, dygo_env, wait_until
 
+pytestmark = pytest.mark.alone
+
 CLIENTS = 500
 BATCH = 20
 
