@@ -95,6 +95,7 @@ class OutageLog:
         self.lock = threading.Lock()
         self.down_since: float | None = None
         self.reminded_at = 0.0
+        self.outages = 0  # outages begun so far: a reader that saw this number change knows one happened since
 
     @property
     def down(self) -> bool:
@@ -106,6 +107,7 @@ class OutageLog:
         with self.lock:
             if self.down_since is None:
                 self.down_since = self.reminded_at = now
+                self.outages += 1
                 first = True
             elif now - self.reminded_at >= REMINDER_INTERVAL:
                 self.reminded_at = now

@@ -3,7 +3,9 @@
 * claim   - the producer's own connection (worker/producer.py): one statement claims for every queue,
             so no wake-up waits for a pool checkout
 * LISTEN  - the listener's session (worker/listener.py), on DATABASE_DIRECT_URL when one is given:
-            through a transaction pooler a session's notifications cannot be relied on
+            through a transaction pooler a session's notifications cannot be relied on. It also holds
+            the worker's presence lock (worker/presence.py), a session-level advisory lock, even with
+            --poll-only (then it LISTENs to nothing)
 * shared  - a pool of one for everything else, one statement or short transaction at a time: settles,
             lease renewals, progress, timings, heartbeat, recovery, schedules, retention, durable steps
             (each batch commits on its own, so a pass never holds it long)
@@ -11,9 +13,10 @@
 A fourth, sync connection is opened only when a sync handler first calls `ctx.step_tx_sync` (its function
 takes a sync connection, which the shared async one is not), and kept for the next ones.
 
-Nothing here keeps session state across transactions (no session advisory lock, no SET, no
-server-side prepared statement behind a transaction pooler: store.db.connect_kwargs), so every
-DATABASE_URL connection works through PgBouncer in transaction pooling mode.
+Nothing on the claim and shared connections keeps session state across transactions (no session advisory
+lock, no SET, no server-side prepared statement behind a transaction pooler: store.db.connect_kwargs), so
+every DATABASE_URL connection works through PgBouncer in transaction pooling mode; only the LISTEN session
+does, and it never goes through a transaction pooler.
 
 One lost/back line pair per outage for all services (store/outage.py). A transaction the server rolled back
 as a deadlock's victim is logged and run again by its caller. Any other database error that is not an
