@@ -54,8 +54,8 @@ class PresenceWatch:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(PRESENCE_INTERVAL)
             await self.run_once()
+            await asyncio.sleep(PRESENCE_INTERVAL)
 
     async def run_once(self) -> None:
         try:
