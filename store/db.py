@@ -13,6 +13,8 @@ from urllib.parse import unquote
 import psycopg
 from dygo.store.config import Settings
 from dygo.store.errors import ConfigError, DatabaseUnavailable
+from dygo.store.outage import NotPrimary
+from dygo.store.sql import schema as schema_sql
 from psycopg.conninfo import conninfo_to_dict
 
 Row = TypeVar("Row")
@@ -53,6 +55,14 @@ async def notifications(conn: psycopg.AsyncConnection) -> AsyncIterator[psycopg.
             await readable.wait()
         finally:
             loop.remove_reader(conn.fileno())
+
+
+async def check_primary(conn: psycopg.AsyncConnection) -> None:
+    """Raise NotPrimary (an outage) when `conn` reached a standby: a worker there could read but never settle.
+    A multi-host URL with target_session_attrs=read-write never leads there; one without it, or a URL naming
+    a standby alone, can."""
+    if one(await (await conn.execute(schema_sql.IN_RECOVERY)).fetchone())[0]:
+        raise NotPrimary("the server is in recovery (a standby): not the primary")
 
 
 def redact(url: str) -> str:

@@ -33,7 +33,7 @@ import threading
 from typing import Any
 
 import psycopg
-from dygo.store.db import connect_kwargs, direct_url, through_transaction_pooler
+from dygo.store.db import check_primary, connect_kwargs, direct_url, through_transaction_pooler
 from dygo.store.errors import StatementError
 from dygo.store.outage import OutageLog, describe, is_outage, is_rolled_back
 from dygo.worker.service import failure_backoff
@@ -42,6 +42,9 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 log = logging.getLogger("dygo.worker")
 
 MAX_CONNECTIONS = 3
+# At start, a database that cannot be reached (or a standby that is not the primary yet) is tried again this
+# often at most: a standby promoted, or a primary back, is found within these seconds.
+START_RETRY_MAX = 5.0
 
 
 class WorkerConnections:
@@ -68,20 +71,21 @@ class WorkerConnections:
         self.outage = OutageLog(log)
 
     async def wait_until_reachable(self) -> None:
-        """At start, an unreachable database is retried with backoff and said once, as in an outage
-        later on: under a process manager the worker then starts working as soon as it is back."""
+        """At start, an unreachable database, or a server that is not the primary (a standby), is retried with
+        backoff and said once, as in an outage later on: under a process manager the worker then starts working
+        as soon as it is back, or promoted."""
         failures = 0
         while True:
             try:
-                conn = await self.connect()
+                async with await self.connect() as conn:
+                    await check_primary(conn)
             except (psycopg.Error, OSError) as exc:
                 if not is_outage(exc):
                     raise StatementError("start-up: connecting to the database", exc) from exc
                 failures += 1
-                self.outage.lost("start-up: cannot reach the database", exc)
-                await asyncio.sleep(failure_backoff(failures))
+                self.outage.lost("start-up: cannot reach the primary", exc)
+                await asyncio.sleep(min(failure_backoff(failures), START_RETRY_MAX))
                 continue
-            await conn.close()
             self.outage.back()
             return
 
