@@ -247,6 +247,10 @@ def scenario_failover(lab: Lab, plan: Plan, rng: random.Random) -> Report:
     cluster = Cluster(lab.data_dir.parent / f"{lab.data_dir.name}-failover")
     cluster.build()
     url = cluster.url()
+    # The suite's PgBouncer (--pgbouncer) sits in front of the suite's own server, not of this pair.
+    pgbouncer, lab.pgbouncer = lab.pgbouncer, None
+    if pgbouncer is not None:
+        report.notes["pgbouncer"] = "not used: the workers reach the pair directly"
     try:
         workers = [lab.worker(url, concurrency=plan.concurrency) for _ in range(2)]
         on_standby = lab.worker(cluster.standby.url(DATABASE), concurrency=plan.concurrency, wait=False)
@@ -328,5 +332,6 @@ def scenario_failover(lab: Lab, plan: Plan, rng: random.Random) -> Report:
         report.refused_settles = worker_log_counts(lab.processes)["refused_settles"]
     finally:
         lab.stop_all()
+        lab.pgbouncer = pgbouncer
         cluster.destroy()
     return report

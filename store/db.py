@@ -58,11 +58,11 @@ async def notifications(conn: psycopg.AsyncConnection) -> AsyncIterator[psycopg.
 
 
 async def check_primary(conn: psycopg.AsyncConnection) -> None:
-    """Raise NotPrimary (an outage) when `conn` reached a standby: a worker there could read but never settle.
+    """Raise NotPrimary (an outage) when `conn` cannot write: a worker there could read but never settle.
     A multi-host URL with target_session_attrs=read-write never leads there; one without it, or a URL naming
     a standby alone, can."""
-    if one(await (await conn.execute(schema_sql.IN_RECOVERY)).fetchone())[0]:
-        raise NotPrimary("the server is in recovery (a standby): not the primary")
+    if one(await (await conn.execute(schema_sql.READ_ONLY_SESSION)).fetchone())[0]:
+        raise NotPrimary("the server is read-only (a standby, or transactions read-only by default)")
 
 
 def redact(url: str) -> str:

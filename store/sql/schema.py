@@ -19,5 +19,6 @@ FORGET_MIGRATION = "DELETE FROM dygo_migrations WHERE version = %s"
 # The migrations table may not exist yet, so its name is looked up before it is read.
 HAS_MIGRATIONS_TABLE = "SELECT to_regclass('dygo_migrations') IS NOT NULL"
 SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM dygo_migrations"
-# Whether the server is a standby (in recovery, read-only): a worker waits for a primary (store/db.py).
-IN_RECOVERY = "SELECT pg_is_in_recovery()"
+# Whether the session cannot write: the server is a standby (in recovery), or its transactions are read-only
+# by default (default_transaction_read_only, as some providers set on a replica). A worker waits (store/db.py).
+READ_ONLY_SESSION = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean"
