@@ -37,6 +37,7 @@ from dygo.store.db import check_primary, connect_kwargs, direct_url, through_tra
 from dygo.store.errors import StatementError
 from dygo.store.outage import OutageLog, describe, is_outage, is_rolled_back
 from dygo.worker.service import failure_backoff
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 log = logging.getLogger("dygo.worker")
@@ -45,6 +46,19 @@ MAX_CONNECTIONS = 3
 # At start, a database that cannot be reached (or a standby that is not the primary yet) is tried again this
 # often at most: a standby promoted, or a primary back, is found within these seconds.
 START_RETRY_MAX = 5.0
+
+
+# TCP keepalives on the LISTEN session, which can sit idle for hours: a NAT or firewall that forgets an idle
+# connection would cut it silently, and the server, once its own keepalives noticed, would release the
+# worker's presence lock while the worker still ran its jobs. Unless the URL sets its own; libpq ignores them
+# on a Unix socket.
+SESSION_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+
+
+def session_keepalives(url: str | None) -> dict[str, int]:
+    if url is None or any(key.startswith("keepalives") for key in conninfo_to_dict(url)):
+        return {}
+    return dict(SESSION_KEEPALIVES)
 
 
 class WorkerConnections:
@@ -64,6 +78,7 @@ class WorkerConnections:
         self.listen_options: dict[str, Any] = {
             "autocommit": True,
             "application_name": f"dygo-worker-listen {worker_id}",
+            **session_keepalives(self.listen_url),
         }
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=1, kwargs=self.options, open=False)
         self.sync_pool: ConnectionPool | None = None  # opened at the first ctx.step_tx_sync (sync_connection)
