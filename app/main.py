@@ -36,7 +36,7 @@ from dygo.app.waiting import ResultWaiters
 from dygo.app.workflows import router as workflows_router
 from dygo.store import admin
 from dygo.store.config import Settings
-from dygo.store.db import direct_url, through_transaction_pooler
+from dygo.store.db import direct_url, read_url, through_transaction_pooler
 from dygo.store.errors import CodedError, DatabaseUnavailable
 from dygo.store.outage import OutageLog, describe, is_outage
 from dygo.store.registry import Registry
@@ -64,7 +64,7 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The pools of this process (app/db.py): settings.serve_pool_size connections at most.
-        app.state.db = db = ServePools(database_url, settings.serve_pool_size, app.state.outage)
+        app.state.db = db = ServePools(database_url, settings.serve_pool_size, app.state.outage, read_url())
         await db.open()
         folder = StatsFolder(db.pool, app.state.outage)
         folder.start()

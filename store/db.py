@@ -97,6 +97,19 @@ def _passwords(url: str) -> set[str]:
 # without a direct URL (the worker then polls).
 
 
+def read_url() -> str | None:
+    """DATABASE_READ_URL when set: a replica for serve's heavy reads (app/db.py ServePools.read_connection)."""
+    url = os.environ.get("DATABASE_READ_URL") or None
+    if url is not None:
+        try:
+            conninfo_to_dict(url)
+        except psycopg.Error as exc:
+            raise DatabaseUnavailable(
+                f"DATABASE_READ_URL is not a valid connection string: {scrub(str(exc), url)}", "invalid_url"
+            ) from None
+    return url
+
+
 def direct_url() -> str | None:
     """DATABASE_DIRECT_URL when set: a connection straight to PostgreSQL, for LISTEN and migrations."""
     return os.environ.get("DATABASE_DIRECT_URL") or None
