@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -137,6 +138,7 @@ class Cluster:
             wal_keep_size="256MB",
             shared_buffers="32MB",
             max_connections="60",
+            shared_preload_libraries="pg_stat_statements",  # scenario 9 reads it on both servers
         )
         p.start()
         backup = ("-D", str(s.pgdata), "-h", str(p.pgdata), "-p", str(p.port), "-U", "postgres", "-c", "fast")
@@ -166,6 +168,7 @@ class Cluster:
         with psycopg.connect(p.url(DATABASE)) as conn:
             migrate(conn)
             conn.execute(BOOKS_TABLES)
+            conn.execute("CREATE EXTENSION pg_stat_statements")
 
     def url(self) -> str:
         """The multi-host URL the workers and serve get: whichever of the two is the primary."""
@@ -330,6 +333,65 @@ def scenario_failover(lab: Lab, plan: Plan, rng: random.Random) -> Report:
             if not w.alive():
                 report.problems.append(f"worker pid {w.pid} exited: {w.stderr()[-500:]}")
         report.refused_settles = worker_log_counts(lab.processes)["refused_settles"]
+    finally:
+        lab.stop_all()
+        lab.pgbouncer = pgbouncer
+        cluster.destroy()
+    return report
+
+
+# The statements that read jobs, as pg_stat_statements shows them (their text, normalised).
+JOB_READS = "SELECT query FROM pg_stat_statements WHERE query ILIKE '%%FROM dygo_jobs%%' AND calls > 0"
+
+
+def scenario_replica(lab: Lab, plan: Plan, rng: random.Random) -> Report:
+    """9. Reads from a replica: serve with DATABASE_URL on the primary and DATABASE_READ_URL on its streaming
+    standby. The jobs lists of the API and the dashboard must run on the standby (the primary's
+    pg_stat_statements shows none of the statements the standby's shows) and the dashboard must say so with
+    a lag; an enqueue and a read by id of the job just enqueued go to the primary and see it at once."""
+    report = Report("9. Reads from a replica", recovery_means="-")
+    cluster = Cluster(lab.data_dir.parent / f"{lab.data_dir.name}-failover")
+    cluster.build()
+    primary, standby = cluster.primary.url(DATABASE), cluster.standby.url(DATABASE)
+    pgbouncer, lab.pgbouncer = lab.pgbouncer, None
+    try:
+        port = free_port()
+        serve = lab.serve(primary, port, DATABASE_READ_URL=standby)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            wait_for(lambda: get_status(client, "/readyz") == 200, 30, "serve to be ready")
+            with psycopg.connect(primary, autocommit=True) as conn:
+                for _ in range(20):
+                    enqueue(conn, "chaos.work", {"seconds": 0})
+                conn.execute("SELECT pg_stat_statements_reset()")
+                enqueued = client.post("/api/v1/jobs", json={"kind": "chaos.work", "args": {}})
+                job = enqueued.json().get("id")
+                seen_at_once = client.get(f"/api/v1/jobs/{job}").status_code
+                listed = client.get("/api/v1/jobs", params={"limit": 100}).json()["jobs"]
+                page = client.get("/dashboard/jobs").text
+                overview = client.get("/dashboard/").status_code
+                on_primary = {r[0] for r in conn.execute(JOB_READS)}
+            with psycopg.connect(standby, autocommit=True) as conn:
+                on_standby = {r[0] for r in conn.execute(JOB_READS)}
+        lag = re.search(r"Read from a replica \(DATABASE_READ_URL\)[^<]*", page)
+        report.jobs = len(listed)
+        report.notes.update(
+            enqueue_status=enqueued.status_code,
+            read_by_id_at_once=seen_at_once,
+            listed=len(listed),
+            overview=overview,
+            dashboard_notice=lag.group(0) if lag else None,
+            job_reads_on_standby=len(on_standby),
+            job_reads_on_primary=[" ".join(q.split())[:120] for q in sorted(on_primary)],
+            job_reads_on_both=len(on_primary & on_standby),
+        )
+        if enqueued.status_code != 201 or seen_at_once != 200:
+            report.problems.append(f"enqueue {enqueued.status_code}, then read by id {seen_at_once}")
+        if on_primary & on_standby or not on_standby:
+            report.problems.append(f"{len(on_primary & on_standby)} replica reads also ran on the primary")
+        if lag is None or "behind the primary" not in lag.group(0) or overview != 200:
+            report.problems.append(f"dashboard: overview {overview}, notice {report.notes['dashboard_notice']!r}")
+        if not serve.alive():
+            report.problems.append(f"serve exited: {serve.stderr()[-500:]}")
     finally:
         lab.stop_all()
         lab.pgbouncer = pgbouncer

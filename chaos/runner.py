@@ -179,14 +179,14 @@ class Report:
 class WorkerProcess:
     """A real `dygo worker`; stdout and stderr go to files in the run's log directory."""
 
-    def __init__(self, lab: Lab, url: str, *args: str, name: str) -> None:
+    def __init__(self, lab: Lab, url: str, *args: str, name: str, **env: str) -> None:
         self.stdout_path = lab.logs / f"{name}.out"
         self.stderr_path = lab.logs / f"{name}.err"
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "dygo", *args],
                 cwd=REPO,
-                env=lab.env(url, pooled=args[0] == "worker"),
+                env={**lab.env(url, pooled=args[0] == "worker"), **env},
                 stdout=out,
                 stderr=err,
             )
@@ -285,9 +285,11 @@ class Lab:
             process.wait_started()
         return process
 
-    def serve(self, url: str, port: int) -> WorkerProcess:
+    def serve(self, url: str, port: int, **env: str) -> WorkerProcess:
         self.started += 1
-        process = WorkerProcess(self, url, "serve", "--port", str(port), name=f"{self.scenario}-serve-{self.started}")
+        process = WorkerProcess(
+            self, url, "serve", "--port", str(port), name=f"{self.scenario}-serve-{self.started}", **env
+        )
         self.processes.append(process)
         return process
 
@@ -1015,6 +1017,12 @@ def scenario_failover(lab: Lab, plan: Plan, rng: random.Random) -> Report:
     return failover(lab, plan, rng)
 
 
+def scenario_replica(lab: Lab, plan: Plan, rng: random.Random) -> Report:
+    from chaos.failover import scenario_replica as replica
+
+    return replica(lab, plan, rng)
+
+
 SCENARIOS: dict[str, Callable[[Lab, Plan, random.Random], Report]] = {
     "kill": scenario_kill,
     "restart": scenario_db_restart,
@@ -1024,6 +1032,7 @@ SCENARIOS: dict[str, Callable[[Lab, Plan, random.Random], Report]] = {
     "workflow": scenario_workflow,
     "presence": scenario_presence,
     "failover": scenario_failover,
+    "replica": scenario_replica,
 }
 
 
