@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	@$(BIN)/pip uninstall --quiet --yes dygo 2>/dev/null || true  # the name this project was installed by before dygo-jobs
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 

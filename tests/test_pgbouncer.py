@@ -83,7 +83,8 @@ def test_worker_behind_a_pooler_without_a_direct_url_polls_and_says_so(pgbouncer
     wait_until(lambda: all_final(pooled, ids), timeout=30, message="the jobs to be found by polling")
     assert states(pooled, ids) == {"succeeded": 30}
     listeners = pooled.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dygo-worker-listen%'"
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dygo-worker-listen%' "
+        "AND datname = current_database()"
     ).fetchone()[0]
     assert listeners == 0
     assert_no_pooler_trouble(worker.stderr())

@@ -234,7 +234,8 @@ def test_a_process_saturated_past_its_wait_limit_answers_503_saturated_and_logs_
             wait_until(
                 lambda: (
                     conn.execute(
-                        "SELECT count(*) FROM pg_locks WHERE relation = 'dygo_jobs'::regclass AND NOT granted"
+                        "SELECT count(*) FROM pg_locks WHERE relation = 'dygo_jobs'::regclass AND NOT granted "
+                        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                     ).fetchone()[0]
                     == 1
                 ),

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dygo.app.dashboard.filters import FILTERS
-from dygo.app.dashboard.visitor import PREFIX, Visitor
+from dygo.app.dashboard.visitor import Visitor
 from dygo.app.session import FLASH_COOKIE
 from dygo.store import admin
 from fastapi import Request
@@ -30,14 +30,14 @@ def render(request: Request, visitor: Visitor, template: str, status: int = 200,
             "visitor": visitor,
             "csrf": visitor.csrf,
             "flash": flash,
-            "prefix": PREFIX,
+            "prefix": visitor.prefix,
             "replica": replica(request),
             **context,
         },
         status_code=status,
     )
     if flash is not None:
-        response.delete_cookie(FLASH_COOKIE, path=PREFIX)
+        response.delete_cookie(FLASH_COOKIE, path=visitor.prefix)
     return visitor.keep(response)
 
 
@@ -54,7 +54,7 @@ def redirect(visitor: Visitor, to: str, message: str, level: str = "ok") -> Resp
         FLASH_COOKIE,
         visitor.signer.dumps({"message": message, "level": level}),
         max_age=60,
-        path=PREFIX,
+        path=visitor.prefix,
         httponly=True,
         samesite="lax",
         secure=visitor.secure,
@@ -67,6 +67,13 @@ def error_page(request: Request, status: int, title: str, message: str) -> Respo
     return templates.TemplateResponse(
         request,
         "error.html",
-        {"visitor": visitor, "csrf": visitor.csrf, "flash": None, "prefix": PREFIX, "title": title, "message": message},
+        {
+            "visitor": visitor,
+            "csrf": visitor.csrf,
+            "flash": None,
+            "prefix": visitor.prefix,
+            "title": title,
+            "message": message,
+        },
         status_code=status,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dygo.app.dashboard.rendering import redirect, render
-from dygo.app.dashboard.visitor import PREFIX, Action, Page
+from dygo.app.dashboard.visitor import Action, Page
 from dygo.app.db import Conn, ReadConn
 from dygo.store import schedules
 from dygo.store.errors import Conflict, EnqueueError, NotFound
@@ -20,7 +20,7 @@ def schedules_page(request: Request, visitor: Page, conn: ReadConn) -> Response:
 
 @router.post("/schedules/{name}/{action}")
 def act_on_schedule(name: str, action: str, visitor: Action, conn: Conn) -> Response:
-    back = PREFIX + "/schedules"
+    back = visitor.prefix + "/schedules"
     try:
         if action == "pause":
             schedules.pause(conn, name)
