@@ -102,7 +102,8 @@ bench-table-size: setup
 	$(BIN)/python bench/table_size.py
 
 # The fault-injection suite in full (10,000 jobs per scenario, several minutes); a short version of
-# each scenario runs inside `make test` (tests/test_chaos.py). See docs/operations/reliability.md.
+# scenarios 1-6 runs inside `make test` (tests/test_chaos.py), and tests/test_presence.py and
+# tests/test_failover.py prove the points of 7 and 8. See docs/operations/reliability.md.
 chaos: setup
 	$(BIN)/python -m chaos --markdown chaos/results.md --json chaos/results.json
 

@@ -39,7 +39,7 @@ from dygo.app.workflows import router as workflows_router
 from dygo.store import admin
 from dygo.store.config import Settings, load_settings
 from dygo.store.db import database_url as configured_url
-from dygo.store.db import direct_url, through_transaction_pooler
+from dygo.store.db import direct_url, read_url, through_transaction_pooler
 from dygo.store.errors import CodedError, DatabaseUnavailable
 from dygo.store.loading import load_jobs
 from dygo.store.outage import OutageLog, describe, is_outage
@@ -82,7 +82,7 @@ def create_app(
     async def lifespan(_: Any) -> AsyncIterator[None]:
         # The service's own state, whichever app runs the lifespan (a parent's, when mounted: app/mounting.py).
         # The pools of this process (app/db.py): settings.serve_pool_size connections at most.
-        app.state.db = db = ServePools(database_url, settings.serve_pool_size, app.state.outage)
+        app.state.db = db = ServePools(database_url, settings.serve_pool_size, app.state.outage, read_url())
         await db.open()
         folder = StatsFolder(db.pool, app.state.outage)
         folder.start()

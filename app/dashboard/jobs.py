@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, urlencode
 from dygo.app.dashboard.queues import configured_queues
 from dygo.app.dashboard.rendering import redirect, render
 from dygo.app.dashboard.visitor import Action, Fields, Page, Refused, Visitor
-from dygo.app.db import Conn
+from dygo.app.db import Conn, ReadConn
 from dygo.app.errors import ApiError
 from dygo.app.jobs import decode_cursor, encode_cursor
 from dygo.store import admin, job_reads, steps, workflows
@@ -42,7 +42,7 @@ def _job_filter(queue: str, kind: str, state: str, q: str) -> admin.JobFilter:
 def jobs_page(
     request: Request,
     visitor: Page,
-    conn: Conn,
+    conn: ReadConn,
     queue: str = "",
     kind: str = "",
     state: str = "",
@@ -255,7 +255,7 @@ DEAD_GROUPS_SHOWN = 100
 
 
 @router.get("/dead")
-def dead_page(request: Request, visitor: Page, conn: Conn) -> Response:
+def dead_page(request: Request, visitor: Page, conn: ReadConn) -> Response:
     groups = admin.dead_letter_groups(conn, DEAD_GROUPS_SHOWN)
     return render(request, visitor, "dead.html", groups=groups, capped=len(groups) == DEAD_GROUPS_SHOWN)
 

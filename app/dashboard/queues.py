@@ -7,7 +7,7 @@ from typing import Any
 
 from dygo.app.dashboard.rendering import redirect, render
 from dygo.app.dashboard.visitor import Action, Fields, Page, Refused
-from dygo.app.db import Conn
+from dygo.app.db import Conn, ReadConn
 from dygo.store import admin, limits
 from dygo.store.durations import parse_duration
 from fastapi import APIRouter, Request
@@ -30,7 +30,7 @@ def _queue(request: Request, conn: Conn, name: str) -> dict[str, Any]:
 
 
 @router.get("/queues")
-def queues_page(request: Request, visitor: Page, conn: Conn) -> Response:
+def queues_page(request: Request, visitor: Page, conn: ReadConn) -> Response:
     return render(
         request,
         visitor,

@@ -13,7 +13,7 @@ from urllib.parse import quote, urlencode
 from dygo.app.dashboard import graph_layout
 from dygo.app.dashboard.rendering import redirect, render
 from dygo.app.dashboard.visitor import Action, Page, Refused
-from dygo.app.db import Conn
+from dygo.app.db import Conn, ReadConn
 from dygo.store import workflows
 from dygo.store.errors import Conflict, NotFound
 from fastapi import APIRouter, Request
@@ -39,7 +39,7 @@ router = APIRouter()
 
 
 @router.get("/workflows")
-def workflows_page(request: Request, visitor: Page, conn: Conn, state: str = "", before: str = "") -> Response:
+def workflows_page(request: Request, visitor: Page, conn: ReadConn, state: str = "", before: str = "") -> Response:
     state = state if state in WORKFLOW_STATES else ""
     start = int(before) if before.isdigit() and len(before) < 19 else None
     found = workflows.list_workflows(conn, state=state or None, before=start, limit=PAGE_SIZE + 1)
