@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 from dygo.store.db import check_primary, connect_kwargs, direct_url, through_transaction_pooler
 from dygo.store.errors import StatementError
-from dygo.store.outage import OutageLog, describe, is_outage, is_rolled_back
+from dygo.store.outage import OutageLog, describe, is_outage, is_read_only, is_rolled_back
 from dygo.worker.service import failure_backoff
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -98,7 +98,10 @@ class WorkerConnections:
                 if not is_outage(exc):
                     raise StatementError("start-up: connecting to the database", exc) from exc
                 failures += 1
-                self.outage.lost("start-up: cannot reach the primary", exc)
+                self.outage.lost(
+                    "start-up: looking for the primary" if is_read_only(exc) else "start-up: cannot reach the database",
+                    exc,
+                )
                 await asyncio.sleep(min(failure_backoff(failures), START_RETRY_MAX))
                 continue
             self.outage.back()
