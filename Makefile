@@ -4,6 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
+# Test processes side by side (pytest-xdist): most tests wait on workers and servers, not the CPU. Tests
+# marked `alone` (they measure time) run after them, by themselves.
+TEST_PROCESSES ?= 2
 
 .PHONY: run test setup lint typecheck docs bench bench-http bench-dashboard bench-fleet bench-snapshot bench-table-size chaos chaos-pgbouncer stop-db browsers pgbouncer
 
@@ -11,6 +14,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dygo needs Python 3.11 or newer")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	@$(BIN)/pip uninstall --quiet --yes dygo 2>/dev/null || true  # the name this project was installed by before dygo-jobs
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
@@ -55,7 +59,8 @@ test: setup browsers pgbouncer
 	$(BIN)/ruff format --check .
 	$(BIN)/python scripts/typecheck.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadscope -m "not alone"
+	$(BIN)/pytest -m alone
 
 # The manual (docs/, mkdocs.yml) into site/; `make test` builds it too, where a broken link fails.
 docs: setup
@@ -97,7 +102,8 @@ bench-table-size: setup
 	$(BIN)/python bench/table_size.py
 
 # The fault-injection suite in full (10,000 jobs per scenario, several minutes); a short version of
-# each scenario runs inside `make test` (tests/test_chaos.py). See docs/operations/reliability.md.
+# scenarios 1-6 runs inside `make test` (tests/test_chaos.py), and tests/test_presence.py and
+# tests/test_failover.py prove the points of 7 and 8. See docs/operations/reliability.md.
 chaos: setup
 	$(BIN)/python -m chaos --markdown chaos/results.md --json chaos/results.json
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import psycopg
 from dygo.app.db import down, unavailable_response
 from dygo.app.errors import error_response
+from dygo.app.paths import route_path
 from dygo.app.session import SECRET_ENV
 from dygo.app.throttle import AuthThrottle
 from dygo.store.config import TOKEN_ENV, Settings
@@ -107,7 +108,7 @@ class BearerAuth:
         self.app, self.tokens = app, tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.tokens.enabled or not _protected(scope["path"]):
+        if scope["type"] != "http" or not self.tokens.enabled or not _protected(route_path(scope)):
             await self.app(scope, receive, send)
             return
         refusal = await self._refusal(scope)

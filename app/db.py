@@ -27,7 +27,7 @@ import logging
 import select
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated
 
 import anyio
@@ -49,6 +49,7 @@ RETRY_AFTER_DOWN = 5  # Retry-After (seconds) of a 503 while the database is dow
 RETRY_AFTER_SATURATED = 1  # Retry-After of a 503 when this process is saturated
 SATURATION_LOG_INTERVAL = 60.0  # a saturated process says so at most this often
 APPLICATION_NAME = "dygo-serve"
+READ_APPLICATION_NAME = "dygo-serve-read"
 
 
 def split_pool(size: int) -> tuple[int, int]:
@@ -173,13 +174,31 @@ class Gate:
 
 
 class ServePools:
-    """The pools of one `dygo serve` process: `apool` (async, hot paths) and `pool` (sync, the rest)."""
+    """The pools of one `dygo serve` process: `apool` (async, hot paths), `pool` (sync, the rest) and, with
+    DATABASE_READ_URL, `read_pool` (sync, the heavy reads that may lag: lists, counts, charts)."""
 
-    def __init__(self, url: str, size: int, outage: OutageLog) -> None:
+    def __init__(self, url: str, size: int, outage: OutageLog, read_url: str | None = None) -> None:
         hot, other = split_pool(size)
         self.size, self.outage = size, outage
         self.health = PoolHealth()
         kwargs = {"autocommit": True, "application_name": APPLICATION_NAME, **connect_kwargs()}
+        self.read_pool: ConnectionPool | None = None
+        # The replica's outages are its own: reads that go through say nothing of the primary.
+        self.read_outage = OutageLog(log, "replica database")
+        self.read_health = PoolHealth()
+        if read_url is not None:
+            # Its own pool and gate, the size of the sync pool's: a read never waits behind the primary's work.
+            self.read_pool = ConnectionPool(
+                read_url,
+                min_size=1,
+                max_size=other,
+                timeout=POOL_TIMEOUT,
+                check=_check,
+                kwargs={**kwargs, "application_name": READ_APPLICATION_NAME},
+                open=False,
+                connection_class=_reporting(psycopg.Connection, self.read_outage, self.read_health),
+            )
+            self.read_gate = Gate(other, MAX_WAITING, POOL_TIMEOUT)
         self.apool = AsyncConnectionPool(
             url,
             min_size=1,
@@ -212,10 +231,14 @@ class ServePools:
         # database is still down; requests then get their 503 until it is back.
         await self.apool.open(wait=False)
         self.pool.open(wait=False)
+        if self.read_pool is not None:
+            self.read_pool.open(wait=False)
 
     async def close(self) -> None:
         await self.apool.close()
         await anyio.to_thread.run_sync(self.pool.close)
+        if self.read_pool is not None:
+            await anyio.to_thread.run_sync(self.read_pool.close)
 
     def _wait(self) -> float | None:
         # During a known outage a request waits briefly, so callers get their 503 at once rather than
@@ -237,14 +260,28 @@ class ServePools:
             await self.apool.putconn(conn)
         self._answered()  # reached only when the request's database work went through
 
-    @asynccontextmanager
-    async def sync_connection(self) -> AsyncIterator[psycopg.Connection]:
+    def sync_connection(self) -> AbstractAsyncContextManager[psycopg.Connection]:
         """An autocommit sync Connection, for work done in a thread: the gate first, so that getting it
         never makes a thread wait for another request."""
+        return self._lend(self.pool, self.gate, self.outage, self.health)
+
+    def read_connection(self) -> AbstractAsyncContextManager[psycopg.Connection]:
+        """An autocommit sync Connection for a heavy read that may lag behind the primary: DATABASE_READ_URL's
+        when set, else the sync pool's."""
+        if self.read_pool is None:
+            return self.sync_connection()
+        return self._lend(self.read_pool, self.read_gate, self.read_outage, self.read_health)
+
+    @asynccontextmanager
+    async def _lend(
+        self, pool: ConnectionPool, gate: Gate, outage: OutageLog, health: PoolHealth
+    ) -> AsyncIterator[psycopg.Connection]:
+        # During a known outage a request waits briefly (see _wait).
+        wait = OUTAGE_WAIT if outage.down else None
         try:
-            async with self.gate.slot(self._wait()):
+            async with gate.slot(wait):
                 try:
-                    conn = await anyio.to_thread.run_sync(self.pool.getconn, self._wait(), limiter=self.handoff)
+                    conn = await anyio.to_thread.run_sync(pool.getconn, wait, limiter=self.handoff)
                 except PoolTimeout as exc:
                     # Past the gate a connection is free or being opened: not getting one means the
                     # database does not accept connections.
@@ -253,10 +290,11 @@ class ServePools:
                     yield conn
                 finally:
                     with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(self.pool.putconn, conn, limiter=self.handoff)
+                        await anyio.to_thread.run_sync(pool.putconn, conn, limiter=self.handoff)
         except Saturated as exc:
             raise self.unavailable(exc, busy=True) from None
-        self._answered()
+        health.answered()
+        outage.back()
 
     def _answered(self) -> None:
         self.health.answered()
@@ -296,6 +334,14 @@ async def _connection(request: Request) -> AsyncIterator[psycopg.Connection]:
         yield conn
 
 
+async def _read_connection(request: Request) -> AsyncIterator[psycopg.Connection]:
+    pools: ServePools = request.app.state.db
+    async with pools.read_connection() as conn:
+        if pools.read_pool is not None:
+            request.state.replica = conn  # the dashboard says it reads from a replica, and how far behind
+        yield conn
+
+
 async def _slot(request: Request) -> AsyncIterator[None]:
     async with request.app.state.db.sync_slot():
         yield
@@ -304,6 +350,9 @@ async def _slot(request: Request) -> AsyncIterator[None]:
 # An autocommit connection: each statement commits on its own unless wrapped in conn.transaction().
 # For sync endpoints (run in the threadpool); the hot paths use `database(request).connection()`.
 Conn = Annotated[psycopg.Connection, Depends(_connection)]
+# The same for a heavy read that may lag behind the primary (lists, counts, charts): DATABASE_READ_URL's
+# connection when set. Never for a write, nor for a read that must see a write just made.
+ReadConn = Annotated[psycopg.Connection, Depends(_read_connection)]
 # A slot of the sync pool, for a sync endpoint that takes its connection from app.state.db.pool itself.
 SyncSlot = Annotated[None, Depends(_slot)]
 

@@ -17,6 +17,8 @@ EventKey = Annotated[
     str,
     Path(
         max_length=events.MAX_KEY,
+        # Documented, and checked by the store, whose refusal names the rule (invalid_event).
+        json_schema_extra={"pattern": events.KEY_PATTERN},
         description="The event's key (e.g. order:42): at most 200 characters, no '/' and no control characters",
     ),
 ]

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from dygo.app.errors import error_response
+from dygo.app.paths import route_path
 from starlette.datastructures import MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -153,7 +154,7 @@ class Perimeter:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path: str = scope["path"]
+        path = route_path(scope)
         headers = dict(scope["headers"])
         host_header = headers.get(b"host", b"").decode("latin-1")
         secured = self._secured(send, path, host_header)

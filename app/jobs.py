@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any, Literal, NotRequired
 
-from dygo.app.db import Conn, database
+from dygo.app.db import Conn, ReadConn, database
 from dygo.app.errors import ApiError, documented
 from dygo.app.quick_route import quick_body, quick_route
 from dygo.app.schemas import (
@@ -264,7 +264,7 @@ def add_enqueue_routes(app: FastAPI) -> None:
     "/jobs", response_model=JobPage, summary="List jobs, newest or oldest first", responses=documented(400, 422)
 )
 def list_jobs(
-    conn: Conn,
+    conn: ReadConn,
     queue: Annotated[str | None, Query(max_length=255)] = None,
     kind: Annotated[str | None, Query(max_length=255)] = None,
     state: JobState | None = None,

@@ -28,16 +28,20 @@ from dygo.app.jobs import router as jobs_router
 from dygo.app.limits import router as limits_router
 from dygo.app.listening import ServeListener, Subscriber
 from dygo.app.metrics import install_metrics
+from dygo.app.mounting import ApplicationAuth, Authenticate
 from dygo.app.openapi import install_openapi
+from dygo.app.paths import route_path
 from dygo.app.queues import router as queues_router
 from dygo.app.schedules import router as schedules_router
 from dygo.app.system import router as system_router
 from dygo.app.waiting import ResultWaiters
 from dygo.app.workflows import router as workflows_router
 from dygo.store import admin
-from dygo.store.config import Settings
-from dygo.store.db import direct_url, through_transaction_pooler
+from dygo.store.config import Settings, load_settings
+from dygo.store.db import database_url as configured_url
+from dygo.store.db import direct_url, read_url, through_transaction_pooler
 from dygo.store.errors import CodedError, DatabaseUnavailable
+from dygo.store.loading import load_jobs
 from dygo.store.outage import OutageLog, describe, is_outage
 from dygo.store.registry import Registry
 from fastapi import FastAPI, Request
@@ -55,16 +59,30 @@ log = logging.getLogger("dygo.serve")
 FOLD_INTERVAL = 30.0
 
 
-def create_app(settings: Settings, jobs: Registry, database_url: str, host: str = "127.0.0.1") -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    jobs: Registry | None = None,
+    database_url: str | None = None,
+    host: str = "127.0.0.1",
+    *,
+    authenticate: Authenticate | None = None,
+) -> FastAPI:
     """The service; `host` is the address it is bound to, which (with allowed_hosts) decides the Host
-    headers it answers (app/guard.py)."""
-    check_protection(settings, host=None)
+    headers it answers (app/guard.py). Without settings, jobs or a database URL, they are read as `dygo serve`
+    reads them (config/, its jobs, DATABASE_URL or the embedded server). `authenticate`: the application's
+    own sign-in in place of tokens, for an app mounted in another (app/mounting.py)."""
+    settings = settings if settings is not None else load_settings()
+    jobs = jobs if jobs is not None else load_jobs(settings)
+    database_url = database_url if database_url is not None else configured_url(settings)
+    if authenticate is None:  # otherwise the application's sign-in protects it
+        check_protection(settings, host=None)
     hidden_tokens(token for _, token in settings.api_tokens)  # no token reaches the access log, wherever it is sent
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        # The service's own state, whichever app runs the lifespan (a parent's, when mounted: app/mounting.py).
         # The pools of this process (app/db.py): settings.serve_pool_size connections at most.
-        app.state.db = db = ServePools(database_url, settings.serve_pool_size, app.state.outage)
+        app.state.db = db = ServePools(database_url, settings.serve_pool_size, app.state.outage, read_url())
         await db.open()
         folder = StatsFolder(db.pool, app.state.outage)
         folder.start()
@@ -88,6 +106,11 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
             folder.stop()
             await db.close()
 
+    auth = (
+        Middleware(ApplicationAuth, authenticate=authenticate)
+        if authenticate is not None
+        else Middleware(BearerAuth, tokens=Tokens(settings.api_tokens))
+    )
     app = FastAPI(
         title="dygo",
         version="1",
@@ -95,15 +118,18 @@ def create_app(settings: Settings, jobs: Registry, database_url: str, host: str 
         docs_url=None,
         redoc_url=None,
         description="Durable background jobs on PostgreSQL: the admin API. "
-        'Errors are `{"error": {"code", "message", "details"}}`.',
+        'Errors are `{"error": {"code", "message", "details"}}`. No string, anywhere in a body or a parameter '
+        "(args and meta included), may hold a NUL character or an unpaired surrogate: PostgreSQL cannot store "
+        "them, so they are refused (422 invalid_value).",
         # Outermost first: the perimeter (Host, Origin, headers), bearer auth, then the body limit.
         middleware=[
             Middleware(Perimeter, hosts=HostRule(host, settings.allowed_hosts)),
-            Middleware(BearerAuth, tokens=Tokens(settings.api_tokens)),
+            auth,
             Middleware(BodyLimit, max_bytes=settings.max_payload_bytes),
         ],
     )
     app.state.settings = settings
+    app.state.authenticate = authenticate
     app.state.jobs = jobs
     app.state.outage = OutageLog(log)
     install_error_handlers(app)
@@ -214,7 +240,7 @@ def allowed_methods(request: Request) -> str:
     header): the document lists each route's, whether the route is the app's own or an included router's."""
     methods: set[str] = set()
     for path, operations in request.app.openapi()["paths"].items():
-        if compile_path(path)[0].match(request.url.path):
+        if compile_path(path)[0].match(route_path(request.scope)):
             methods |= {method.upper() for method in operations}
     return ", ".join(sorted(methods))
 

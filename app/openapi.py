@@ -79,7 +79,8 @@ def install_openapi(app: FastAPI, jobs: Registry) -> None:
         body = schema["paths"]["/api/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
         body["schema"] = one_job
         schemas["BatchRequest"]["properties"]["jobs"]["items"] = one_job
-        _declare_bearer(schema)
+        if app.state.authenticate is None:  # otherwise the application's own sign-in applies (app/mounting.py)
+            _declare_bearer(schema)
         app.openapi_schema = schema
         return schema
 
@@ -100,6 +101,15 @@ def _declare_queues(schemas: dict[str, Any], variants: dict[str, Any], queues: l
     described = {key: value for key, value in generic["properties"]["queue"].items() if key in ("title", "description")}
     generic["properties"]["queue"] = {**described, **configured}
     generic["required"] = sorted({*generic.get("required", []), "kind", "queue"})
+    # A registered kind is described by its variant, whose args are that kind's model; the generic form,
+    # whose args are any object, is for the kinds this service does not know.
+    registered = [
+        variant["properties"]["kind"]["const"]
+        for variant in variants.values()
+        if "kind" in variant.get("properties", {}) and "const" in variant["properties"]["kind"]
+    ]
+    if registered:
+        generic["properties"]["kind"] = {**generic["properties"]["kind"], "not": {"enum": sorted(registered)}}
 
 
 # Rules between a job's options that the store enforces (invalid_option): run_at and delay not both

@@ -7,8 +7,10 @@ never overwrites anyone's work.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
+from importlib import metadata
 from pathlib import Path
 
 # The seed's "Generated projects include" block, exactly.
@@ -135,22 +137,75 @@ __pycache__/
 .env
 """
 
-FILES: dict[str, str] = {
-    "config/queues.yml": QUEUES_YML,
-    "config/dygo.yml": DYGO_YML,
-    "config/schedules.yml": SCHEDULES_YML,
-    "jobs/__init__.py": JOBS_INIT,
-    "jobs/hello.py": JOBS_HELLO,
-    "jobs/test_hello.py": JOBS_TEST,
-    "Procfile": PROCFILE,
-    ".gitignore": GITIGNORE,
-}
+# The name dygo is installed by (`pip install dygo-jobs`); it imports as `dygo`. The index's `dygo` is
+# another project.
+DISTRIBUTION = "dygo-jobs"
+
+
+def requirements() -> str:
+    """requirements.txt: dygo at the version that generated the project (what the platform installs)."""
+    try:
+        pin = "==" + metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        pin = ""
+    return f"{DISTRIBUTION}{pin}\n"
+
+
+def python_version() -> str:
+    """.python-version: the minor version this project was generated with (the platform picks its patch)."""
+    return f"{sys.version_info.major}.{sys.version_info.minor}\n"
+
+
+def app_json(name: str) -> str:
+    """app.json: the platform manifest (Heroku's format): the Procfile's web and worker, a PostgreSQL add-on
+    (which sets DATABASE_URL), production with generated tokens and signing key."""
+    manifest = {
+        "name": name,
+        "description": "Durable background jobs on PostgreSQL with dygo",
+        "buildpacks": [{"url": "heroku/python"}],
+        "addons": [{"plan": "heroku-postgresql"}],
+        "formation": {"web": {"quantity": 1}, "worker": {"quantity": 1}},
+        "env": {
+            "DYGO_ENV": {
+                "description": "production: tokens required, dev-only operations refused",
+                "value": "production",
+            },
+            "DYGO_ADMIN_TOKEN": {
+                "description": "the API's admin bearer token and dashboard sign-in",
+                "generator": "secret",
+            },
+            "DYGO_READ_TOKEN": {"description": "a read-only token", "generator": "secret"},
+            "DYGO_SECRET_KEY": {"description": "signs the dashboard's cookies", "generator": "secret"},
+            "DYGO_ALLOWED_HOSTS": {
+                "description": "Host names `dygo serve` answers (comma-separated; a leading dot: every subdomain)",
+                "value": ".herokuapp.com",
+            },
+        },
+    }
+    return json.dumps(manifest, indent=2) + "\n"
+
+
+def project_files(target: Path) -> dict[str, str]:
+    """Every file `dygo init` writes into `target`, by its path in the project."""
+    return {
+        "config/queues.yml": QUEUES_YML,
+        "config/dygo.yml": DYGO_YML,
+        "config/schedules.yml": SCHEDULES_YML,
+        "jobs/__init__.py": JOBS_INIT,
+        "jobs/hello.py": JOBS_HELLO,
+        "jobs/test_hello.py": JOBS_TEST,
+        "Procfile": PROCFILE,
+        "requirements.txt": requirements(),
+        ".python-version": python_version(),
+        "app.json": app_json(target.resolve().name or "dygo-project"),
+        ".gitignore": GITIGNORE,
+    }
 
 
 def existing_files(target: Path) -> list[str]:
     """The generated files that are already there (or cannot be created: a folder in the way)."""
     in_the_way = []
-    for name in FILES:
+    for name in project_files(target):
         folders = [target.joinpath(*Path(name).parts[:depth]) for depth in range(1, len(Path(name).parts))]
         path = target / name
         if path.exists() or path.is_symlink() or any(folder.exists() and not folder.is_dir() for folder in folders):
@@ -172,7 +227,7 @@ def init_project(directory: str) -> int:
             file=sys.stderr,
         )
         return 1
-    for name, text in FILES.items():
+    for name, text in project_files(target).items():
         path = target / name
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("x", encoding="utf-8") as file:  # "x": never overwrite, even in a race
@@ -185,4 +240,5 @@ def init_project(directory: str) -> int:
         "  DYGO_HOST=127.0.0.1 honcho start --port 8000 web worker   "
         "# the Procfile's web (http://127.0.0.1:8000/dashboard/) and worker"
     )
+    print("Deploy: push it to a Heroku-style platform (Procfile, app.json, requirements.txt, .python-version).")
     return 0

@@ -19,16 +19,16 @@ TREE = REPO / ".dygo" / "typecheck"
 FOLDERS = {"store": "store", "worker": "worker", "app": "app"}  # repository folder -> subpackage of dygo
 
 
-def copy_sources() -> None:
-    """Lay the sources out as the installed package `dygo`."""
-    package = TREE / "dygo"
+def copy_sources(tree: Path = TREE) -> Path:
+    """Lay the sources out as the installed package `dygo` under `tree` (its py.typed marker too); returns
+    the package's folder."""
+    package = tree / "dygo"
     shutil.rmtree(package, ignore_errors=True)
-    package.mkdir(parents=True)
-    for source in (REPO / "dygo").glob("*.py"):
-        shutil.copy2(source, package / source.name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "dygo", package, ignore=ignore)
     for folder, subpackage in FOLDERS.items():
         shutil.copytree(REPO / folder, package / subpackage, ignore=ignore)
+    return package
 
 
 def repository_path(line: str) -> str:

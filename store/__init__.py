@@ -1,5 +1,6 @@
 """dygo's shared core: configuration, job definitions, migrations and every SQL statement (store/sql/)."""
 
+from dygo.store.connections import UnsupportedConnection
 from dygo.store.enqueue import Enqueued, JobRequest, aenqueue, aenqueue_many, enqueue, enqueue_many
 from dygo.store.errors import (
     Abort,
@@ -20,6 +21,7 @@ from dygo.store.errors import (
     Suspended,
 )
 from dygo.store.events import Emitted, aemit, callback_url, emit
+from dygo.store.job_handle import EnqueueOptions, Job
 from dygo.store.registry import JobContext, job, make_context, registry
 from dygo.store.results import await_for_result, wait_for_result
 from dygo.store.results import result as result  # deprecated alias of await_for_result, for one release
@@ -31,10 +33,12 @@ __all__ = [
     "ChildFailed",
     "ConfigError",
     "EnqueueError",
+    "EnqueueOptions",
     "Enqueued",
     "Emitted",
     "EventError",
     "EventTimeout",
+    "Job",
     "JobContext",
     "JobRequest",
     "LeaseLost",
@@ -47,6 +51,7 @@ __all__ = [
     "StepError",
     "StepOrderError",
     "Suspended",
+    "UnsupportedConnection",
     "Workflow",
     "WorkflowError",
     "aemit",

@@ -384,6 +384,12 @@ def minute_stats(conn: psycopg.Connection, minutes: int = 60) -> list[dict[str, 
 # --- workers, health, development ----------------------------------------------------------------
 
 
+def replica_lag(conn: psycopg.Connection) -> float | None:
+    """Seconds the server of `conn` is behind its primary; None when it is not a replica in recovery."""
+    row = conn.execute(stats.REPLICA_LAG).fetchone()
+    return None if row is None else row[0]
+
+
 def live_workers(conn: psycopg.Connection, seen_within: float) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cursor:
         return cursor.execute(workers.LIVE_WORKERS, (seen_within,)).fetchall()

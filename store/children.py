@@ -25,6 +25,7 @@ from typing import Any
 
 from dygo.store.enqueue import JobRequest, prepare, rows_json
 from dygo.store.errors import ChildFailed, EnqueueError, StepError, Suspended
+from dygo.store.job_handle import Job
 from dygo.store.leases import Wait
 from dygo.store.registry import Registry, registry
 from dygo.store.sql import children as sql
@@ -40,6 +41,8 @@ def kind_name(kind: str | Callable[..., Any], jobs: Registry = registry) -> str:
     is not registered)."""
     if isinstance(kind, str):
         return kind
+    if isinstance(kind, Job):
+        return kind.kind
     for definition in jobs:
         if definition.handler is kind:
             return definition.kind

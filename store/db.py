@@ -13,6 +13,8 @@ from urllib.parse import unquote
 import psycopg
 from dygo.store.config import Settings
 from dygo.store.errors import ConfigError, DatabaseUnavailable
+from dygo.store.outage import NotPrimary
+from dygo.store.sql import schema as schema_sql
 from psycopg.conninfo import conninfo_to_dict
 
 Row = TypeVar("Row")
@@ -55,6 +57,14 @@ async def notifications(conn: psycopg.AsyncConnection) -> AsyncIterator[psycopg.
             loop.remove_reader(conn.fileno())
 
 
+async def check_primary(conn: psycopg.AsyncConnection) -> None:
+    """Raise NotPrimary (an outage) when `conn` cannot write: a worker there could read but never settle.
+    A multi-host URL with target_session_attrs=read-write never leads there; one without it, or a URL naming
+    a standby alone, can."""
+    if one(await (await conn.execute(schema_sql.READ_ONLY_SESSION)).fetchone())[0]:
+        raise NotPrimary("the server is read-only (a standby, or transactions read-only by default)")
+
+
 def redact(url: str) -> str:
     """The URL with any password replaced, for logs and messages."""
     return scrub(re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url), url)
@@ -85,6 +95,19 @@ def _passwords(url: str) -> set[str]:
 # on. DATABASE_DIRECT_URL names a session-capable URL for what needs a session (LISTEN, migrations);
 # setting it says DATABASE_URL goes through such a pooler. DYGO_POOL_MODE=transaction says the same
 # without a direct URL (the worker then polls).
+
+
+def read_url() -> str | None:
+    """DATABASE_READ_URL when set: a replica for serve's heavy reads (app/db.py ServePools.read_connection)."""
+    url = os.environ.get("DATABASE_READ_URL") or None
+    if url is not None:
+        try:
+            conninfo_to_dict(url)
+        except psycopg.Error as exc:
+            raise DatabaseUnavailable(
+                f"DATABASE_READ_URL is not a valid connection string: {scrub(str(exc), url)}", "invalid_url"
+            ) from None
+    return url
 
 
 def direct_url() -> str | None:

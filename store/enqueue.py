@@ -1,9 +1,10 @@
 """Enqueue jobs: one, many (COPY), or inside the caller's own transaction (outbox pattern).
 
 Pass a psycopg connection. In autocommit mode each call commits on its own; inside
-`with conn.transaction():` the jobs commit (and wake workers) only with the caller's writes.
-`enqueue` / `enqueue_many` take a sync `psycopg.Connection`; `aenqueue` / `aenqueue_many` an
-`AsyncConnection`.
+`with conn.transaction():` (or on a connection out of autocommit) the jobs commit, and wake workers,
+only with the caller's writes. `enqueue` / `enqueue_many` take a sync `psycopg.Connection`;
+`aenqueue` / `aenqueue_many` an `AsyncConnection`. A Django connection or a SQLAlchemy session or
+connection works too, in its own transaction (store/connections.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from typing import Any
 import psycopg
 from dygo.store import tracing
 from dygo.store.config import KEBAB_CASE
+from dygo.store.connections import (
+    Connectable,
+    ajoined_transaction,
+    async_connection,
+    joined_transaction,
+    sync_connection,
+)
 from dygo.store.db import one
 from dygo.store.durations import parse_duration
 from dygo.store.errors import EnqueueConflict, EnqueueError
@@ -422,8 +430,9 @@ def _in_order(results: dict[int, Enqueued], count: int) -> list[Enqueued]:
 # --- one job: each twin is its I/O ------------------------------------------------------------------
 
 
-def enqueue(conn: psycopg.Connection, kind: str, args: Any = None, **options: Any) -> Enqueued:
+def enqueue(conn: Connectable, kind: str, args: Any = None, **options: Any) -> Enqueued:
     """Enqueue one job; `options` are the fields of JobRequest. One statement, one round trip."""
+    conn = sync_connection(conn)
     if not tracing.active():  # asked once: no span to open, no trace context to carry
         return _insert_one(conn, _prepare_one(kind, args, options))
     with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
@@ -433,8 +442,9 @@ def enqueue(conn: psycopg.Connection, kind: str, args: Any = None, **options: An
         return result
 
 
-async def aenqueue(conn: psycopg.AsyncConnection, kind: str, args: Any = None, **options: Any) -> Enqueued:
+async def aenqueue(conn: Connectable, kind: str, args: Any = None, **options: Any) -> Enqueued:
     """`enqueue` for an AsyncConnection."""
+    conn = await async_connection(conn)
     if not tracing.active():
         return await _ainsert_one(conn, _prepare_one(kind, args, options))
     with tracing.enqueue_span(**{"dygo.job.kind": kind}) as span:
@@ -473,7 +483,7 @@ async def _ainsert_one(conn: psycopg.AsyncConnection, row: dict[str, Any]) -> En
 # --- a batch: each twin is its I/O ------------------------------------------------------------------
 
 
-def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
+def enqueue_many(conn: Connectable, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
     """Enqueue a batch all-or-nothing; results are in the order of `jobs`. Up to PLAIN_BATCH_MAX jobs
     without idempotency keys are one statement (INSERT_JOBS); others take a transaction with COPY.
 
@@ -481,15 +491,13 @@ def enqueue_many(conn: psycopg.Connection, jobs: Sequence[JobRequest | Mapping[s
     cost more than the COPY of that job): every job's handler span is a child of it.
     """
     with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
-        return _enqueue_batch(conn, _BatchPlan(_prepare_batch(jobs)))
+        return _enqueue_batch(sync_connection(conn), _BatchPlan(_prepare_batch(jobs)))
 
 
-async def aenqueue_many(
-    conn: psycopg.AsyncConnection, jobs: Sequence[JobRequest | Mapping[str, Any]]
-) -> list[Enqueued]:
+async def aenqueue_many(conn: Connectable, jobs: Sequence[JobRequest | Mapping[str, Any]]) -> list[Enqueued]:
     """`enqueue_many` for an AsyncConnection."""
     with tracing.enqueue_span(**{"dygo.jobs.count": len(jobs)}):
-        return await _aenqueue_batch(conn, _BatchPlan(_prepare_batch(jobs)))
+        return await _aenqueue_batch(await async_connection(conn), _BatchPlan(_prepare_batch(jobs)))
 
 
 def _enqueue_batch(conn: psycopg.Connection, plan: _BatchPlan) -> list[Enqueued]:
@@ -499,7 +507,7 @@ def _enqueue_batch(conn: psycopg.Connection, plan: _BatchPlan) -> list[Enqueued]
     if plan.one_statement:
         return _inserted_in_one_statement(conn.execute(sql.INSERT_JOBS, (rows_json(rows),)).fetchall())
     results: dict[int, Enqueued] = {}
-    with conn.transaction():
+    with joined_transaction(conn):
         for i in plan.windowed:
             results[i] = _insert_one(conn, rows[i])
         db_now, ids = one(conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,)).fetchone())
@@ -525,7 +533,7 @@ async def _aenqueue_batch(conn: psycopg.AsyncConnection, plan: _BatchPlan) -> li
         cursor = await conn.execute(sql.INSERT_JOBS, (rows_json(rows),))
         return _inserted_in_one_statement(await cursor.fetchall())
     results: dict[int, Enqueued] = {}
-    async with conn.transaction():
+    async with await ajoined_transaction(conn):
         for i in plan.windowed:
             results[i] = await _ainsert_one(conn, rows[i])
         db_now, ids = one(await (await conn.execute(sql.RESERVE_JOB_IDS, (plan.reserved,))).fetchone())

@@ -33,6 +33,7 @@ import hmac
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,10 @@ class Emitted:
 # --- the rules --------------------------------------------------------------------------------------
 
 
+# What check_key allows, as a pattern for the API's document: no '/' and no control character.
+KEY_PATTERN = r"^[^/\x00-\x1f\x7f]+$"
+
+
 def check_key(key: Any, field: str = "key") -> str:
     """An event key: a non-empty string of at most MAX_KEY characters, without '/' or control characters (it
     is a URL path segment of the API). EventError naming `field` otherwise."""
@@ -75,7 +80,7 @@ def check_key(key: Any, field: str = "key") -> str:
         raise EventError(field, f"an event key must be a non-empty string, got {key!r}")
     if len(key) > MAX_KEY:
         raise EventError(field, f"an event key has at most {MAX_KEY} characters, got {len(key)}")
-    if "/" in key or any(ord(c) < 32 or ord(c) == 127 for c in key):
+    if not re.fullmatch(KEY_PATTERN, key):
         raise EventError(field, f"an event key may not contain '/' or control characters, got {key!r}")
     return key
 

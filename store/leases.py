@@ -264,6 +264,31 @@ async def recover_expired(conn: psycopg.AsyncConnection, max_reaps: int, since: 
     return Recovered(list(zip(ids, states, strict=True)), clock)
 
 
+async def hold_presence(conn: psycopg.AsyncConnection, worker_id: str) -> bool:
+    """Take the worker's presence lock on `conn`, a session of its own straight to PostgreSQL; False when
+    another session holds that key (worker/presence.py)."""
+    return bool(one(await (await conn.execute(sql.HOLD_PRESENCE, {"worker": worker_id})).fetchone())[0])
+
+
+@dataclass(slots=True)
+class Presence:
+    server_started: datetime  # the server's start time: another one means a restart or a failover
+    held: dict[str, bool]  # registered worker id -> whether its presence lock is held now
+
+
+async def worker_presence(conn: psycopg.AsyncConnection) -> Presence:
+    started, workers, held = one(await (await conn.execute(sql.WORKER_PRESENCE)).fetchone())
+    return Presence(started, dict(zip(workers, held, strict=True)))
+
+
+async def recover_absent(conn: psycopg.AsyncConnection, owners: list[str], max_reaps: int) -> Recovered:
+    """Put back (or kill as poison) the active jobs of the workers `owners`, found gone, whose presence lock
+    is still free; at most RECOVER_BATCH of them."""
+    params = {"owners": owners, "max_reaps": max_reaps, "batch": RECOVER_BATCH}
+    clock, ids, states = one(await (await on_indexes(conn, sql.RECOVER_ABSENT_WORKERS, params)).fetchone())
+    return Recovered(list(zip(ids, states, strict=True)), clock)
+
+
 async def heartbeat(
     conn: psycopg.AsyncConnection, worker_id: str, hostname: str, pid: int, queues: dict[str, int]
 ) -> None:

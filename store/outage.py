@@ -27,8 +27,30 @@ logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 # SQLSTATE classes a server uses to say it cannot serve now, whatever the statement: 08 connection exception,
 # 53 insufficient resources (too many connections, out of memory, disk full), 57P operator intervention
-# (administrator or crash shutdown, cannot connect now, idle session timeout, database dropped).
-OUTAGE_SQLSTATES = ("08", "53", "57P")
+# (administrator or crash shutdown, cannot connect now, idle session timeout, database dropped), and 25006
+# read_only_sql_transaction: the server is a standby (or a primary demoted), not the primary; during a
+# failover a URL without target_session_attrs=read-write can lead there, and a promotion cures it.
+READ_ONLY_SQLSTATE = "25006"
+OUTAGE_SQLSTATES = ("08", "53", "57P", READ_ONLY_SQLSTATE)
+
+
+class NotPrimary(psycopg.OperationalError):
+    """The server answered but is read-only (in recovery): not the primary. An outage: wait for a primary."""
+
+
+# What libpq says when target_session_attrs turns a server down: read-write ("session is read-only") or
+# primary ("server is in hot standby mode").
+_READ_ONLY_LOGIN = ("session is read-only", "server is in hot standby mode")
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """Whether `exc` says the server is not the primary: a write refused as read-only, a login turned down by
+    target_session_attrs, or NotPrimary."""
+    if isinstance(exc, NotPrimary):
+        return True
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == READ_ONLY_SQLSTATE:
+        return True
+    return isinstance(exc, psycopg.OperationalError) and any(text in str(exc) for text in _READ_ONLY_LOGIN)
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -43,7 +65,7 @@ def is_outage(exc: BaseException) -> bool:
       already, or a connection pool that gave none in time (`psycopg_pool.PoolTimeout`);
     * a server error of a class in OUTAGE_SQLSTATES: connection exception (08), insufficient resources
       (53, among them too_many_connections), operator intervention (57P: admin_shutdown, crash_shutdown,
-      cannot_connect_now).
+      cannot_connect_now), or a write refused because the server is read-only (25006: not the primary).
 
     Anything else is not an outage, since the same statement would fail the same way: a privilege the
     role lacks (`InsufficientPrivilege`), a table or column missing (`UndefinedTable`, `UndefinedColumn`:
@@ -95,6 +117,7 @@ class OutageLog:
         self.lock = threading.Lock()
         self.down_since: float | None = None
         self.reminded_at = 0.0
+        self.outages = 0  # outages begun so far: a reader that saw this number change knows one happened since
 
     @property
     def down(self) -> bool:
@@ -106,6 +129,7 @@ class OutageLog:
         with self.lock:
             if self.down_since is None:
                 self.down_since = self.reminded_at = now
+                self.outages += 1
                 first = True
             elif now - self.reminded_at >= REMINDER_INTERVAL:
                 self.reminded_at = now
@@ -116,10 +140,11 @@ class OutageLog:
             else:
                 return False
         self.log.warning(
-            "%s connection lost (%s: %s); retrying with backoff, logging again when it is back",
+            "%s connection lost (%s: %s)%s; retrying with backoff, logging again when it is back",
             self.what,
             where,
             describe(exc),
+            " - the server is read-only, not the primary: looking for the primary" if is_read_only(exc) else "",
         )
         return first
 

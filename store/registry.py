@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
 from dygo.store.config import Settings
 from dygo.store.durations import parse_duration
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 if TYPE_CHECKING:
     import psycopg
+    from dygo.store.job_handle import Job
     from dygo.store.leases import BatchAppend
     from dygo.store.steps import Steps
     from dygo.store.workflows import Dep, NodeOf
@@ -220,6 +221,8 @@ def make_context(kind: str = "test.job", **overrides: Any) -> JobContext:
 
 
 Handler = Callable[[JobContext, Any], Any]
+A = TypeVar("A")  # a handler's args type, carried to the Job `@job` returns
+R = TypeVar("R")  # a handler's return type
 
 
 @dataclass(frozen=True)
@@ -367,15 +370,20 @@ def job(
     timezone: str = "UTC",
     concurrency: int | None = None,
     registry: Registry = registry,
-) -> Callable[[Handler], Handler]:
+) -> Callable[[Callable[[JobContext, A], R]], Job[A, R]]:
     """Declare a handler for `kind`. Handlers take `(ctx, args)` and may be `async def` or plain `def`.
+
+    Returns a `Job` (store/job_handle.py): the handler, still callable as itself, with `enqueue`,
+    `aenqueue`, `enqueue_many` and `aenqueue_many` for its kind, their `args` typed as the handler's.
 
     `cron` (with `timezone`) also schedules the kind, with default args, under the kind's name; use
     `store.schedules.schedule` for args or other options. Both are validated when the jobs load.
     `concurrency` caps how many jobs of the kind one worker process runs at once (default:
     `default_concurrency` in config/dygo.yml, else no cap)."""
 
-    def decorate(handler: Handler) -> Handler:
+    def decorate(handler: Callable[[JobContext, A], R]) -> Job[A, R]:
+        from dygo.store.job_handle import Job
+
         source = getattr(handler, "__module__", "?")
         if not isinstance(kind, str) or not KIND_PATTERN.match(kind) or len(kind) > MAX_KIND_LENGTH:
             raise ConfigError(
@@ -398,23 +406,22 @@ def job(
             backoff_s = parse_duration(retry_backoff, field="retry_backoff")
         except ValueError as exc:
             raise ConfigError(source, f"job {kind!r}", str(exc)) from None
-        registry.add(
-            JobDefinition(
-                kind=kind,
-                handler=handler,
-                queue=queue,
-                timeout=timeout_s,
-                max_attempts=max_attempts,
-                priority=priority,
-                retry_backoff=backoff_s,
-                args_model=_args_model(handler),
-                is_async=inspect.iscoroutinefunction(handler),
-                cron=cron,
-                cron_timezone=timezone,
-                concurrency=concurrency,
-            )
+        definition = JobDefinition(
+            kind=kind,
+            handler=handler,
+            queue=queue,
+            timeout=timeout_s,
+            max_attempts=max_attempts,
+            priority=priority,
+            retry_backoff=backoff_s,
+            args_model=_args_model(handler),
+            is_async=inspect.iscoroutinefunction(handler),
+            cron=cron,
+            cron_timezone=timezone,
+            concurrency=concurrency,
         )
-        return handler
+        registry.add(definition)
+        return Job(definition, handler)
 
     return decorate
 

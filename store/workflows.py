@@ -47,6 +47,13 @@ from typing import Any
 
 import psycopg
 from dygo.store import results, tracing
+from dygo.store.connections import (
+    Connectable,
+    ajoined_transaction,
+    async_connection,
+    joined_transaction,
+    sync_connection,
+)
 from dygo.store.db import one
 from dygo.store.enqueue import JobRequest, copy_row, prepare
 from dygo.store.errors import Conflict, EnqueueError, NotFound
@@ -364,11 +371,13 @@ def _prepare_member(node: Node, index: int, request: JobRequest, trace: Mapping[
         ) from None
 
 
-def enqueue_workflow(conn: psycopg.Connection, workflow: Workflow) -> WorkflowHandle:
+def enqueue_workflow(conn: Connectable, workflow: Workflow) -> WorkflowHandle:
     """Write the workflow, its nodes, edges and jobs in one transaction (nested in the caller's, if open).
-    With an idempotency key another workflow already took, nothing is written and that one comes back."""
+    With an idempotency key another workflow already took, nothing is written and that one comes back.
+    `conn`: as `enqueue` takes it (store/connections.py)."""
     plan = _WorkflowPlan.of(workflow)
-    with conn.transaction():
+    conn = sync_connection(conn)
+    with joined_transaction(conn):
         inserted = conn.execute(sql.INSERT_WORKFLOW, plan.insert_params()).fetchone()
         if inserted is None:
             return _existing(one(conn.execute(sql.WORKFLOW_BY_KEY, (workflow.idempotency_key,)).fetchone())[0])
@@ -385,10 +394,11 @@ def enqueue_workflow(conn: psycopg.Connection, workflow: Workflow) -> WorkflowHa
     return plan.handle(workflow_id, node_ids, job_ids)
 
 
-async def aenqueue_workflow(conn: psycopg.AsyncConnection, workflow: Workflow) -> WorkflowHandle:
+async def aenqueue_workflow(conn: Connectable, workflow: Workflow) -> WorkflowHandle:
     """`enqueue_workflow` on an AsyncConnection."""
     plan = _WorkflowPlan.of(workflow)
-    async with conn.transaction():
+    conn = await async_connection(conn)
+    async with await ajoined_transaction(conn):
         inserted = await (await conn.execute(sql.INSERT_WORKFLOW, plan.insert_params())).fetchone()
         if inserted is None:
             cursor = await conn.execute(sql.WORKFLOW_BY_KEY, (workflow.idempotency_key,))

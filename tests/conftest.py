@@ -27,6 +27,8 @@ from tests.pgbouncer import PgBouncer
 from tests.pgbouncer import missing_reason as pgbouncer_missing
 
 REPO = Path(__file__).resolve().parent.parent
+# Example projects, whose own tests run as their users run them (tests/test_testing_plugin.py).
+collect_ignore = ["projects"]
 TEST_CONFIG = REPO / "tests" / "config"
 TEMPLATE = f"dygo_test_template_{os.getpid()}"
 TEST_TABLES = """
@@ -39,18 +41,47 @@ CREATE TABLE test_runs (
 )"""
 
 
+TEST_SERVER_DIR = REPO / ".dygo" / "test"
+# Parallel test processes (pytest -n) share the server: each runs workers and serves of its own.
+TEST_SERVER_CONNECTIONS = 400
+
+
+def _runs_tests_itself(config: pytest.Config) -> bool:
+    """This process is the main pytest process, not one of pytest-xdist's workers (which it starts after its
+    own configure and stops before its own unconfigure)."""
+    return not hasattr(config, "workerinput")
+
+
+def _start_test_server(config: pytest.Config) -> None:
+    """The main process starts the embedded server once and stops it at the end if it started it, so that
+    parallel workers share one server and none stops it under another."""
+    if os.environ.get("DATABASE_URL") or not _runs_tests_itself(config):
+        return
+    config.stash[_STARTED_SERVER] = not embedded.status(TEST_SERVER_DIR).running
+    url = embedded.ensure_running(TEST_SERVER_DIR)
+    with psycopg.connect(url, autocommit=True) as admin:
+        enough = int(admin.execute("SHOW max_connections").fetchone()[0]) >= TEST_SERVER_CONNECTIONS
+        if not enough:
+            admin.execute(f"ALTER SYSTEM SET max_connections = {TEST_SERVER_CONNECTIONS}")
+    if not enough:  # a restart applies it, once: the setting stays in the data directory
+        embedded.stop(TEST_SERVER_DIR)
+        embedded.ensure_running(TEST_SERVER_DIR)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_STARTED_SERVER, False):
+        embedded.stop(TEST_SERVER_DIR)
+
+
+_STARTED_SERVER = pytest.StashKey[bool]()
+
+
 @pytest.fixture(scope="session")
-def server_url() -> Iterator[str]:
+def server_url() -> str:
     """The PostgreSQL server tests create their databases on."""
     if os.environ.get("DATABASE_URL"):
-        yield os.environ["DATABASE_URL"]
-        return
-    data_dir = REPO / ".dygo" / "test"
-    was_running = embedded.status(data_dir).running
-    url = embedded.ensure_running(data_dir)
-    yield url
-    if not was_running:
-        embedded.stop(data_dir)
+        return os.environ["DATABASE_URL"]
+    return embedded.ensure_running(TEST_SERVER_DIR)
 
 
 @pytest.fixture(scope="session")
@@ -134,12 +165,18 @@ def fresh_databases(server_url: str, template_url: str) -> Iterator[FreshDatabas
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _start_test_server(config)
     config.addinivalue_line(
         "markers",
         "shared_database: the test (every test, on a module) uses the module's one database (module_db_url) and "
         "one `dygo serve` (module_api)",
     )
     config.addinivalue_line("markers", "own_database: this test keeps a fresh database in a shared_database module")
+    config.addinivalue_line(
+        "markers",
+        "alone: the module's tests measure time (a recovery within a second, a rate per second), so `make test` "
+        "runs them after the parallel part, with no other test beside them",
+    )
 
 
 def shares_database(request: pytest.FixtureRequest) -> bool:

@@ -1,7 +1,8 @@
-"""The fault-injection suite in its short form: every scenario of chaos/runner.py with a few hundred
-jobs and a couple of faults, through `python -m chaos --short` (its own process: the chaos job kinds
-must not join this process's registry) on a dedicated embedded server, which scenario 2 restarts.
-The books check is the same as in the full `make chaos` run."""
+"""The fault-injection suite in its short form: every scenario of chaos/runner.py but `presence` (whose
+point tests/test_presence.py proves in less time) with a few hundred jobs and a couple of faults, through
+`python -m chaos --short` (its own process: the chaos job kinds must not join this process's registry) on a
+dedicated embedded server, which scenario 2 restarts. The books check is the same as in the full `make chaos`
+run."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 from dygo.store import JobRequest, embedded, enqueue, enqueue_many
 
 from tests.conftest import wait_until
+
+pytestmark = pytest.mark.alone
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO / ".dygo" / "chaos-test"

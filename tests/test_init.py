@@ -54,6 +54,9 @@ def test_init_project_runs_its_example_job_in_a_worker(tmp_path: Path, empty_db_
         "jobs/hello.py",
         "jobs/test_hello.py",
         "Procfile",
+        "requirements.txt",
+        ".python-version",
+        "app.json",
         ".gitignore",
     ):
         assert (project / name).is_file(), name
@@ -118,7 +121,7 @@ def test_init_twice_refuses_the_second_time(tmp_path: Path) -> None:
     again = run([DYGO, "init", "app"], cwd=tmp_path)
 
     assert again.returncode == 1
-    assert "config/queues.yml" in again.stderr and ".gitignore" in again.stderr
+    assert "config/queues.yml" in again.stderr and ".gitignore" in again.stderr and "app.json" in again.stderr
     assert {p: p.read_bytes() for p in (tmp_path / "app").rglob("*") if p.is_file()} == before
 
 

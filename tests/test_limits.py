@@ -11,9 +11,12 @@ from datetime import datetime
 from pathlib import Path
 
 import psycopg
+import pytest
 from dygo.store import enqueue_many, limits
 
 from tests.conftest import TEST_CONFIG, dygo_env, wait_until
+
+pytestmark = pytest.mark.alone
 
 
 def config_dir(tmp_path: Path, queues_yml: str) -> Path:

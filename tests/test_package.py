@@ -7,7 +7,10 @@ and `dygo serve` from that virtualenv.
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
+import signal
 import subprocess
 import sys
 import textwrap
@@ -18,6 +21,12 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, free_port, wait_until
+from tests.test_init import empty_db_url  # noqa: F401
+
+# Building, installing into a fresh virtualenv and deploying take minutes on a busy machine.
+pytestmark = pytest.mark.timeout(600)
+# The distribution's name on the package index (`dygo` there is another project); it imports as `dygo`.
+WHEEL_NAME = "dygo_jobs-0.1.0"
 
 PROJECT = {
     "app/__init__.py": "NAME = 'the project app'\n",
@@ -56,12 +65,32 @@ PROJECT = {
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtualenv with this repository installed into it the way a user would: `pip install <repo>`."""
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist, and the wheel built from it, as they are published (`python -m build`), passing `twine check`."""
+    out = tmp_path_factory.mktemp("dist")
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert sorted(path.name for path in out.iterdir()) == [f"{WHEEL_NAME}-py3-none-any.whl", f"{WHEEL_NAME}.tar.gz"]
+    checked = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, out.iterdir())], capture_output=True, text=True
+    )
+    assert checked.returncode == 0 and checked.stdout.count("PASSED") == 2, checked.stdout + checked.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory, dist: Path) -> Path:
+    """A fresh virtualenv with the built wheel installed into it the way a user would: `pip install <wheel>`."""
     env_dir = tmp_path_factory.mktemp("venv")
     venv.create(env_dir, with_pip=True)
+    wheel = next(dist.glob("*.whl"))
     done = subprocess.run(
-        [str(env_dir / "bin" / "pip"), "install", "--quiet", str(REPO)], capture_output=True, text=True, timeout=600
+        [str(env_dir / "bin" / "pip"), "install", "--quiet", str(wheel)], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return env_dir
@@ -149,3 +178,83 @@ def test_repository_code_is_never_loaded_under_a_second_top_level_name() -> None
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_generated_project_deploys_from_the_wheel_under_honcho_as_a_buildpack_runs_it(
+    installed: Path,
+    dist: Path,
+    tmp_path: Path,
+    empty_db_url: str,  # noqa: F811
+) -> None:
+    bin_dir = installed / "bin"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("DYGO_", "PYTHON", "VIRTUAL_ENV"))}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"  # the platform's Python, with the requirements installed
+    made = subprocess.run(
+        [str(bin_dir / "dygo"), "init", "shop"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    project = tmp_path / "shop"
+    assert (project / "requirements.txt").read_text() == "dygo-jobs==0.1.0\n"
+    assert (project / ".python-version").read_text() == f"{sys.version_info.major}.{sys.version_info.minor}\n"
+    manifest = json.loads((project / "app.json").read_text())
+    assert manifest["addons"] == [{"plan": "heroku-postgresql"}]
+    assert set(manifest["formation"]) == {"web", "worker"}
+    assert {"release", "web", "worker"} == {
+        line.split(":")[0] for line in (project / "Procfile").read_text().splitlines()
+    }
+    # What the buildpack installs is this wheel (the requirement names the distribution the index has it under).
+    pip = [
+        str(bin_dir / "pip"),
+        "install",
+        "--quiet",
+        "--no-index",
+        "--find-links",
+        str(dist),
+        "-r",
+        "requirements.txt",
+    ]
+    installing = subprocess.run(pip, cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert installing.returncode == 0, installing.stderr
+    # The platform's environment: app.json's values and generated secrets, the add-on's DATABASE_URL, PORT.
+    for name, spec in manifest["env"].items():
+        env[name] = spec["value"] if "value" in spec else secrets.token_hex(32)
+    port = free_port()
+    env |= {"DATABASE_URL": empty_db_url, "PORT": str(port)}
+    honcho = str(bin_dir / "honcho")
+    release = subprocess.run(
+        [honcho, "start", "release"], cwd=project, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert release.returncode == 0 and "applied" in release.stdout, release.stdout + release.stderr
+    running = subprocess.Popen(
+        [honcho, "start", "web", "worker"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    auth = {"Authorization": f"Bearer {env['DYGO_ADMIN_TOKEN']}"}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=20, headers=auth) as client:
+
+            def answers() -> bool:
+                assert running.poll() is None, f"honcho exited: {running.communicate()[0][-3000:]}"
+                try:
+                    return client.get("/readyz").status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            wait_until(answers, timeout=60, message="the deployed web process to answer")
+            assert client.get("/api/v1/jobs", headers={"Authorization": ""}).status_code == 401  # production: a token
+            created = client.post("/api/v1/jobs", json={"kind": "hello.greet", "args": {"name": "Ada"}})
+            assert created.status_code == 201, created.text
+            job = client.get(f"/api/v1/jobs/{created.json()['id']}", params={"wait": "15s"}).json()
+            assert job["state"] == "succeeded" and job["result"] == {"greeting": "Hello, Ada!"}, job
+    finally:
+        os.killpg(running.pid, signal.SIGTERM)
+        try:
+            running.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(running.pid, signal.SIGKILL)
+            running.wait(5)

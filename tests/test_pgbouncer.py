@@ -55,7 +55,9 @@ def assert_no_pooler_trouble(stderr: str) -> None:
 
 def test_jobs_and_retries_run_through_pgbouncer_with_listen_on_the_direct_url(pgbouncer, db_url, pooled, spawn):
     worker = spawn("worker", "--poll-interval", "60s", env=through(pgbouncer, db_url))
-    assert "; listening, poll every 60s" in worker.wait_for_line("started")
+    started = worker.wait_for_line("started")
+    assert "; listening, poll every 60s" in started
+    assert "its jobs come back in seconds (presence lock on its own session)" in started  # on the direct URL
     # Enough jobs that every statement runs far more than psycopg's 5 executions before it would prepare.
     ids = [j.id for j in enqueue_many(pooled, [{"kind": "test.record"}] * 200)]
     recovered = enqueue(pooled, "test.fail", {"times": 2}).id
@@ -76,11 +78,13 @@ def test_worker_behind_a_pooler_without_a_direct_url_polls_and_says_so(pgbouncer
     worker = spawn("worker", "--poll-interval", "300ms", env=through(pgbouncer, db_url, direct=False))
     started = worker.wait_for_line("started")
     assert "polling only (DATABASE_URL goes through a transaction pooler and DATABASE_DIRECT_URL is not set" in started
+    assert "its jobs come back when their lease runs out (no session of its own" in started
     ids = [j.id for j in enqueue_many(pooled, [{"kind": "test.record"}] * 30)]
     wait_until(lambda: all_final(pooled, ids), timeout=30, message="the jobs to be found by polling")
     assert states(pooled, ids) == {"succeeded": 30}
     listeners = pooled.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dygo-worker-listen%'"
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dygo-worker-listen%' "
+        "AND datname = current_database()"
     ).fetchone()[0]
     assert listeners == 0
     assert_no_pooler_trouble(worker.stderr())

@@ -16,6 +16,8 @@ from tests.conftest import wait_until
 from tests.test_retention import copy_test_config
 from tests.twins import SIDES, Twins
 
+pytestmark = pytest.mark.alone
+
 
 def _waiter_rows(conn: psycopg.Connection) -> list[tuple[int, int]]:
     return conn.execute("SELECT id, job_id FROM dygo_result_waiters ORDER BY id").fetchall()

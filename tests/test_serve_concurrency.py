@@ -18,6 +18,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tests.conftest import ADMIN_TOKEN, READ_TOKEN, dygo_env, wait_until
 
+pytestmark = pytest.mark.alone
+
 CLIENTS = 500
 BATCH = 20
 
@@ -234,7 +236,8 @@ def test_a_process_saturated_past_its_wait_limit_answers_503_saturated_and_logs_
             wait_until(
                 lambda: (
                     conn.execute(
-                        "SELECT count(*) FROM pg_locks WHERE relation = 'dygo_jobs'::regclass AND NOT granted"
+                        "SELECT count(*) FROM pg_locks WHERE relation = 'dygo_jobs'::regclass AND NOT granted "
+                        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                     ).fetchone()[0]
                     == 1
                 ),

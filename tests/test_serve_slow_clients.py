@@ -17,6 +17,8 @@ import pytest
 
 from tests.conftest import ADMIN_TOKEN, TEST_CONFIG, Api, DygoProcess, dygo_env, free_port
 
+pytestmark = pytest.mark.alone
+
 HALF_SENT = 3000  # connections, three times the descriptors serve is given
 SERVE_FILES = 1024  # serve's RLIMIT_NOFILE: a common default, which the half-sent requests far exceed
 HEADER_TIMEOUT = 5  # seconds

@@ -179,7 +179,8 @@ def test_a_child_that_ends_before_its_parent_s_wait_commits_still_wakes_the_pare
         started_worker(spawn)  # a second worker, idle and free to claim a child
         wait_until(
             lambda: conn.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted"
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             ).fetchone()[0],
             message="the parent's settle to reach the barrier after inserting its child",
         )
@@ -202,7 +203,10 @@ def test_a_worker_killed_before_its_parent_s_settle_commits_enqueues_no_child(co
     wait_until(lambda: effects(conn, parent.id)["run"] == 1, message="the first run to reach its call")
     with psycopg.connect(db_url) as holder:
         holder.execute("SELECT 1 FROM dygo_jobs WHERE id = %s FOR UPDATE", (parent.id,))
-        waiting = "SELECT pid FROM pg_locks WHERE NOT granted AND pid <> pg_backend_pid()"
+        waiting = (
+            "SELECT l.pid FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+            "WHERE NOT l.granted AND l.pid <> pg_backend_pid() AND a.datname = current_database()"
+        )
         wait_until(lambda: conn.execute(waiting).fetchall(), message="the first run's settle to wait for the row")
         kill(first)
         for (pid,) in conn.execute(waiting).fetchall():

@@ -39,7 +39,8 @@ def waiting(conn: psycopg.Connection, job_id: int) -> dict:
 def blocked_on_lock(conn: psycopg.Connection, fragment: str) -> bool:
     """Whether a backend is waiting for a lock while running a statement that contains `fragment`."""
     return conn.execute(
-        "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s)",
+        "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s "
+        "AND datname = current_database())",
         (f"%{fragment}%",),
     ).fetchone()[0]
 

@@ -24,6 +24,8 @@ from tests.claiming import claim
 from tests.conftest import dygo_env, wait_until
 from tests.test_retention import copy_test_config
 
+pytestmark = pytest.mark.alone
+
 # Every release of a job (waiting -> pending), one row each: a job released twice would show twice.
 RELEASES = """
 CREATE TABLE test_releases (job_id bigint NOT NULL);

@@ -3,7 +3,9 @@
 * claim   - the producer's own connection (worker/producer.py): one statement claims for every queue,
             so no wake-up waits for a pool checkout
 * LISTEN  - the listener's session (worker/listener.py), on DATABASE_DIRECT_URL when one is given:
-            through a transaction pooler a session's notifications cannot be relied on
+            through a transaction pooler a session's notifications cannot be relied on. It also holds
+            the worker's presence lock (worker/presence.py), a session-level advisory lock, even with
+            --poll-only (then it LISTENs to nothing)
 * shared  - a pool of one for everything else, one statement or short transaction at a time: settles,
             lease renewals, progress, timings, heartbeat, recovery, schedules, retention, durable steps
             (each batch commits on its own, so a pass never holds it long)
@@ -11,9 +13,10 @@
 A fourth, sync connection is opened only when a sync handler first calls `ctx.step_tx_sync` (its function
 takes a sync connection, which the shared async one is not), and kept for the next ones.
 
-Nothing here keeps session state across transactions (no session advisory lock, no SET, no
-server-side prepared statement behind a transaction pooler: store.db.connect_kwargs), so every
-DATABASE_URL connection works through PgBouncer in transaction pooling mode.
+Nothing on the claim and shared connections keeps session state across transactions (no session advisory
+lock, no SET, no server-side prepared statement behind a transaction pooler: store.db.connect_kwargs), so
+every DATABASE_URL connection works through PgBouncer in transaction pooling mode; only the LISTEN session
+does, and it never goes through a transaction pooler.
 
 One lost/back line pair per outage for all services (store/outage.py). A transaction the server rolled back
 as a deadlock's victim is logged and run again by its caller. Any other database error that is not an
@@ -30,15 +33,32 @@ import threading
 from typing import Any
 
 import psycopg
-from dygo.store.db import connect_kwargs, direct_url, through_transaction_pooler
+from dygo.store.db import check_primary, connect_kwargs, direct_url, through_transaction_pooler
 from dygo.store.errors import StatementError
-from dygo.store.outage import OutageLog, describe, is_outage, is_rolled_back
+from dygo.store.outage import OutageLog, describe, is_outage, is_read_only, is_rolled_back
 from dygo.worker.service import failure_backoff
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 log = logging.getLogger("dygo.worker")
 
 MAX_CONNECTIONS = 3
+# At start, a database that cannot be reached (or a standby that is not the primary yet) is tried again this
+# often at most: a standby promoted, or a primary back, is found within these seconds.
+START_RETRY_MAX = 5.0
+
+
+# TCP keepalives on the LISTEN session, which can sit idle for hours: a NAT or firewall that forgets an idle
+# connection would cut it silently, and the server, once its own keepalives noticed, would release the
+# worker's presence lock while the worker still ran its jobs. Unless the URL sets its own; libpq ignores them
+# on a Unix socket.
+SESSION_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+
+
+def session_keepalives(url: str | None) -> dict[str, int]:
+    if url is None or any(key.startswith("keepalives") for key in conninfo_to_dict(url)):
+        return {}
+    return dict(SESSION_KEEPALIVES)
 
 
 class WorkerConnections:
@@ -58,6 +78,7 @@ class WorkerConnections:
         self.listen_options: dict[str, Any] = {
             "autocommit": True,
             "application_name": f"dygo-worker-listen {worker_id}",
+            **session_keepalives(self.listen_url),
         }
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=1, kwargs=self.options, open=False)
         self.sync_pool: ConnectionPool | None = None  # opened at the first ctx.step_tx_sync (sync_connection)
@@ -65,20 +86,24 @@ class WorkerConnections:
         self.outage = OutageLog(log)
 
     async def wait_until_reachable(self) -> None:
-        """At start, an unreachable database is retried with backoff and said once, as in an outage
-        later on: under a process manager the worker then starts working as soon as it is back."""
+        """At start, an unreachable database, or a server that is not the primary (a standby), is retried with
+        backoff and said once, as in an outage later on: under a process manager the worker then starts working
+        as soon as it is back, or promoted."""
         failures = 0
         while True:
             try:
-                conn = await self.connect()
+                async with await self.connect() as conn:
+                    await check_primary(conn)
             except (psycopg.Error, OSError) as exc:
                 if not is_outage(exc):
                     raise StatementError("start-up: connecting to the database", exc) from exc
                 failures += 1
-                self.outage.lost("start-up: cannot reach the database", exc)
-                await asyncio.sleep(failure_backoff(failures))
+                self.outage.lost(
+                    "start-up: looking for the primary" if is_read_only(exc) else "start-up: cannot reach the database",
+                    exc,
+                )
+                await asyncio.sleep(min(failure_backoff(failures), START_RETRY_MAX))
                 continue
-            await conn.close()
             self.outage.back()
             return
 

@@ -1,15 +1,19 @@
-"""The listener: LISTENs for jobs that become pending and schedules that change, and wakes the producer
-(for the queue named in the payload) or the scheduler. On a lost connection it reconnects with backoff
-while the producer and scheduler go on polling; its reconnect wakes both, to catch up on anything sent
-while it was away.
+"""The listener: the worker's own session. It holds the worker's presence lock (worker/presence.py) and
+LISTENs for jobs that become pending and schedules that change, waking the producer (for the queue named in
+the payload) or the scheduler. On a lost connection it reconnects with backoff while the producer and
+scheduler go on polling; its reconnect takes the presence lock again and wakes both, to catch up on anything
+sent while it was away.
 
 It needs a session of its own: DATABASE_DIRECT_URL when DATABASE_URL goes through a transaction
-pooler (worker/database.py); without one the worker runs poll-only and has no listener.
+pooler (worker/database.py); without one the worker runs poll-only and has no listener, and its jobs
+come back by lease expiry alone if it dies. With --poll-only it holds the presence lock and LISTENs to
+nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 import psycopg
@@ -17,12 +21,12 @@ from dygo.store import leases, schedules
 from dygo.store.db import notifications
 from dygo.worker.database import WorkerConnections
 
+log = logging.getLogger("dygo.worker")
+
 RETRY_MAX = 5.0  # capped low: its reconnect is what wakes every producer once the database is back
 
 
 class Listener:
-    name = "listener"
-
     def __init__(
         self,
         database: WorkerConnections,
@@ -30,8 +34,14 @@ class Listener:
         wake_all: Callable[[], None],
         schedules_changed: asyncio.Event,
         poll_interval: float,
+        worker_id: str,
+        listen: bool = True,
     ) -> None:
         self.database = database
+        self.worker_id = worker_id
+        self.listen = listen  # False: --poll-only, the session holds the presence lock alone
+        self.name = "listener" if listen else "presence"
+        self.presence_refused = False  # another session holds this worker's key: said once
         self.wake_queue = wake_queue
         self.wake_all = wake_all
         self.schedules_changed = schedules_changed
@@ -43,8 +53,10 @@ class Listener:
         while True:
             try:
                 async with await self.database.connect_listen() as conn:
-                    await leases.listen(conn)
-                    await schedules.listen(conn)
+                    await self.hold_presence(conn)
+                    if self.listen:
+                        await leases.listen(conn)
+                        await schedules.listen(conn)
                     delay = 0.5
                     self.listening.set()
                     if self.database.listen_url == self.database.url:
@@ -61,8 +73,18 @@ class Listener:
                             self.wake_queue(notify.payload)
             except (psycopg.Error, OSError) as exc:
                 self.listening.clear()
-                await self.database.failed(
-                    f"LISTEN connection (polling every {self.poll_interval:g}s until it is back)", exc
-                )
+                what = "LISTEN connection" if self.listen else "presence session"
+                await self.database.failed(f"{what} (polling every {self.poll_interval:g}s until it is back)", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
+
+    async def hold_presence(self, conn: psycopg.AsyncConnection) -> None:
+        if await leases.hold_presence(conn, self.worker_id):
+            return
+        if not self.presence_refused:
+            self.presence_refused = True
+            log.warning(
+                "worker %s: another session holds this worker's presence lock (a hash collision of worker ids); "
+                "if this worker dies, its jobs come back when their lease runs out",
+                self.worker_id,
+            )

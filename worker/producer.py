@@ -257,7 +257,8 @@ class Producer:
                     continue
                 failures += 1
                 await self.database.failed(f"claim from queue(s) {', '.join(wanted)}", exc)
-                await wait_for_event(self.stopping, failure_backoff(failures))
+                # The listener's reconnect (wake_all) ends the wait: the database, or a new primary, is back.
+                await wait_for_event(self.wake, failure_backoff(failures))
 
     def _wanted(self) -> dict[str, int]:
         """How many jobs to claim per queue now: queues that may have ready jobs and have enough room."""

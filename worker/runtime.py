@@ -2,7 +2,9 @@
 
 * producer      - claim ready jobs for every queue in one statement, start them, and while jobs are short
                   claim ahead of the free slots (worker/producer.py, worker/ahead.py)
-* listener      - LISTEN for new or requeued jobs and schedule changes, wake the others (worker/listener.py)
+* listener      - hold the worker's presence lock on its own session; LISTEN for new or requeued jobs and
+                  schedule changes, wake the others (worker/listener.py)
+* presence-watch - find workers gone (their presence lock free), recover their jobs (worker/presence.py)
 * scheduler     - fire due cron schedules (worker/scheduler.py)
 * maintainer    - heartbeat, recovery of expired leases, stale workers, retention (worker/maintainer.py)
 * lease-keeper  - renew the leases of running jobs at half the TTL (worker/lease_keeper.py)
@@ -50,6 +52,7 @@ from dygo.worker.lifecycle import announce
 from dygo.worker.listener import Listener
 from dygo.worker.maintainer import Heartbeat, Maintainer, Recovery, Retention, StaleWorkers
 from dygo.worker.options import WorkerOptions, make_worker_id
+from dygo.worker.presence import PresenceWatch
 from dygo.worker.producer import Producer, QueueSlots
 from dygo.worker.progress import ProgressWriter
 from dygo.worker.runs import Runs
@@ -115,13 +118,16 @@ class Worker:
             self.producer.wake_all,
             self.scheduler.changed,
             options.poll_interval,
+            self.id,
+            listen=not options.poll_only,
         )
-        if self.listening:
+        if self.database.listen_url is not None:
             self.services.append(self.listener)
         if options.cron:
             self.services.append(self.scheduler)
         self.services += [
             Maintainer(self.heartbeat, self.recovery, StaleWorkers(self.database), Retention(self.database, settings)),
+            PresenceWatch(self.database, self.id, settings.max_reaps),
             EventTimeouts(self.database),  # the deadlines of event waits (store/events.py)
             LeaseKeeper(self.database, leased, settings.lease_ttl),
             self.progress,
@@ -199,7 +205,7 @@ class Worker:
         cap = "" if self.options.max_concurrency is None else f"at most {self.options.max_concurrency} jobs at once; "
         announce(
             f"dygo worker {self.id} started: queues {queues}; {cap}{self._mode()}, "
-            f"poll every {self.options.poll_interval:g}s{cron}",
+            f"poll every {self.options.poll_interval:g}s{cron}; {self._recovery_mode()}",
             event="started",
             worker=self.id,
             queues=self.options.queues,
@@ -270,6 +276,14 @@ class Worker:
         return (
             "polling only (DATABASE_URL goes through a transaction pooler and DATABASE_DIRECT_URL is not "
             "set, so there is no session to LISTEN on)"
+        )
+
+    def _recovery_mode(self) -> str:
+        if self.database.listen_url is not None:
+            return "if it dies, its jobs come back in seconds (presence lock on its own session)"
+        return (
+            "if it dies, its jobs come back when their lease runs out (no session of its own to hold a presence "
+            "lock on: DATABASE_URL goes through a transaction pooler and DATABASE_DIRECT_URL is not set)"
         )
 
     def _watch(self, task: asyncio.Task[None]) -> None:

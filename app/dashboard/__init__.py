@@ -18,7 +18,8 @@ from urllib.parse import urlencode
 from dygo.app.auth import Tokens
 from dygo.app.dashboard import events, jobs, login, overview, queues, schedules, workflows
 from dygo.app.dashboard.rendering import TEMPLATES, error_page
-from dygo.app.dashboard.visitor import PREFIX, LoginRequired, Refused
+from dygo.app.dashboard.visitor import PREFIX, LoginRequired, Refused, dashboard_prefix
+from dygo.app.paths import route_path
 from dygo.app.session import Signer, secret_key
 from dygo.app.throttle import AuthThrottle
 from fastapi import APIRouter, FastAPI, Request
@@ -48,8 +49,8 @@ def install_dashboard(app: FastAPI) -> None:
     app.include_router(router)
 
     @app.get("/", include_in_schema=False)
-    def home() -> Response:
-        return RedirectResponse(PREFIX + "/", status_code=307)
+    def home(request: Request) -> Response:
+        return RedirectResponse(dashboard_prefix(request.scope) + "/", status_code=307)
 
     # Browsers ask for /favicon.ico on a first visit whatever the page links, so it answers with the
     # pages' own <link rel=icon> (SVG, which every current browser shows) rather than a 404.
@@ -64,7 +65,9 @@ def install_dashboard(app: FastAPI) -> None:
     @app.exception_handler(LoginRequired)
     async def login_required(request: Request, _: LoginRequired) -> Response:
         target = request.url.path + ("?" + request.url.query if request.url.query else "")
-        return RedirectResponse(f"{PREFIX}/login?" + urlencode({"next": target}), status_code=303)
+        return RedirectResponse(
+            f"{dashboard_prefix(request.scope)}/login?" + urlencode({"next": target}), status_code=303
+        )
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> Response:
@@ -72,4 +75,5 @@ def install_dashboard(app: FastAPI) -> None:
 
 
 def is_dashboard(request: Request) -> bool:
-    return request.url.path == PREFIX or request.url.path.startswith(PREFIX + "/")
+    path = route_path(request.scope)  # below the app's mount point
+    return path == PREFIX or path.startswith(PREFIX + "/")

@@ -6,7 +6,7 @@ import json
 
 from dygo.app.dashboard.jobs import _back
 from dygo.app.dashboard.rendering import redirect
-from dygo.app.dashboard.visitor import PREFIX, Action, Fields
+from dygo.app.dashboard.visitor import Action, Fields
 from dygo.app.db import Conn
 from dygo.store import events
 from dygo.store.errors import EventError
@@ -19,7 +19,7 @@ router = APIRouter()
 @router.post("/events/emit")
 def emit_event(fields: Fields, visitor: Action, conn: Conn) -> Response:
     """Emit `key` with `payload` (JSON text; empty: null), as POST /api/v1/events/{key} does, then back."""
-    back = _back(fields, f"{PREFIX}/jobs")
+    back = _back(visitor, fields, "/jobs")
     key, text = fields.get("key", ""), fields.get("payload", "").strip()
     try:
         payload = json.loads(text) if text else None

@@ -8,8 +8,8 @@ from urllib.parse import parse_qsl, urlencode
 
 from dygo.app.dashboard.queues import configured_queues
 from dygo.app.dashboard.rendering import redirect, render
-from dygo.app.dashboard.visitor import PREFIX, Action, Fields, Page, Refused
-from dygo.app.db import Conn
+from dygo.app.dashboard.visitor import Action, Fields, Page, Refused, Visitor
+from dygo.app.db import Conn, ReadConn
 from dygo.app.errors import ApiError
 from dygo.app.jobs import decode_cursor, encode_cursor
 from dygo.store import admin, job_reads, steps, workflows
@@ -42,7 +42,7 @@ def _job_filter(queue: str, kind: str, state: str, q: str) -> admin.JobFilter:
 def jobs_page(
     request: Request,
     visitor: Page,
-    conn: Conn,
+    conn: ReadConn,
     queue: str = "",
     kind: str = "",
     state: str = "",
@@ -58,7 +58,7 @@ def jobs_page(
     try:
         position = decode_cursor(cursor, "newest") if cursor else None
     except ApiError:
-        return redirect(visitor, PREFIX + "/jobs", "That page link is stale; showing the newest jobs.", "error")
+        return redirect(visitor, visitor.prefix + "/jobs", "That page link is stale; showing the newest jobs.", "error")
     page = admin.list_jobs(conn, where, limit=PAGE_SIZE, position=position)
     filters = {"queue": queue, "kind": kind, "state": state, "q": q}
     next_link = None
@@ -97,7 +97,7 @@ def job_page(request: Request, job_id: int, visitor: Page, conn: Conn) -> Respon
 
 @router.post("/jobs/{job_id}/steps/{key}/retry")
 def retry_from_step(job_id: int, key: str, fields: Fields, visitor: Action, conn: Conn) -> Response:
-    back = _back(fields, f"{PREFIX}/jobs/{job_id}")
+    back = _back(visitor, fields, f"/jobs/{job_id}")
     try:
         forgotten = steps.forget_steps(conn, job_id, key)
     except (NotFound, Conflict) as exc:
@@ -112,25 +112,25 @@ def retry_from_step(job_id: int, key: str, fields: Fields, visitor: Action, conn
 
 @router.post("/jobs/{job_id}/{action}")
 def act_on_job(job_id: int, action: str, fields: Fields, visitor: Action, conn: Conn) -> Response:
-    back = _back(fields, f"{PREFIX}/jobs/{job_id}")
+    back = _back(visitor, fields, f"/jobs/{job_id}")
     if action not in JOB_ACTIONS:
         return redirect(visitor, back, f"Unknown action {action!r}.", "error")
     try:
         if action == "delete":
             admin.delete_job(conn, job_id)
-            return redirect(visitor, _back(fields, f"{PREFIX}/jobs", deleted=job_id), f"Job {job_id} deleted.")
+            return redirect(visitor, _back(visitor, fields, "/jobs", deleted=job_id), f"Job {job_id} deleted.")
         job = admin.act_on_job(conn, action, job_id)
     except (NotFound, Conflict) as exc:
         return redirect(visitor, back, f"Job {job_id} was not {JOB_ACTIONS[action]}: {exc}", "error")
     return redirect(visitor, back, f"Job {job_id} {JOB_ACTIONS[action]}; it is now {job['state']}.")
 
 
-def _back(fields: dict[str, str], default: str, deleted: int | None = None) -> str:
-    """Where a form asked to return to (a dashboard page only), else the default."""
-    wanted = fields.get("back", "")
-    if deleted is not None and wanted.startswith(f"{PREFIX}/jobs/{deleted}"):
+def _back(visitor: Visitor, fields: dict[str, str], default: str, deleted: int | None = None) -> str:
+    """Where a form asked to return to (a dashboard page only), else the default (a path below the dashboard's)."""
+    wanted, default = fields.get("back", ""), visitor.prefix + default
+    if deleted is not None and wanted.startswith(f"{visitor.prefix}/jobs/{deleted}"):
         return default
-    return wanted if wanted.startswith(PREFIX + "/") and "//" not in wanted else default
+    return wanted if wanted.startswith(visitor.prefix + "/") and "//" not in wanted else default
 
 
 # --- bulk actions on jobs ----------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def bulk_selected(
     conn: Conn,
 ) -> Response:
     _bulk_action(action)
-    back = _back(fields, PREFIX + "/jobs")
+    back = _back(visitor, fields, "/jobs")
     ids = sorted({int(v) for v in lists.get("id", []) if v.isdigit() and len(v) < 19})
     if not ids:
         return redirect(visitor, back, "Tick at least one job first.", "error")
@@ -206,10 +206,10 @@ def _filter_fields(source: dict[str, str]) -> dict[str, str]:
     return fields
 
 
-def _shown_filters(filters: dict[str, str]) -> tuple[dict[str, str], str]:
+def _shown_filters(visitor: Visitor, filters: dict[str, str]) -> tuple[dict[str, str], str]:
     """The filters that are set, and the jobs page they filter (where a bulk action returns to)."""
     shown = {name: value for name, value in filters.items() if value}
-    return shown, PREFIX + "/jobs" + ("?" + urlencode(shown) if shown else "")
+    return shown, visitor.prefix + "/jobs" + ("?" + urlencode(shown) if shown else "")
 
 
 @router.get("/bulk/{action}/confirm")
@@ -217,7 +217,7 @@ def bulk_confirmation(request: Request, action: str, visitor: Page, conn: Conn) 
     label, done, rule = _bulk_action(action)
     filters = _filter_fields(dict(request.query_params))
     matched, changing, more = admin.count_matching(conn, action, _job_filter(**filters))
-    shown, back = _shown_filters(filters)
+    shown, back = _shown_filters(visitor, filters)
     return render(
         request,
         visitor,
@@ -240,7 +240,7 @@ def bulk_confirmation(request: Request, action: str, visitor: Page, conn: Conn) 
 def bulk_matching(action: str, fields: Fields, visitor: Action, conn: Conn) -> Response:
     _bulk_action(action)
     filters = _filter_fields(fields)
-    _, back = _shown_filters(filters)
+    _, back = _shown_filters(visitor, filters)
     try:
         report = admin.bulk_act(conn, action, where=_job_filter(**filters))
     except Conflict as exc:
@@ -255,7 +255,7 @@ DEAD_GROUPS_SHOWN = 100
 
 
 @router.get("/dead")
-def dead_page(request: Request, visitor: Page, conn: Conn) -> Response:
+def dead_page(request: Request, visitor: Page, conn: ReadConn) -> Response:
     groups = admin.dead_letter_groups(conn, DEAD_GROUPS_SHOWN)
     return render(request, visitor, "dead.html", groups=groups, capped=len(groups) == DEAD_GROUPS_SHOWN)
 
@@ -266,6 +266,6 @@ def retry_dead_group(fields: Fields, visitor: Action, conn: Conn) -> Response:
     retried = admin.retry_dead_group(conn, kind, fingerprint)
     return redirect(
         visitor,
-        PREFIX + "/dead",
+        visitor.prefix + "/dead",
         f"Retried {retried} dead {kind} job{'s' * (retried != 1)} failing with “{fingerprint}”.",
     )

@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime
 
 from dygo.app.dashboard.rendering import redirect, render
-from dygo.app.dashboard.visitor import PREFIX, Anyone, Fields, Visitor, checked_form
+from dygo.app.dashboard.visitor import Anyone, Fields, Visitor, checked_form
 from dygo.app.db import Conn
 from dygo.app.throttle import AuthThrottle
 from fastapi import APIRouter, Request
@@ -17,15 +17,16 @@ from fastapi.responses import RedirectResponse, Response
 router = APIRouter()
 
 
-def _next_page(value: str | None) -> str:
-    return value if value and value.startswith(PREFIX + "/") and "//" not in value else PREFIX + "/"
+def _next_page(visitor: Visitor, value: str | None) -> str:
+    home = visitor.prefix + "/"
+    return value if value and value.startswith(home) and "//" not in value else home
 
 
 @router.get("/login")
 def login_page(request: Request, visitor: Anyone, next: str | None = None) -> Response:
-    if not visitor.tokens.enabled:
-        return RedirectResponse(PREFIX + "/", status_code=303)
-    return render(request, visitor, "login.html", next=_next_page(next))
+    if not visitor.signs_in:
+        return RedirectResponse(visitor.prefix + "/", status_code=303)
+    return render(request, visitor, "login.html", next=_next_page(visitor, next))
 
 
 def _in_words(seconds: float) -> str:
@@ -58,6 +59,8 @@ def _locked_out(request: Request, visitor: Visitor, until: float) -> Response:
 
 @router.post("/login")
 def login(request: Request, fields: Fields, visitor: Anyone, conn: Conn) -> Response:
+    if visitor.external:  # the application signs its users in
+        return RedirectResponse(visitor.prefix + "/", status_code=303)
     throttle: AuthThrottle = request.app.state.auth_throttle
     address = request.client.host if request.client else "unknown"
     if visitor.tokens.enabled and (until := throttle.locked_until_on(conn, address)) is not None:
@@ -73,17 +76,17 @@ def login(request: Request, fields: Fields, visitor: Anyone, conn: Conn) -> Resp
             visitor,
             "login.html",
             status=401,
-            next=_next_page(fields.get("next")),
+            next=_next_page(visitor, fields.get("next")),
             error="That token is not valid.",
         )
     if visitor.tokens.enabled:
         throttle.succeeded_on(conn, address)
         visitor.start(conn, role, token)
-    return redirect(visitor, _next_page(fields.get("next")), f"Signed in ({role}).")
+    return redirect(visitor, _next_page(visitor, fields.get("next")), f"Signed in ({role}).")
 
 
 @router.post("/logout")
 def logout(fields: Fields, visitor: Anyone, conn: Conn) -> Response:
     checked_form(fields, visitor)
     visitor.end(conn)
-    return redirect(visitor, PREFIX + "/login", "Signed out.")
+    return redirect(visitor, visitor.prefix + "/login", "Signed out.")

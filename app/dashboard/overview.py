@@ -10,7 +10,7 @@ from dygo.app import charts
 from dygo.app.dashboard.queues import configured_queues
 from dygo.app.dashboard.rendering import render
 from dygo.app.dashboard.visitor import Page
-from dygo.app.db import Conn
+from dygo.app.db import Conn, ReadConn, database
 from dygo.app.system import WORKER_SEEN_WITHIN
 from dygo.store import admin
 from fastapi import APIRouter, Request
@@ -57,8 +57,11 @@ def throughput_charts(conn: Conn, days: bool = True) -> dict[str, charts.Chart]:
 
 
 @router.get("/")
-def overview(request: Request, visitor: Page, conn: Conn) -> Response:
-    admin.fold_stats(conn)  # fresh numbers; skipped harmlessly while another process folds
+def overview(request: Request, visitor: Page, conn: ReadConn) -> Response:
+    if database(request).read_pool is None:
+        # Fresh numbers; skipped harmlessly while another process folds. A replica cannot fold: there the
+        # charts show what serve's own fold (every 30 s) has replicated.
+        admin.fold_stats(conn)
     charts_drawn: dict[str, Any] = throughput_charts(conn)
     return render(
         request,
@@ -71,12 +74,12 @@ def overview(request: Request, visitor: Page, conn: Conn) -> Response:
 
 
 @router.get("/live")
-def overview_live(request: Request, visitor: Page, conn: Conn) -> Response:
+def overview_live(request: Request, visitor: Page, conn: ReadConn) -> Response:
     """The overview's counts and workers alone, polled by the overview page."""
     return render(request, visitor, "_live.html", **_overview(request, conn))
 
 
 @router.get("/live/minutes")
-def overview_live_minutes(request: Request, visitor: Page, conn: Conn) -> Response:
+def overview_live_minutes(request: Request, visitor: Page, conn: ReadConn) -> Response:
     """The per-minute chart alone, polled by the overview page (rollups plus unfolded deltas: no fold needed)."""
     return render(request, visitor, "_minutes.html", minute_chart=throughput_charts(conn, days=False)["minute_chart"])

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from dygo.app.dashboard.rendering import redirect, render
-from dygo.app.dashboard.visitor import PREFIX, Action, Fields, Page, Refused
-from dygo.app.db import Conn
+from dygo.app.dashboard.visitor import Action, Fields, Page, Refused
+from dygo.app.db import Conn, ReadConn
 from dygo.store import admin, limits
 from dygo.store.config import count_from_text
 from dygo.store.durations import parse_duration
@@ -31,7 +31,7 @@ def _queue(request: Request, conn: Conn, name: str) -> dict[str, Any]:
 
 
 @router.get("/queues")
-def queues_page(request: Request, visitor: Page, conn: Conn) -> Response:
+def queues_page(request: Request, visitor: Page, conn: ReadConn) -> Response:
     return render(
         request,
         visitor,
@@ -44,7 +44,7 @@ def queues_page(request: Request, visitor: Page, conn: Conn) -> Response:
 @router.post("/limits")
 def change_limit(request: Request, fields: Fields, visitor: Action, conn: Conn) -> Response:
     """Set a queue's or kind's cluster-wide limits from the queues page (empty fields: none)."""
-    back = PREFIX + "/queues"
+    back = visitor.prefix + "/queues"
     scope, name = fields.get("scope", ""), fields.get("name", "").strip()
     known = configured_queues(request) if scope == "queue" else request.app.state.jobs.kinds()
     if scope not in ("queue", "kind") or name not in known:
@@ -118,13 +118,13 @@ def vacuum_dead(request: Request, name: str, fields: Fields, visitor: Action, co
     _queue(request, conn, name)
     age, seconds = _vacuum_age(fields.get("older_than", ""))
     deleted = admin.vacuum_dead(conn, name, seconds)
-    return redirect(visitor, PREFIX + "/queues", f"Vacuumed queue {name}: deleted {_vacuumed(age, deleted)}.")
+    return redirect(visitor, visitor.prefix + "/queues", f"Vacuumed queue {name}: deleted {_vacuumed(age, deleted)}.")
 
 
 @router.post("/queues/{name}/{action}")
 def act_on_queue(request: Request, name: str, action: str, visitor: Action, conn: Conn) -> Response:
     _queue(request, conn, name)
-    back = PREFIX + "/queues"
+    back = visitor.prefix + "/queues"
     if action == "pause":
         admin.pause_queue(conn, name)
         return redirect(visitor, back, f"Queue {name} paused: workers stop claiming its jobs.")

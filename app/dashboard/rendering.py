@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from dygo.app.dashboard.filters import FILTERS
-from dygo.app.dashboard.visitor import PREFIX, Visitor
+from dygo.app.dashboard.visitor import Visitor
 from dygo.app.session import FLASH_COOKIE
+from dygo.store import admin
 from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
@@ -25,12 +26,26 @@ def render(request: Request, visitor: Visitor, template: str, status: int = 200,
     response = templates.TemplateResponse(
         request,
         template,
-        {"visitor": visitor, "csrf": visitor.csrf, "flash": flash, "prefix": PREFIX, **context},
+        {
+            "visitor": visitor,
+            "csrf": visitor.csrf,
+            "flash": flash,
+            "prefix": visitor.prefix,
+            "replica": replica(request),
+            **context,
+        },
         status_code=status,
     )
     if flash is not None:
-        response.delete_cookie(FLASH_COOKIE, path=PREFIX)
+        response.delete_cookie(FLASH_COOKIE, path=visitor.prefix)
     return visitor.keep(response)
+
+
+def replica(request: Request) -> dict[str, float | None] | None:
+    """When the page read from DATABASE_READ_URL: how far that server is behind its primary (None: unknown,
+    it is not a replica in recovery)."""
+    conn = getattr(request.state, "replica", None)
+    return None if conn is None else {"lag": admin.replica_lag(conn)}
 
 
 def redirect(visitor: Visitor, to: str, message: str, level: str = "ok") -> Response:
@@ -39,7 +54,7 @@ def redirect(visitor: Visitor, to: str, message: str, level: str = "ok") -> Resp
         FLASH_COOKIE,
         visitor.signer.dumps({"message": message, "level": level}),
         max_age=60,
-        path=PREFIX,
+        path=visitor.prefix,
         httponly=True,
         samesite="lax",
         secure=visitor.secure,
@@ -52,6 +67,13 @@ def error_page(request: Request, status: int, title: str, message: str) -> Respo
     return templates.TemplateResponse(
         request,
         "error.html",
-        {"visitor": visitor, "csrf": visitor.csrf, "flash": None, "prefix": PREFIX, "title": title, "message": message},
+        {
+            "visitor": visitor,
+            "csrf": visitor.csrf,
+            "flash": None,
+            "prefix": visitor.prefix,
+            "title": title,
+            "message": message,
+        },
         status_code=status,
     )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dygo.app.dashboard.rendering import redirect, render
-from dygo.app.dashboard.visitor import PREFIX, Action, Page
-from dygo.app.db import Conn
+from dygo.app.dashboard.visitor import Action, Page
+from dygo.app.db import Conn, ReadConn
 from dygo.store import schedules
 from dygo.store.errors import Conflict, EnqueueError, NotFound
 from fastapi import APIRouter, Request
@@ -14,13 +14,13 @@ router = APIRouter()
 
 
 @router.get("/schedules")
-def schedules_page(request: Request, visitor: Page, conn: Conn) -> Response:
+def schedules_page(request: Request, visitor: Page, conn: ReadConn) -> Response:
     return render(request, visitor, "schedules.html", schedules=schedules.list_schedules(conn))
 
 
 @router.post("/schedules/{name}/{action}")
 def act_on_schedule(name: str, action: str, visitor: Action, conn: Conn) -> Response:
-    back = PREFIX + "/schedules"
+    back = visitor.prefix + "/schedules"
     try:
         if action == "pause":
             schedules.pause(conn, name)

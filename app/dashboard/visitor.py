@@ -13,9 +13,20 @@ from dygo.app.session import SESSION_COOKIE, SESSION_SECONDS, Session, Signer
 from dygo.store import auth_state
 from fastapi import Depends, Request
 from fastapi.responses import Response
+from starlette.types import Scope
 
-# Every dashboard URL starts here, and its cookies are scoped to it.
+# Every dashboard URL starts here, below the app's own mount point, and its cookies are scoped to it.
 PREFIX = "/dashboard"
+# Where create_app(authenticate=...) leaves the role the application's own authentication gave a request.
+ROLE_KEY = "dygo.role"
+
+
+def dashboard_prefix(scope: Scope) -> str:
+    """The dashboard's path as the browser sees it: PREFIX below the path the app is mounted at (an ASGI
+    root_path: `app.mount("/jobs", ...)` or a proxy's `--root-path`), so every link, form action, redirect
+    and cookie path is right wherever the app is mounted."""
+    root: str = scope.get("root_path", "")
+    return root.rstrip("/") + PREFIX
 
 
 class Refused(Exception):
@@ -44,12 +55,16 @@ class Visitor:
         self.session = found or Session.new()
         self.fresh = found is None
         self.secure = request.url.scheme == "https"
+        self.prefix = dashboard_prefix(request.scope)
+        # The application's own authentication (create_app(authenticate=...)) in place of tokens and sign-in.
+        self.external = state.authenticate is not None
+        self.external_role: str | None = request.scope.get(ROLE_KEY)
 
     async def verify(self) -> None:
         """Signed out, or its token rotated out: a fresh, anonymous session. On the event loop, with the
         hot async pool: a page's thread never waits for a connection (app/db.py)."""
         session = self.session
-        if session.role is None or not self.tokens.enabled:
+        if session.role is None or not self.tokens.enabled or self.external:
             return
         if self.tokens.role_of_fingerprint(session.token) == session.role:
             async with self.state.db.connection() as conn:
@@ -59,7 +74,14 @@ class Visitor:
 
     @property
     def role(self) -> str | None:
+        if self.external:
+            return self.external_role
         return self.session.role if self.tokens.enabled else "admin"
+
+    @property
+    def signs_in(self) -> bool:
+        """Whether the dashboard has its own sign-in (tokens configured, no application authentication)."""
+        return self.tokens.enabled and not self.external
 
     @property
     def can_act(self) -> bool:
@@ -86,7 +108,7 @@ class Visitor:
                 SESSION_COOKIE,
                 self.session.dump(self.signer),
                 max_age=SESSION_SECONDS,
-                path=PREFIX,
+                path=self.prefix,
                 httponly=True,
                 samesite="lax",
                 secure=self.secure,

@@ -12,8 +12,8 @@ from urllib.parse import quote, urlencode
 
 from dygo.app.dashboard import graph_layout
 from dygo.app.dashboard.rendering import redirect, render
-from dygo.app.dashboard.visitor import PREFIX, Action, Page, Refused
-from dygo.app.db import Conn
+from dygo.app.dashboard.visitor import Action, Page, Refused
+from dygo.app.db import Conn, ReadConn
 from dygo.store import workflows
 from dygo.store.errors import Conflict, NotFound
 from fastapi import APIRouter, Request
@@ -39,7 +39,7 @@ router = APIRouter()
 
 
 @router.get("/workflows")
-def workflows_page(request: Request, visitor: Page, conn: Conn, state: str = "", before: str = "") -> Response:
+def workflows_page(request: Request, visitor: Page, conn: ReadConn, state: str = "", before: str = "") -> Response:
     state = state if state in WORKFLOW_STATES else ""
     start = int(before) if before.isdigit() and len(before) < 19 else None
     found = workflows.list_workflows(conn, state=state or None, before=start, limit=PAGE_SIZE + 1)
@@ -84,7 +84,7 @@ def workflow_page(request: Request, workflow_id: int, visitor: Page, conn: Conn)
         lines=[(line, policy[(line.upstream, line.downstream)]) for line in drawn.lines],
         edge_words=EDGE_WORDS,
         line_height=LINE_HEIGHT,
-        url=f"{PREFIX}/workflows/{workflow_id}",
+        url=f"{visitor.prefix}/workflows/{workflow_id}",
     )
 
 
@@ -134,7 +134,7 @@ def node_actions(node: dict[str, Any], workflow_state: str) -> list[str]:
 
 @router.post("/workflows/{workflow_id}/nodes/{name}/{action}")
 def act_on_node(workflow_id: int, name: str, action: str, visitor: Action, conn: Conn) -> Response:
-    back = f"{PREFIX}/workflows/{workflow_id}"
+    back = f"{visitor.prefix}/workflows/{workflow_id}"
     if action not in NODE_ACTIONS:
         return redirect(visitor, back, f"Unknown action {action!r}.", "error")
     try:
@@ -159,7 +159,7 @@ def act_on_node(workflow_id: int, name: str, action: str, visitor: Action, conn:
 
 @router.post("/workflows/{workflow_id}/cancel")
 def cancel_workflow(workflow_id: int, visitor: Action, conn: Conn) -> Response:
-    back = f"{PREFIX}/workflows/{workflow_id}"
+    back = f"{visitor.prefix}/workflows/{workflow_id}"
     try:
         workflow = workflows.cancel_workflow(conn, workflow_id)
     except (NotFound, Conflict) as exc:

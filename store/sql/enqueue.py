@@ -1,8 +1,12 @@
 """Enqueueing: one job, with or without an idempotency key, and batches of jobs.
 
 Run by store/enqueue.py (`enqueue`, `enqueue_many` and their async twins; the HTTP enqueue routes and the
-scheduler go through it).
+scheduler go through it), and store/connections.py (OPEN_TRANSACTION).
 """
+
+# Any statement: on a connection out of autocommit with no transaction open, psycopg opens the caller's
+# transaction before it, so that a batch's savepoint can go inside that transaction.
+OPEN_TRANSACTION = "SELECT 1"
 
 # The values of one job's row, the same in each single-row insert: run_at is the given time, else now
 # plus the delay.

@@ -105,6 +105,39 @@ RETURNING j.id, j.queue, j.kind, j.state, s.error IS NOT NULL AS failed
 )
 SELECT id FROM settled"""  # noqa: E501
 
+
+def _recovery(taken: str, error: str) -> str:
+    """A recovery statement: the jobs of `taken` (a CTE body selecting ids, FOR UPDATE SKIP LOCKED) back to
+    pending, their attempt refunded, or dead as poison past max_reaps; `error` (an SQL expression over the job
+    row j) is what their history records. The lease's fencing goes with it: owner and token are cleared, so
+    a settle from the worker that held them changes nothing. The one row returned carries the statement's
+    clock and the ids and new states of the jobs it recovered."""
+    return f"""
+WITH taken AS (
+{taken}
+), recovered AS (
+UPDATE dygo_jobs AS j
+SET state = CASE WHEN j.reap_count + 1 > %(max_reaps)s THEN 'dead' ELSE 'pending' END,
+    finished_at = CASE WHEN j.reap_count + 1 > %(max_reaps)s THEN now() END,
+    dead_fingerprint = CASE WHEN j.reap_count + 1 > %(max_reaps)s
+        THEN dygo_error_fingerprint({error}) ELSE j.dead_fingerprint END,
+    attempt = j.attempt - 1, reap_count = j.reap_count + 1,
+    last_error = {error},
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempt, 'at', now(), 'started_at', j.started_at, 'worker', j.lease_owner,
+        'error', {error}, 'traceback', NULL)),
+    lease_owner = NULL, lease_token = NULL, lease_deadline = NULL
+FROM taken
+WHERE j.id = taken.id
+RETURNING j.id, j.state, j.queue, j.kind
+), counted AS (
+    INSERT INTO dygo_stats_deltas (day, queue, kind, reaped, dead)
+    SELECT (now() AT TIME ZONE 'UTC')::date, queue, kind, count(*), count(*) FILTER (WHERE state = 'dead')
+    FROM recovered GROUP BY queue, kind
+)
+SELECT now(), coalesce(array_agg(id), '{{}}'), coalesce(array_agg(state), '{{}}') FROM recovered"""
+
+
 # A lease that ran out means its worker died or stalled: the job goes back, its attempt refunded,
 # unless this has happened more than max_reaps times (poison: dead). It keeps its run_at, and so its
 # place at the head of the line: behind a backlog, a crash would otherwise cost it the whole backlog.
@@ -112,37 +145,50 @@ SELECT id FROM settled"""  # noqa: E501
 # NULL: every deadline). While something holds back VACUUM, the index keeps an entry for every lease taken
 # since, and a walk from the oldest deadline would visit them all; this one walks the last pass's. The one
 # row returned carries the statement's clock, where the next pass takes up.
-RECOVER_EXPIRED_LEASES = """
-WITH expired AS (
-    SELECT id FROM dygo_jobs
+RECOVER_EXPIRED_LEASES = _recovery(
+    """    SELECT id FROM dygo_jobs
     WHERE state = 'active' AND lease_deadline < now()
       AND lease_deadline >= coalesce(%(since)s::timestamptz, '-infinity')
     ORDER BY lease_deadline
     LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-), recovered AS (
-UPDATE dygo_jobs AS j
-SET state = CASE WHEN j.reap_count + 1 > %(max_reaps)s THEN 'dead' ELSE 'pending' END,
-    finished_at = CASE WHEN j.reap_count + 1 > %(max_reaps)s THEN now() END,
-    dead_fingerprint = CASE WHEN j.reap_count + 1 > %(max_reaps)s
-        THEN dygo_error_fingerprint('lease expired: worker ' || coalesce(j.lease_owner, '?') || ' stopped renewing it')
-        ELSE j.dead_fingerprint END,
-    attempt = j.attempt - 1, reap_count = j.reap_count + 1,
-    last_error = 'lease expired: worker ' || coalesce(j.lease_owner, '?') || ' stopped renewing it',
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'at', now(), 'started_at', j.started_at, 'worker', j.lease_owner,
-        'error', 'lease expired: worker ' || coalesce(j.lease_owner, '?') || ' stopped renewing it',
-        'traceback', NULL)),
-    lease_owner = NULL, lease_token = NULL, lease_deadline = NULL
-FROM expired
-WHERE j.id = expired.id
-RETURNING j.id, j.state, j.queue, j.kind
-), counted AS (
-    INSERT INTO dygo_stats_deltas (day, queue, kind, reaped, dead)
-    SELECT (now() AT TIME ZONE 'UTC')::date, queue, kind, count(*), count(*) FILTER (WHERE state = 'dead')
-    FROM recovered GROUP BY queue, kind
+    FOR UPDATE SKIP LOCKED""",
+    "'lease expired: worker ' || coalesce(j.lease_owner, '?') || ' stopped renewing it'",
 )
-SELECT now(), coalesce(array_agg(id), '{}'), coalesce(array_agg(state), '{}') FROM recovered"""
+
+# --- presence: a worker's session-level advisory lock (worker/presence.py) ------------------------------
+# Two int4 keys: the namespace, and the hash of the worker's id. A worker's id is unique (host, pid and a
+# random part); two ids whose hashes collide make the second worker's HOLD_PRESENCE fail, and its jobs are
+# then left to their leases.
+PRESENCE_NAMESPACE = "hashtext('dygo.presence')"
+
+# Taken by the worker on its session connection each time that session starts; the server releases it when
+# the session ends, the worker's process dying with it.
+HOLD_PRESENCE = f"SELECT pg_try_advisory_lock({PRESENCE_NAMESPACE}, hashtext(%(worker)s))"
+
+# The presence locks held in this database now. pg_locks reads the server's whole lock table once.
+_PRESENCE_HELD = f"""SELECT objid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = {PRESENCE_NAMESPACE}::oid
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+
+# Every registered worker and whether its presence lock is held now, with the server's start time: a
+# different start time means a restart or another server (a failover), and what was seen before it is void.
+WORKER_PRESENCE = f"""
+WITH held AS MATERIALIZED ({_PRESENCE_HELD})
+SELECT pg_postmaster_start_time(), coalesce(array_agg(w.id), '{{}}'),
+       coalesce(array_agg(hashtext(w.id)::oid IN (SELECT objid FROM held)), '{{}}')
+FROM dygo_workers AS w"""
+
+# The active jobs of workers found gone (%(owners)s), back to their queue as after an expired lease. Their
+# locks are checked again here, in the statement that takes the rows: a worker that took its lock again since
+# keeps its jobs. The active rows are few (the busy slots): the dygo_jobs_leases partial index holds them all.
+RECOVER_ABSENT_WORKERS = _recovery(
+    f"""    SELECT id FROM dygo_jobs
+    WHERE state = 'active' AND lease_owner = ANY(%(owners)s::text[])
+      AND hashtext(lease_owner)::oid NOT IN ({_PRESENCE_HELD})
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED""",
+    "'worker ' || coalesce(j.lease_owner, '?') || ' is gone: its session to the database ended'",
+)
 
 # The latest progress of each job, one statement per batch (worker/progress.py), fenced by the lease token
 # like a settle: a job settled or lost meanwhile keeps what it had.

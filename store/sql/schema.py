@@ -1,7 +1,7 @@
 """The migrations' bookkeeping: the dygo_migrations table, its lock, and the schema version it records.
 
-Run by store/migrate.py (`dygo migrate`, a revert, the readiness check) and store/leases.py (a worker's
-schema check at start).
+Run by store/migrate.py (`dygo migrate`, a revert, the readiness check), store/leases.py (a worker's
+schema check at start) and store/db.py (a worker's check that it reached the primary).
 """
 
 MIGRATIONS_TABLE = """
@@ -19,3 +19,6 @@ FORGET_MIGRATION = "DELETE FROM dygo_migrations WHERE version = %s"
 # The migrations table may not exist yet, so its name is looked up before it is read.
 HAS_MIGRATIONS_TABLE = "SELECT to_regclass('dygo_migrations') IS NOT NULL"
 SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM dygo_migrations"
+# Whether the session cannot write: the server is a standby (in recovery), or its transactions are read-only
+# by default (default_transaction_read_only, as some providers set on a replica). A worker waits (store/db.py).
+READ_ONLY_SESSION = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::boolean"

@@ -84,3 +84,11 @@ FROM (SELECT queue, kind, enqueued, succeeded, failed, dead, reaped FROM dygo_da
       UNION ALL
       SELECT queue, kind, enqueued, succeeded, failed, dead, reaped FROM dygo_stats_deltas) AS s
 GROUP BY queue, kind ORDER BY queue, kind"""
+
+# How far a replica's data is behind its primary, in seconds: 0 when it has replayed all it received, else the
+# age of the last transaction it replayed; NULL on a server that is not in recovery (DATABASE_READ_URL set to
+# a primary or a copy). Run on serve's read connection (app/db.py), for the dashboard's notice.
+REPLICA_LAG = """
+SELECT CASE WHEN NOT pg_is_in_recovery() THEN NULL
+            WHEN pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn() THEN 0.0
+            ELSE extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8 END"""

@@ -1,0 +1,1 @@
+"""Integrations with web frameworks, each importing its framework only when used."""
