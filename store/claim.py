@@ -196,8 +196,10 @@ SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%(keys)s::bigint[]) WITH ORDI
 # another job now, else the seconds until it may (CONCURRENCY_RECHECK for a full concurrency limit, a
 # settle's NOTIFY may come first; for a rate limit, until its next start comes within RATE_HORIZON).
 # The walk is CLAIM_JOBS's, skipping every (limit, key) with a wait (so one tenant's backlog does not hide
-# another tenant's jobs), always from the head; an unkeyed queue concurrency limit caps the walk itself (no point
-# locking rows it cannot admit; a settle of a job it counts wakes the queue). A rate limit does not: the rows
+# another tenant's jobs), from the queue's `since` as CLAIM_JOBS's walk (the producer starts at the head after
+# a claim a limit held back: what it left may sit anywhere in line); an unkeyed queue concurrency limit caps the
+# walk itself (no point locking rows it cannot admit; a settle of a job it counts wakes the queue; a capped walk
+# is a `held` row, as the limit is then reached). A rate limit does not: the rows
 # it refuses tell the queue when to claim again. Each candidate gets its rank among the candidates of each
 # limit and key that applies, in claim order, and its queue position: beyond the queue's %(free)s slots it is
 # claimed ahead (it waits in the worker for a slot). A limit keeps a candidate when:
@@ -236,14 +238,16 @@ WITH clk AS MATERIALIZED (
     FROM active a FULL JOIN paced p ON p.li = a.li AND p.key = a.key
     JOIN lim l ON l.li = coalesce(a.li, p.li) CROSS JOIN clk c
 ), w AS (
-    SELECT w.queue, w.free, greatest(least(w.slots, (
+    SELECT w.queue, w.free, w.since, w.slots AS wanted, greatest(least(w.slots, (
         SELECT min(l.conc - coalesce(u.active, 0)) FROM lim l LEFT JOIN use u ON u.li = l.li AND u.key = ''
         WHERE l.scope = 'queue' AND l.field IS NULL AND l.name = w.queue)), 0) AS slots
-    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(free)s::integer[]) AS w(queue, slots, free)
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(free)s::integer[], %(since)s::timestamptz[])
+        AS w(queue, slots, free, since)
 ), cand AS MATERIALIZED (
     SELECT p.* FROM w CROSS JOIN LATERAL (
         SELECT id, kind, queue, meta, priority, run_at FROM dygo_jobs j
         WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND run_at >= coalesce(w.since, '-infinity')
           AND kind <> ALL(%(full_kinds)s::text[])
           AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
           AND NOT EXISTS (SELECT 1 FROM use u WHERE u.wait IS NOT NULL
@@ -319,13 +323,113 @@ WITH clk AS MATERIALIZED (
     GROUP BY 1
     UNION ALL
     SELECT queue, min(wait) FROM refusals GROUP BY 1
+    UNION ALL
+    SELECT queue, %(recheck)s::float8 FROM w WHERE slots < wanted
 )
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
        lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
        NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
        extract(epoch FROM run_at)::float8 AS run_at, node_id,
-       (SELECT max(s.start_in) FROM slotted s WHERE s.id = claimed.id) AS start_in
-FROM claimed
+       rated_start.start_in
+FROM claimed LEFT JOIN (
+    SELECT id, max(start_in) AS start_in FROM slotted WHERE start_in IS NOT NULL GROUP BY id
+) AS rated_start USING (id)
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
+       NULL, NULL, NULL, NULL FROM next_due
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, extract(epoch FROM now())::float8,
+       NULL, NULL, NULL, NULL FROM held
+ORDER BY priority DESC NULLS LAST, run_at, id"""
+
+# The limited claim when each limit concerned is a queue's own, unkeyed (a queue's safety cap, the rate of the
+# API its jobs call): the same rules as CLAIM_LIMITED's, which then come down to one number per queue, known
+# before the walk. One statement, with no pipeline around it: the limits' locks and the use read under them are
+# dygo_queue_limits_use's (migration 0019), whose own snapshot counts every claim committed while it waited for
+# the locks; the walk's older snapshot is safe (a row another claim took since is rechecked when locked, and is
+# no longer pending). Its walk is CLAIM_JOBS's, capped at what the queue's limit admits (`cap`, least of):
+# * concurrency: its free slots while the active jobs stay within the limit, and jobs claimed ahead while they
+#   stay within half of it (CLAIM_LIMITED's ranks, which here admit a prefix of the walk);
+# * rate: the ranks whose start time, base + (rank - 1) x spacing - tolerance, falls within RATE_HORIZON.
+# A walk the cap stopped short of what the queue wanted is a `held` row: for a full concurrency limit,
+# CONCURRENCY_RECHECK (a settle's NOTIFY may come first); for a rate, until its next start comes within the
+# horizon. Each rated queue moves its next start past what it took and logs one start-log row. A plan of a few
+# nodes, where CLAIM_LIMITED's per-limit ranks cost a claim its own price again.
+CLAIM_QUEUE_LIMITED = """
+WITH use AS MATERIALIZED (
+    SELECT * FROM dygo_queue_limits_use(%(keys)s::bigint[], %(queues)s::text[],
+                                        %(counted)s::boolean[], %(rated)s::boolean[])
+), w AS MATERIALIZED (
+    SELECT w.queue, w.wanted, w.since, w.gap, w.tol, u.clock AS now, greatest(u.next_at, u.clock) AS base,
+           CASE WHEN w.conc IS NOT NULL
+                THEN greatest(least(w.free, w.conc - u.active), least(w.wanted, w.conc / 2 - u.active)) END
+               AS by_concurrency,
+           floor((%(horizon)s + w.tol - extract(epoch FROM greatest(u.next_at, u.clock) - u.clock)) / w.gap)::bigint
+               + 1 AS by_rate
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(free)s::integer[], %(since)s::timestamptz[],
+                %(concurrency)s::integer[], %(rate_spacings)s::float8[], %(rate_tolerances)s::float8[])
+        AS w(queue, wanted, free, since, conc, gap, tol)
+    JOIN use u ON u.queue = w.queue
+), capped AS (
+    SELECT w.*, greatest(least(w.wanted, w.by_concurrency, w.by_rate), 0)::integer AS cap FROM w
+), picked AS (
+    SELECT p.id, p.kind, p.priority, p.run_at
+    FROM capped w CROSS JOIN LATERAL (
+        SELECT id, kind, priority, run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND kind <> ALL(%(full_kinds)s::text[])
+          AND run_at >= coalesce(w.since, '-infinity')
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+        ORDER BY priority DESC, run_at, id
+        LIMIT w.cap
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+), kept AS (
+    SELECT id FROM picked
+), claimed AS (
+    UPDATE dygo_jobs AS j
+    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
+        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
+        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
+        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
+        lease_deadline = now() + make_interval(secs => %(ttl)s)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at, j.node_id,
+              j.lease_token, j.priority, j.run_at
+), ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.queue ORDER BY c.priority DESC, c.run_at, c.id) AS rn
+    FROM claimed c
+), taken AS (
+    SELECT w.*, (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)::integer AS n FROM capped w
+), moved AS (
+    INSERT INTO dygo_limit_pace AS p (scope, name, key, next_at)
+    SELECT 'queue', queue, '', base + make_interval(secs => n * gap) FROM taken WHERE gap IS NOT NULL AND n > 0
+    ON CONFLICT (scope, name, key) DO UPDATE SET next_at = excluded.next_at
+), logged AS (
+    INSERT INTO dygo_limit_starts (scope, name, key, at, n)
+    SELECT 'queue', queue, '', now, n FROM taken WHERE gap IS NOT NULL AND n > 0
+), next_due AS (
+    SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
+    FROM taken w
+    CROSS JOIN LATERAL (
+        SELECT min(run_at) AS run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS n
+    WHERE n.run_at IS NOT NULL AND w.n < w.cap
+), held AS (
+    SELECT queue, greatest(
+        CASE WHEN by_concurrency <= cap THEN %(recheck)s::float8 END,
+        CASE WHEN by_rate <= cap
+             THEN extract(epoch FROM base - now)::float8 + n * gap - tol - %(horizon)s + 0.001 END) AS wait
+    FROM taken WHERE n = cap AND cap < wanted
+)
+SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
+       lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
+       NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
+       extract(epoch FROM run_at)::float8 AS run_at, node_id,
+       CASE WHEN t.gap IS NOT NULL THEN extract(epoch FROM t.now - now())::float8
+           + greatest(extract(epoch FROM t.base - t.now)::float8 + (r.rn - 1) * t.gap - t.tol, 0) END AS start_in
+FROM ranked r JOIN taken t USING (queue)
 UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
        NULL, NULL, NULL, NULL FROM next_due
@@ -456,9 +560,9 @@ async def claim_jobs(
     statement when the next scheduled job of each queue that came back short is due.
 
     A job enqueued without max_attempts gets it here, durably: its kind's in `jobs` (default: the process's
-    registry, the one `load_jobs` filled), else the default. Without a limit concerned, a queue's walk starts
-    at its run_at in `since`, if any (the producer's way past the entries of claimed jobs a held snapshot
-    keeps); under one, at the head. `kind_free`: the capped kinds' free slots in this worker; the claim takes
+    registry, the one `load_jobs` filled), else the default. A queue's walk starts at its run_at in `since`, if
+    any (the producer's way past the entries of claimed jobs a held snapshot keeps), else at the head.
+    `kind_free`: the capped kinds' free slots in this worker; the claim takes
     no more of a kind than that, and skips a kind with none. `free`: each queue's free slots (default: all it
     wants); under a limit, the jobs beyond them are claimed ahead and admitted only where the limit has room to
     spare (CLAIM_LIMITED)."""
@@ -470,7 +574,9 @@ async def claim_jobs(
     sent = time.monotonic()
     if concerned:
         free_slots = {queue: min(n, (free or wanted).get(queue, n)) for queue, n in wanted.items()}
-        rows = await _claim_limited(conn, wanted, free_slots, owner, ttl, registered, concerned, kind_free or {})
+        rows = await _claim_limited(
+            conn, wanted, free_slots, owner, ttl, registered, concerned, since or {}, kind_free or {}
+        )
     else:
         rows = await _claim_plain(conn, wanted, owner, ttl, registered, since or {}, kind_free or {})
     claim = _parse(rows, under_limit=bool(concerned), sent=sent)
@@ -514,12 +620,17 @@ async def _claim_plain(
         "cap_kinds": array(trimmed),
         "cap_free": array(trimmed.values()),
     }
-    statement = CLAIM_JOBS_CAPPED if trimmed else CLAIM_JOBS
-    # In a transaction of its own (an idle autocommit connection: the worker's), the claim's commit does not
-    # wait for the WAL flush: a slot's claim does not wait on the disk. A claim lost in a server crash leaves
-    # its jobs pending, to run again: at-least-once, as a settle lost in a crash already does (the first run's
-    # settle is then fenced off). A settle's commit still waits: what it records (and notifies waiters of)
-    # must survive a crash. Inside a caller's transaction, its settings are left alone.
+    return await _run_claim(conn, CLAIM_JOBS_CAPPED if trimmed else CLAIM_JOBS, params)
+
+
+async def _run_claim(conn: psycopg.AsyncConnection[Any], statement: str, params: Mapping[str, Any]) -> list[ClaimRow]:
+    """Run a claim that is one statement.
+
+    In a transaction of its own (an idle autocommit connection: the worker's), the claim's commit does not
+    wait for the WAL flush: a slot's claim does not wait on the disk. A claim lost in a server crash leaves
+    its jobs pending, to run again: at-least-once, as a settle lost in a crash already does (the first run's
+    settle is then fenced off). A settle's commit still waits: what it records (and notifies waiters of)
+    must survive a crash. Inside a caller's transaction, its settings are left alone."""
     own = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     if own and conn in _claim_sessions:
         cursor = conn.cursor(row_factory=claim_rows)
@@ -552,30 +663,13 @@ async def _claim_limited(
     ttl: float,
     jobs: Registry,
     concerned: list[LimitRow],
+    since: Mapping[str, datetime | None],
     kind_free: Mapping[str, int],
 ) -> list[ClaimRow]:
-    kind_attempts, default = jobs.max_attempts_at_claim()
-    params = {
-        "queues": list(wanted),
-        "slots": list(wanted.values()),
-        "free": [free[queue] for queue in wanted],
-        "owner": owner,
-        "ttl": ttl,
-        "kind_attempts": kind_attempts,
-        "max_attempts": default,
-        "recheck": CONCURRENCY_RECHECK,
-        "horizon": RATE_HORIZON,
-        "scopes": [r.scope for r in concerned],
-        "names": [r.name for r in concerned],
-        "fields": [r.key for r in concerned],
-        "concurrency": [r.concurrency_limit for r in concerned],
-        "rate_spacings": [r.spacing for r in concerned],
-        "rate_tolerances": [r.tolerance for r in concerned],
-        "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
-        "cap_kinds": [kind for kind, free in kind_free.items() if free > 0],
-        "cap_free": [free for free in kind_free.values() if free > 0],
-    }
-    # One pipeline, one round trip: the lock is a statement of its own, so that CLAIM_LIMITED, a later
+    statement, params = limited_claim(wanted, free, owner, ttl, jobs, concerned, since, kind_free)
+    if statement is CLAIM_QUEUE_LIMITED:
+        return await _run_claim(conn, statement, params)
+    # CLAIM_LIMITED: one pipeline, one round trip; the lock is a statement of its own, so that the claim, a later
     # statement, takes its READ COMMITTED snapshot after the lock was granted and counts every claim
     # committed while this one waited for it. The commit need not wait for the WAL flush, as a plain
     # claim's (a claim lost in a crash leaves its jobs pending).
@@ -585,13 +679,64 @@ async def _claim_limited(
             await conn.execute(leases.BEGIN)
             if conn not in _claim_sessions:  # index walks only (LIMITED_SETTINGS), no wait for the flush
                 await conn.execute(LIMITED_SETTINGS)
-            await conn.execute(LOCK_LIMITS, {"keys": sorted(r.lock_key for r in concerned)})
-            await cursor.execute(CLAIM_LIMITED, params)
+            await conn.execute(LOCK_LIMITS, {"keys": array(sorted(r.lock_key for r in concerned))})
+            await cursor.execute(statement, params)
             await conn.execute(leases.COMMIT)
         return await cursor.fetchall()
     except BaseException:
         await aroll_back(conn)
         raise
+
+
+def limited_claim(
+    wanted: dict[str, int],
+    free: dict[str, int],
+    owner: str,
+    ttl: float,
+    jobs: Registry,
+    concerned: list[LimitRow],
+    since: Mapping[str, datetime | None],
+    kind_free: Mapping[str, int],
+    general: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """The statement of a claim under `concerned` limits and its parameters: CLAIM_QUEUE_LIMITED when every
+    limit is a queue's own and unkeyed and no kind is capped in this worker, else (or with `general`)
+    CLAIM_LIMITED."""
+    kind_attempts, default = jobs.max_attempts_at_claim()
+    params: dict[str, Any] = {
+        "queues": array(wanted),
+        "slots": array(wanted.values()),
+        "free": array(free[queue] for queue in wanted),
+        "since": array(since.get(queue) for queue in wanted),
+        "owner": owner,
+        "ttl": ttl,
+        "kind_attempts": kind_attempts,
+        "max_attempts": default,
+        "recheck": CONCURRENCY_RECHECK,
+        "horizon": RATE_HORIZON,
+        "full_kinds": array(kind for kind, free in kind_free.items() if free <= 0),
+    }
+    capped = {kind: free for kind, free in kind_free.items() if free > 0}
+    if not general and not capped and all(r.scope == "queue" and r.key is None for r in concerned):
+        own = {r.name: r for r in concerned}
+        return CLAIM_QUEUE_LIMITED, params | {
+            "keys": array(sorted(r.lock_key for r in concerned)),
+            "counted": array(q in own and own[q].concurrency_limit is not None for q in wanted),
+            "rated": array(q in own and own[q].spacing is not None for q in wanted),
+            "concurrency": array(own[q].concurrency_limit if q in own else None for q in wanted),
+            "rate_spacings": array(own[q].spacing if q in own else None for q in wanted),
+            "rate_tolerances": array(own[q].tolerance if q in own else None for q in wanted),
+        }
+    return CLAIM_LIMITED, params | {
+        "scopes": array(r.scope for r in concerned),
+        "names": array(r.name for r in concerned),
+        "fields": array(r.key for r in concerned),
+        "concurrency": array(r.concurrency_limit for r in concerned),
+        "rate_spacings": array(r.spacing for r in concerned),
+        "rate_tolerances": array(r.tolerance for r in concerned),
+        "cap_kinds": array(capped),
+        "cap_free": array(capped.values()),
+    }
 
 
 def _parse(rows: list[ClaimRow], under_limit: bool, sent: float) -> Claim:

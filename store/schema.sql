@@ -522,6 +522,26 @@ END
 $$;
 
 --
+-- Name: dygo_queue_limits_use(bigint[], text[], boolean[], boolean[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_queue_limits_use(keys bigint[], queues text[], counted boolean[], rated boolean[]) RETURNS TABLE(queue text, active integer, next_at timestamp with time zone, clock timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM count(pg_advisory_xact_lock(k)) FROM unnest(keys) AS k;
+    RETURN QUERY
+    SELECT q.queue,
+           (SELECT count(*)::integer FROM dygo_jobs j WHERE q.counted AND j.state = 'active' AND j.queue = q.queue),
+           (SELECT p.next_at FROM dygo_limit_pace p
+            WHERE q.rated AND p.scope = 'queue' AND p.name = q.queue AND p.key = ''),
+           clock_timestamp()
+    FROM unnest(queues, counted, rated) AS q(queue, counted, rated);
+END
+$$;
+
+--
 -- Name: dygo_stop_workflows(bigint[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
