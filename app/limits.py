@@ -31,7 +31,7 @@ async def list_limits(request: Request) -> dict[str, Any]:
     "/limits/{scope}/{name}",
     response_model=FlowLimit,
     responses=documented(400, 404, 422),
-    summary="Set a queue's or a kind's cluster-wide limits now (null for both removes them)",
+    summary="Change a queue's or a kind's cluster-wide limits now (a field left out keeps its value, null removes)",
 )
 def set_limit(scope: Scope, name: Name, change: FlowLimitChange, request: Request, conn: Conn) -> dict[str, Any]:
     settings = request.app.state.settings
@@ -42,11 +42,9 @@ def set_limit(scope: Scope, name: Name, change: FlowLimitChange, request: Reques
     if scope == "kind" and request.app.state.jobs.get(name) is None:
         raise ApiError(404, "kind_not_found", f"no job kind named {name!r} is registered")
     try:
-        limits.set_limit(
-            conn, scope, name, change.concurrency_limit, change.rate_limit, change.key, list(settings.queues)
-        )
-    except ValueError as exc:
-        raise ApiError(422, "invalid_limit", str(exc)) from None
+        limits.change_limit(conn, scope, name, change.changes(), list(settings.queues))
+    except limits.LimitChangeError as exc:
+        raise ApiError(422, "invalid_limit", str(exc), {"field": exc.field}) from None
     found = [use.as_dict() for use in limits.limits_in_use(conn) if (use.scope, use.name) == (scope, name)]
     empty = {
         "scope": scope,
@@ -54,6 +52,7 @@ def set_limit(scope: Scope, name: Name, change: FlowLimitChange, request: Reques
         "key": None,
         "concurrency_limit": None,
         "rate_limit": None,
+        "rate_burst": None,
         "in_use": 0,
         "in_use_by_key": None,
         "started_in_window": 0,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
-from dygo.store.config import MAX_CONCURRENCY_LIMIT, MAX_RATE_COUNT, RATE_PATTERN, parse_rate
+from dygo.store.config import MAX_CONCURRENCY_LIMIT, MAX_LIMIT_KEY_LENGTH, MAX_RATE_COUNT, RATE_PATTERN, parse_rate
 from dygo.store.durations import MAX_SECONDS, duration_pattern
 from dygo.store.enqueue import ATTEMPTS_RANGE, MAX_KEY_LENGTH, PRIORITY_RANGE
 from dygo.store.registry import KIND_PATTERN, MAX_KIND_LENGTH
@@ -323,7 +323,13 @@ class FlowLimit(BaseModel):
     name: str
     key: str | None = Field(description="meta.<field> for a limit per value of that field, else null")
     concurrency_limit: int | None = Field(description="At most this many jobs active at once across all workers")
-    rate_limit: str | None = Field(description="At most N starts in any interval of the window: N/s, N/m or N/h")
+    rate_limit: str | None = Field(
+        description="N/s, N/m or N/h: starts spread evenly through the window, at most N in any interval of "
+        "its length (with rate_burst 1)"
+    )
+    rate_burst: int | None = Field(
+        None, description="Starts that may come at once after an idle spell (null: 1, evenly spaced)"
+    )
     in_use: int = Field(description="Jobs active now under the limit (all keys)")
     in_use_by_key: dict[str, int] | None = Field(description="Active jobs per key value, for a per-key limit")
     started_in_window: int = Field(description="Starts in the rate window ending now (all keys)")
@@ -354,20 +360,46 @@ RateLimit = Annotated[
 ]
 
 
+def _count_not_text(value: Any) -> Any:
+    """A count is a JSON number: "5" and true are refused (lax integers would take them), 5.0 is 5."""
+    if isinstance(value, bool | str):
+        raise PydanticCustomError("int_type", "Input should be an integer, not a string or a boolean")
+    return value
+
+
+ConcurrencyLimit = Annotated[int, Field(ge=1, le=MAX_CONCURRENCY_LIMIT), BeforeValidator(_count_not_text)]
+RateBurst = Annotated[int, Field(ge=1, le=MAX_RATE_COUNT), BeforeValidator(_count_not_text)]
+
+
 class FlowLimitChange(BaseModel):
+    """A change to a limit: a field left out keeps its value, null removes it. The rules are config/queues.yml's
+    (store/config.py): counts are JSON integers, not strings or booleans; a key comes with a limit."""
+
     model_config = ConfigDict(extra="forbid")
-    concurrency_limit: int | None = Field(
-        None, ge=1, le=MAX_CONCURRENCY_LIMIT, description="null: no concurrency limit"
+    concurrency_limit: ConcurrencyLimit | None = Field(
+        None, description="null: no concurrency limit; left out: unchanged"
     )
     rate_limit: RateLimit | None = Field(
-        None, description=f"N/s, N/m or N/h, N from 1 to {MAX_RATE_COUNT:,}; null: no rate limit"
+        None,
+        description=f"N/s, N/m or N/h, N from 1 to {MAX_RATE_COUNT:,}: starts spread evenly through the window; "
+        "null: no rate limit; left out: unchanged",
+    )
+    rate_burst: RateBurst | None = Field(
+        None,
+        description="starts that may come at once after an idle spell, at most the rate's count; null: 1 "
+        "(evenly spaced); left out: unchanged (dropped with its rate)",
     )
     key: str | None = Field(
         None,
         pattern=r"^meta\.[A-Za-z0-9_.-]+$",
-        max_length=255,
-        description="meta.<field>: a limit per value of that field; null: one limit",
+        max_length=MAX_LIMIT_KEY_LENGTH,
+        description="meta.<field>: a limit per value of that field, stated with a limit in the same change; "
+        "null: one limit; left out: unchanged",
     )
+
+    def changes(self) -> dict[str, Any]:
+        """The fields the request gave, null included: what to change."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
 
 
 class QueueList(BaseModel):

@@ -124,6 +124,7 @@ def main() -> int:
         if len(results) > 1:
             print(peer_report(passes))
     print(small_concurrency_report(results))
+    print(limit_cost_report(passes))
     print(workflow_overhead_report(passes))
     for result in results:
         if result.profile:
@@ -170,10 +171,14 @@ def all_systems() -> list[System]:
     return [
         dygo("dygo"),
         # dygo with a cluster-wide limit it never reaches (issue 13: at least 85% of dygo's rate).
-        dygo("dygo-limited", settings=("--generous-limit",)),
+        # A limit the queue never reaches, beside its twin without one (bench/README.md, "A limit never reached").
+        dygo("dygo-concurrency-limited", settings=("--limit", "concurrency")),
+        dygo("dygo-rate-limited", settings=("--limit", "rate")),
+        dygo("dygo_c4", settings=("--concurrency", "4")),
+        dygo("dygo_c4-concurrency-limited", settings=("--concurrency", "4", "--limit", "concurrency")),
+        dygo("dygo_c4-rate-limited", settings=("--concurrency", "4", "--limit", "rate")),
         # Larger claims for a backlog at pgqueuer_b500's concurrency: the fastest setting here (issue 12, item 7).
         dygo("dygo_c1000", settings=("--concurrency", "1000", "--claim-batch-size", "500")),
-        dygo("dygo_c4", settings=("--concurrency", "4")),
         # The same code with migration 0017's workflow triggers dropped (what workflows cost plain jobs), or
         # counted another way (bench/workflow_triggers.py: row triggers; a third update trigger of its own).
         dygo("dygo_no_workflows", settings=("--workflow-triggers", "none")),
@@ -412,6 +417,23 @@ def peer_report(passes: dict[str, list[Result]]) -> str:
 # Issue 12, item 7: dygo's processing rate at the seed's default concurrency 4 when the issue was filed, on
 # a quiet machine (bench/README.md, "Per-job overhead at concurrency 4").
 C4_BEFORE = 1_500
+
+
+def limit_cost_report(passes: dict[str, list[Result]]) -> str:
+    """Each line under a limit it never reaches against its twin without one: the ratio of their processed/s
+    pass by pair (the twins ran next to each other in each pass), the median and the range."""
+    lines = []
+    for name, runs in passes.items():
+        twin = name.split("-")[0]
+        if not name.endswith("-limited") or twin not in passes:
+            continue
+        ratios = [a.processed / b.processed for a, b in zip(runs, passes[twin], strict=False) if b.processed]
+        if ratios:
+            lines.append(
+                f"  {name}: {statistics.median(ratios):.0%} of {twin} (pass by pass: "
+                f"{', '.join(f'{r:.0%}' for r in ratios)}; target >= 85%)"
+            )
+    return "\n".join(["", "a limit never reached, against no limit:", *lines]) if lines else ""
 
 
 def small_concurrency_report(results: list[Result]) -> str:

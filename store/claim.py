@@ -25,6 +25,7 @@ jobs in claim order, then one row per queue that came back short (`due_in`) or t
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from dygo.store import leases, limits, workflows
 from dygo.store.codecs import array, load_json
 from dygo.store.db import aroll_back, through_transaction_pooler
 from dygo.store.leases import ClaimedJob
-from dygo.store.limits import LimitRow
+from dygo.store.limits import START_SLACK, LimitRow
 from dygo.store.registry import Registry, registry
 from psycopg.rows import RowMaker, no_result
 from psycopg.types.json import set_json_loads
@@ -45,6 +46,9 @@ from psycopg.types.json import set_json_loads
 # A queue held back by a full concurrency limit claims again after this at the latest; a settle of a
 # limited job NOTIFYs its queue (limits.freed_queues, at the settle's commit), so normally sooner.
 CONCURRENCY_RECHECK = 0.5
+# A rate-limited job is claimed once its start time is at most this far off, and waits in the worker until
+# then: a claim takes the starts of the next tenth of a second, not one job per start.
+RATE_HORIZON = 0.1
 
 # --- The statements ------------------------------------------------------------------------------
 
@@ -122,11 +126,11 @@ WITH picked AS (
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
        lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
        NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
-       extract(epoch FROM run_at)::float8 AS run_at, node_id
+       extract(epoch FROM run_at)::float8 AS run_at, node_id, NULL::float8 AS start_in
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
-       NULL, NULL, NULL FROM next_due
+       NULL, NULL, NULL, NULL FROM next_due
 ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 # CLAIM_JOBS, keeping no more of a capped kind than its free slots (the `kept` CTE); the rest is the same.
@@ -172,11 +176,11 @@ WITH picked AS (
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
        lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
        NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
-       extract(epoch FROM run_at)::float8 AS run_at, node_id
+       extract(epoch FROM run_at)::float8 AS run_at, node_id, NULL::float8 AS start_in
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
-       NULL, NULL, NULL FROM next_due
+       NULL, NULL, NULL, NULL FROM next_due
 ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 # The limited claim's lock: advisory lock keys (LimitRow.lock_key), in ascending order.
@@ -184,55 +188,66 @@ LOCK_LIMITS = """
 SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%(keys)s::bigint[]) WITH ORDINALITY AS l(k, i)"""
 
 # The limited claim, after the lock: every step in one statement, so the whole claim is one round trip
-# (BEGIN, the lock, this, COMMIT, pipelined) whatever the limits. Each (scope, name, field, concurrency,
-# rate count, rate window) of the limits concerned is a row of `lim`; `use` has the active jobs and the
-# starts in the window per limit and key ('' for an unkeyed limit, and for jobs without the key's field),
-# with `wait`: NULL if it admits another start now, else the seconds until it may (CONCURRENCY_RECHECK
-# for a full concurrency limit, a settle's NOTIFY may come first).
-# The walk is CLAIM_JOBS's, skipping every (limit, key) at its limit (so one tenant's backlog does not
-# hide another tenant's jobs), always from the head; an unkeyed queue limit caps the walk itself (no point
-# locking rows it cannot admit). Of the candidates, a job is kept while every limit that applies still
-# admits it: its rank among the candidates of that limit and key, in claim order, plus the use, is within
-# the limit. Ranks count candidates another limit refused: the claim may take fewer than it could (the
-# queue is then claimed again at once: a `held` row with wait 0), never more. The kept rows are claimed by
-# CLAIM_JOBS's UPDATE, and each rate limit and key gets one start-log row with its count (insert-only: no
-# shared row per job). The rows returned are CLAIM_JOBS's, plus one per queue a limit held back
-# (`held_for`, the seconds until it is worth claiming again).
+# (BEGIN, the lock, this, COMMIT, pipelined) whatever the limits. Its clock is clock_timestamp() read once
+# (`clk`), after the lock, so the limits' counts and start times follow lock order. Each (scope, name, field,
+# concurrency, rate spacing, rate tolerance) of the limits concerned is a row of `lim`; `use` has per limit and
+# key ('' for an unkeyed limit, and for jobs without the key's field) the active jobs and, for a rate limit,
+# `base`: the time of its next start (dygo_limit_pace; the clock when idle), with `wait`: NULL if it admits
+# another job now, else the seconds until it may (CONCURRENCY_RECHECK for a full concurrency limit, a
+# settle's NOTIFY may come first; for a rate limit, until its next start comes within RATE_HORIZON).
+# The walk is CLAIM_JOBS's, skipping every (limit, key) with a wait (so one tenant's backlog does not hide
+# another tenant's jobs), from the queue's `since` as CLAIM_JOBS's walk (the producer starts at the head after
+# a claim a limit held back: what it left may sit anywhere in line); an unkeyed queue concurrency limit caps the
+# walk itself (no point locking rows it cannot admit; a settle of a job it counts wakes the queue; a capped walk
+# is a `held` row, as the limit is then reached). A rate limit does not: the rows
+# it refuses tell the queue when to claim again. Each candidate gets its rank among the candidates of each
+# limit and key that applies, in claim order, and its queue position: beyond the queue's %(free)s slots it is
+# claimed ahead (it waits in the worker for a slot). A limit keeps a candidate when:
+# * concurrency: its rank plus the active jobs is within the limit, within half of it for a job claimed ahead
+#   (claiming ahead never takes the room other workers' free slots could use);
+# * rate (GCRA): its start time, base + (rank - 1) x spacing - tolerance (no earlier than the clock), falls
+#   within RATE_HORIZON; the job's handler starts at the latest of its rates' start times (`start_in`).
+# Ranks count candidates another limit refused: the claim may take fewer than it could, never more; the queue
+# then gets a `held` row (0: claim again at once). The kept rows are claimed by CLAIM_JOBS's UPDATE; each rate
+# limit and key moves its next start past the last rank claimed (one row, dygo_limit_pace) and gets one
+# start-log row with its count (what the API reports as starts in the window). The rows returned are
+# CLAIM_JOBS's, plus one per queue a limit held back (`held_for`, the seconds until worth claiming again).
 CLAIM_LIMITED = """
-WITH lim AS MATERIALIZED (
+WITH clk AS MATERIALIZED (
+    SELECT clock_timestamp() AS now
+), lim AS MATERIALIZED (
     SELECT * FROM unnest(%(scopes)s::text[], %(names)s::text[], %(fields)s::text[], %(concurrency)s::integer[],
-                         %(rate_counts)s::integer[], %(rate_windows)s::float8[])
-        WITH ORDINALITY AS l(scope, name, field, conc, rcount, rwin, li)
+                         %(rate_spacings)s::float8[], %(rate_tolerances)s::float8[])
+        WITH ORDINALITY AS l(scope, name, field, conc, gap, tol, li)
 ), active AS (
     SELECT l.li, coalesce(j.meta ->> l.field, '') AS key, count(*)::integer AS n
     FROM lim l JOIN dygo_jobs j ON j.state = 'active'
                                AND l.name = CASE l.scope WHEN 'queue' THEN j.queue ELSE j.kind END
     WHERE l.conc IS NOT NULL
     GROUP BY 1, 2
-), started AS (
-    SELECT l.li, s.key, sum(s.n)::integer AS n,
-           extract(epoch FROM min(s.at) + make_interval(secs => l.rwin) - clock_timestamp())::float8 AS frees_in
-    FROM lim l JOIN dygo_limit_starts s ON s.scope = l.scope AND s.name = l.name
-                                       AND s.at > clock_timestamp() - make_interval(secs => l.rwin)
-    WHERE l.rcount IS NOT NULL
-    GROUP BY l.li, s.key, l.rwin
+), paced AS (
+    SELECT l.li, p.key, p.next_at
+    FROM lim l JOIN dygo_limit_pace p ON p.scope = l.scope AND p.name = l.name AND p.next_at > (SELECT now FROM clk)
+    WHERE l.gap IS NOT NULL
 ), use AS MATERIALIZED (
-    SELECT l.li, l.scope, l.name, l.field, coalesce(a.key, s.key) AS key,
-           coalesce(a.n, 0) AS active, coalesce(s.n, 0) AS started,
+    SELECT l.li, l.scope, l.name, l.field, coalesce(a.key, p.key) AS key, coalesce(a.n, 0) AS active,
+           coalesce(p.next_at, c.now) AS base,
            greatest(CASE WHEN a.n >= l.conc THEN %(recheck)s::float8 END,
-                    CASE WHEN s.n >= l.rcount THEN greatest(s.frees_in, 0) + 0.005 END) AS wait
-    FROM active a FULL JOIN started s ON s.li = a.li AND s.key = a.key
-    JOIN lim l ON l.li = coalesce(a.li, s.li)
+                    CASE WHEN extract(epoch FROM p.next_at - c.now) - l.tol > %(horizon)s
+                         THEN extract(epoch FROM p.next_at - c.now)::float8 - l.tol - %(horizon)s + 0.001 END) AS wait
+    FROM active a FULL JOIN paced p ON p.li = a.li AND p.key = a.key
+    JOIN lim l ON l.li = coalesce(a.li, p.li) CROSS JOIN clk c
 ), w AS (
-    SELECT w.queue, greatest(least(w.slots, (
-        SELECT min(least(l.conc - coalesce(u.active, 0), l.rcount - coalesce(u.started, 0)))
-        FROM lim l LEFT JOIN use u ON u.li = l.li AND u.key = ''
+    SELECT w.queue, w.free, w.since, w.slots AS wanted, greatest(least(w.slots, (
+        SELECT min(l.conc - coalesce(u.active, 0)) FROM lim l LEFT JOIN use u ON u.li = l.li AND u.key = ''
         WHERE l.scope = 'queue' AND l.field IS NULL AND l.name = w.queue)), 0) AS slots
-    FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(free)s::integer[], %(since)s::timestamptz[])
+        AS w(queue, slots, free, since)
 ), cand AS MATERIALIZED (
     SELECT p.* FROM w CROSS JOIN LATERAL (
         SELECT id, kind, queue, meta, priority, run_at FROM dygo_jobs j
         WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND run_at >= coalesce(w.since, '-infinity')
           AND kind <> ALL(%(full_kinds)s::text[])
           AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
           AND NOT EXISTS (SELECT 1 FROM use u WHERE u.wait IS NOT NULL
@@ -243,19 +258,34 @@ WITH lim AS MATERIALIZED (
         FOR UPDATE SKIP LOCKED
     ) AS p
     WHERE w.slots > 0
+), placed AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.queue ORDER BY c.priority DESC, c.run_at, c.id) > w.free AS ahead
+    FROM cand c JOIN w ON w.queue = c.queue
 ), ranked AS (
-    SELECT c.id, l.li, coalesce(c.meta ->> l.field, '') AS key,
+    SELECT c.id, c.queue, c.ahead, l.li, coalesce(c.meta ->> l.field, '') AS key,
            row_number() OVER (PARTITION BY l.li, coalesce(c.meta ->> l.field, '')
                               ORDER BY c.priority DESC, c.run_at, c.id) AS rn
-    FROM cand c JOIN lim l ON l.name = CASE l.scope WHEN 'queue' THEN c.queue ELSE c.kind END
-), refused AS (
-    SELECT DISTINCT r.id FROM ranked r JOIN lim l ON l.li = r.li LEFT JOIN use u ON u.li = r.li AND u.key = r.key
-    WHERE r.rn + coalesce(u.active, 0) > l.conc OR r.rn + coalesce(u.started, 0) > l.rcount
+    FROM placed c JOIN lim l ON l.name = CASE l.scope WHEN 'queue' THEN c.queue ELSE c.kind END
+), slotted AS (
+    SELECT r.*, l.scope, l.name, l.conc, l.gap, coalesce(u.active, 0) AS active, coalesce(u.base, k.now) AS base,
+           CASE WHEN l.gap IS NOT NULL THEN greatest(
+               coalesce(u.base, k.now) + make_interval(secs => (r.rn - 1) * l.gap - l.tol), k.now) END AS start_at,
+           CASE WHEN l.gap IS NOT NULL THEN extract(epoch FROM k.now - now())::float8 + greatest(
+               extract(epoch FROM coalesce(u.base, k.now) - k.now)::float8 + (r.rn - 1) * l.gap - l.tol, 0) END
+               AS start_in
+    FROM ranked r JOIN lim l ON l.li = r.li LEFT JOIN use u ON u.li = r.li AND u.key = r.key CROSS JOIN clk k
+), refusals AS (
+    SELECT s.id, s.queue, CASE WHEN s.rn + s.active > s.conc AND NOT s.ahead THEN 0::float8
+                               ELSE %(recheck)s::float8 END AS wait
+    FROM slotted s WHERE s.rn + s.active > CASE WHEN s.ahead THEN s.conc / 2 ELSE s.conc END
+    UNION ALL
+    SELECT s.id, s.queue, extract(epoch FROM s.start_at - k.now)::float8 - %(horizon)s + 0.001
+    FROM slotted s CROSS JOIN clk k WHERE s.start_at > k.now + make_interval(secs => %(horizon)s)
 ), kept AS (
     -- This worker's per-kind caps (worker/capacity.py): no more of a kind than its free slots.
     SELECT r.id FROM (
         SELECT c.id, c.kind, row_number() OVER (PARTITION BY c.kind ORDER BY c.priority DESC, c.run_at, c.id) AS n
-        FROM cand c WHERE c.id NOT IN (SELECT id FROM refused)
+        FROM cand c WHERE c.id NOT IN (SELECT id FROM refusals)
     ) AS r LEFT JOIN unnest(%(cap_kinds)s::text[], %(cap_free)s::integer[]) AS k(kind, free) ON k.kind = r.kind
     WHERE k.free IS NULL OR r.n <= k.free
 ), claimed AS (
@@ -268,12 +298,17 @@ WITH lim AS MATERIALIZED (
     WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
     RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at, j.node_id,
               j.lease_token, j.priority, j.run_at
+), rated AS (
+    SELECT s.scope, s.name, s.key, s.base, s.gap, max(s.rn) AS last, count(*) AS n
+    FROM slotted s JOIN claimed c ON c.id = s.id WHERE s.gap IS NOT NULL
+    GROUP BY 1, 2, 3, 4, 5
+), moved AS (
+    INSERT INTO dygo_limit_pace AS p (scope, name, key, next_at)
+    SELECT scope, name, key, base + make_interval(secs => last * gap) FROM rated
+    ON CONFLICT (scope, name, key) DO UPDATE SET next_at = excluded.next_at
 ), logged AS (
     INSERT INTO dygo_limit_starts (scope, name, key, at, n)
-    SELECT l.scope, l.name, coalesce(c.meta ->> l.field, ''), clock_timestamp(), count(*)
-    FROM claimed c JOIN lim l ON l.rcount IS NOT NULL
-                             AND l.name = CASE l.scope WHEN 'queue' THEN c.queue ELSE c.kind END
-    GROUP BY l.scope, l.name, 3
+    SELECT r.scope, r.name, r.key, k.now, r.n FROM rated r CROSS JOIN clk k
 ), next_due AS (
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
     FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
@@ -287,19 +322,120 @@ WITH lim AS MATERIALIZED (
     JOIN use u ON u.wait IS NOT NULL AND (u.scope = 'kind' OR u.name = w.queue)
     GROUP BY 1
     UNION ALL
-    SELECT DISTINCT c.queue, 0::float8 FROM cand c JOIN refused r ON r.id = c.id
+    SELECT queue, min(wait) FROM refusals GROUP BY 1
+    UNION ALL
+    SELECT queue, %(recheck)s::float8 FROM w WHERE slots < wanted
 )
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
        lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
        NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
-       extract(epoch FROM run_at)::float8 AS run_at, node_id
-FROM claimed
+       extract(epoch FROM run_at)::float8 AS run_at, node_id,
+       rated_start.start_in
+FROM claimed LEFT JOIN (
+    SELECT id, max(start_in) AS start_in FROM slotted WHERE start_in IS NOT NULL GROUP BY id
+) AS rated_start USING (id)
 UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
-       NULL, NULL, NULL FROM next_due
+       NULL, NULL, NULL, NULL FROM next_due
 UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, extract(epoch FROM now())::float8,
-       NULL, NULL, NULL FROM held
+       NULL, NULL, NULL, NULL FROM held
+ORDER BY priority DESC NULLS LAST, run_at, id"""
+
+# The limited claim when each limit concerned is a queue's own, unkeyed (a queue's safety cap, the rate of the
+# API its jobs call): the same rules as CLAIM_LIMITED's, which then come down to one number per queue, known
+# before the walk. One statement, with no pipeline around it: the limits' locks and the use read under them are
+# dygo_queue_limits_use's (migration 0019), whose own snapshot counts every claim committed while it waited for
+# the locks; the walk's older snapshot is safe (a row another claim took since is rechecked when locked, and is
+# no longer pending). Its walk is CLAIM_JOBS's, capped at what the queue's limit admits (`cap`, least of):
+# * concurrency: its free slots while the active jobs stay within the limit, and jobs claimed ahead while they
+#   stay within half of it (CLAIM_LIMITED's ranks, which here admit a prefix of the walk);
+# * rate: the ranks whose start time, base + (rank - 1) x spacing - tolerance, falls within RATE_HORIZON.
+# A walk the cap stopped short of what the queue wanted is a `held` row: for a full concurrency limit,
+# CONCURRENCY_RECHECK (a settle's NOTIFY may come first); for a rate, until its next start comes within the
+# horizon. Each rated queue moves its next start past what it took and logs one start-log row. A plan of a few
+# nodes, where CLAIM_LIMITED's per-limit ranks cost a claim its own price again.
+CLAIM_QUEUE_LIMITED = """
+WITH use AS MATERIALIZED (
+    SELECT * FROM dygo_queue_limits_use(%(keys)s::bigint[], %(queues)s::text[],
+                                        %(counted)s::boolean[], %(rated)s::boolean[])
+), w AS MATERIALIZED (
+    SELECT w.queue, w.wanted, w.since, w.gap, w.tol, u.clock AS now, greatest(u.next_at, u.clock) AS base,
+           CASE WHEN w.conc IS NOT NULL
+                THEN greatest(least(w.free, w.conc - u.active), least(w.wanted, w.conc / 2 - u.active)) END
+               AS by_concurrency,
+           floor((%(horizon)s + w.tol - extract(epoch FROM greatest(u.next_at, u.clock) - u.clock)) / w.gap)::bigint
+               + 1 AS by_rate
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(free)s::integer[], %(since)s::timestamptz[],
+                %(concurrency)s::integer[], %(rate_spacings)s::float8[], %(rate_tolerances)s::float8[])
+        AS w(queue, wanted, free, since, conc, gap, tol)
+    JOIN use u ON u.queue = w.queue
+), capped AS (
+    SELECT w.*, greatest(least(w.wanted, w.by_concurrency, w.by_rate), 0)::integer AS cap FROM w
+), picked AS (
+    SELECT p.id, p.kind, p.priority, p.run_at
+    FROM capped w CROSS JOIN LATERAL (
+        SELECT id, kind, priority, run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
+          AND kind <> ALL(%(full_kinds)s::text[])
+          AND run_at >= coalesce(w.since, '-infinity')
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+        ORDER BY priority DESC, run_at, id
+        LIMIT w.cap
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+), kept AS (
+    SELECT id FROM picked
+), claimed AS (
+    UPDATE dygo_jobs AS j
+    SET state = 'active', attempt = j.attempt + 1, started_at = now(),
+        -- Unset at enqueue: the kind's registered max_attempts in this worker, else the configured default.
+        max_attempts = coalesce(j.max_attempts, (%(kind_attempts)s::jsonb ->> j.kind)::integer, %(max_attempts)s),
+        lease_owner = %(owner)s, lease_token = gen_random_uuid(),
+        lease_deadline = now() + make_interval(secs => %(ttl)s)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM kept))
+    RETURNING j.id, j.kind, j.queue, j.args, j.meta, j.attempt, j.max_attempts, j.enqueued_at, j.node_id,
+              j.lease_token, j.priority, j.run_at
+), ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.queue ORDER BY c.priority DESC, c.run_at, c.id) AS rn
+    FROM claimed c
+), taken AS (
+    SELECT w.*, (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)::integer AS n FROM capped w
+), moved AS (
+    INSERT INTO dygo_limit_pace AS p (scope, name, key, next_at)
+    SELECT 'queue', queue, '', base + make_interval(secs => n * gap) FROM taken WHERE gap IS NOT NULL AND n > 0
+    ON CONFLICT (scope, name, key) DO UPDATE SET next_at = excluded.next_at
+), logged AS (
+    INSERT INTO dygo_limit_starts (scope, name, key, at, n)
+    SELECT 'queue', queue, '', now, n FROM taken WHERE gap IS NOT NULL AND n > 0
+), next_due AS (
+    SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
+    FROM taken w
+    CROSS JOIN LATERAL (
+        SELECT min(run_at) AS run_at FROM dygo_jobs
+        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
+          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS n
+    WHERE n.run_at IS NOT NULL AND w.n < w.cap
+), held AS (
+    SELECT queue, greatest(
+        CASE WHEN by_concurrency <= cap THEN %(recheck)s::float8 END,
+        CASE WHEN by_rate <= cap
+             THEN extract(epoch FROM base - now)::float8 + n * gap - tol - %(horizon)s + 0.001 END) AS wait
+    FROM taken WHERE n = cap AND cap < wanted
+)
+SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
+       lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
+       NULL::float8 AS due_in, NULL::float8 AS held_for, extract(epoch FROM now())::float8 AS clock, priority,
+       extract(epoch FROM run_at)::float8 AS run_at, node_id,
+       CASE WHEN t.gap IS NOT NULL THEN extract(epoch FROM t.now - now())::float8
+           + greatest(extract(epoch FROM t.base - t.now)::float8 + (r.rn - 1) * t.gap - t.tol, 0) END AS start_in
+FROM ranked r JOIN taken t USING (queue)
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
+       NULL, NULL, NULL, NULL FROM next_due
+UNION ALL
+SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, extract(epoch FROM now())::float8,
+       NULL, NULL, NULL, NULL FROM held
 ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 
@@ -313,15 +449,22 @@ CLAIM_SETTINGS = (
     "SELECT set_config('enable_seqscan', 'off', true), set_config('synchronous_commit', 'off', true), "
     "set_config('plan_cache_mode', 'force_generic_plan', true)"
 )
-# The same three settings for a whole session: the worker's own claim connection, when it goes straight to
+# The same three settings for a whole session, and LIMITED_SETTINGS' fourth (the plain claims walk the index
+# either way): the worker's own claim connection, when it goes straight to
 # PostgreSQL (through a transaction pooler a session is not the worker's, and nothing is prepared there). Its
 # claims are then one statement each, with no pipeline around them. Every claim on it commits without waiting
 # for the flush, a limited claim too: what a server crash loses is the whole claim, its start-log rows with
 # it, so its jobs are pending again.
 CLAIM_SESSION = (
     "SELECT set_config('enable_seqscan', 'off', false), set_config('synchronous_commit', 'off', false), "
-    "set_config('plan_cache_mode', 'force_generic_plan', false)"
+    "set_config('plan_cache_mode', 'force_generic_plan', false), set_config('enable_bitmapscan', 'off', false)"
 )
+# The limited claim's transaction: CLAIM_SETTINGS, and no bitmap scans (a claim session has them all). Its one
+# generic plan knows neither the queue nor how many jobs the limits admit, and would otherwise fetch every ready
+# job of the queue through a bitmap of the ready index and sort them all, at every claim (a cost that grows with
+# the backlog); with the bitmap scan priced out it walks the ready index in claim order and stops at the claim's
+# size, as CLAIM_JOBS.
+LIMITED_SETTINGS = CLAIM_SETTINGS + ", set_config('enable_bitmapscan', 'off', true)"
 _claim_sessions: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
 
 
@@ -358,6 +501,9 @@ class ClaimRow(NamedTuple):
     priority: int
     run_at: float  # epoch seconds
     node_id: int | None  # its workflow node (store/workflows.py); NULL for a plain job
+    # A rate-limited job: seconds from the claim transaction's start (now(), about when the worker sent it: a
+    # reading of no clock but the worker's own, whatever the claim waited for) to the job's start time.
+    start_in: float | None
 
 
 _COLUMNS = [name.encode() for name in ClaimRow._fields]
@@ -407,26 +553,33 @@ async def claim_jobs(
     jobs: Registry | None = None,
     since: Mapping[str, datetime | None] | None = None,
     kind_free: Mapping[str, int] | None = None,
+    free: Mapping[str, int] | None = None,
 ) -> Claim:
     """Claim up to slots[queue] ready jobs of each queue, leased to `owner` for `ttl` seconds, in claim order,
     without exceeding any cluster-wide limit in force nor this worker's per-kind caps, and learn in the same
     statement when the next scheduled job of each queue that came back short is due.
 
     A job enqueued without max_attempts gets it here, durably: its kind's in `jobs` (default: the process's
-    registry, the one `load_jobs` filled), else the default. Without a limit concerned, a queue's walk starts
-    at its run_at in `since`, if any (the producer's way past the entries of claimed jobs a held snapshot
-    keeps); under one, at the head. `kind_free`: the capped kinds' free slots in this worker; the claim takes
-    no more of a kind than that, and skips a kind with none."""
+    registry, the one `load_jobs` filled), else the default. A queue's walk starts at its run_at in `since`, if
+    any (the producer's way past the entries of claimed jobs a held snapshot keeps), else at the head.
+    `kind_free`: the capped kinds' free slots in this worker; the claim takes
+    no more of a kind than that, and skips a kind with none. `free`: each queue's free slots (default: all it
+    wants); under a limit, the jobs beyond them are claimed ahead and admitted only where the limit has room to
+    spare (CLAIM_LIMITED)."""
     wanted = {queue: n for queue, n in slots.items() if n > 0}
     if not wanted:
         return Claim([], {})
     registered = jobs or registry
     concerned = [r for r in await limits.current(conn) if r.scope == "kind" or r.name in wanted]
+    sent = time.monotonic()
     if concerned:
-        rows = await _claim_limited(conn, wanted, owner, ttl, registered, concerned, kind_free or {})
+        free_slots = {queue: min(n, (free or wanted).get(queue, n)) for queue, n in wanted.items()}
+        rows = await _claim_limited(
+            conn, wanted, free_slots, owner, ttl, registered, concerned, since or {}, kind_free or {}
+        )
     else:
         rows = await _claim_plain(conn, wanted, owner, ttl, registered, since or {}, kind_free or {})
-    claim = _parse(rows, under_limit=bool(concerned))
+    claim = _parse(rows, under_limit=bool(concerned), sent=sent)
     await _read_workflow_deps(conn, claim.jobs)
     return claim
 
@@ -467,12 +620,17 @@ async def _claim_plain(
         "cap_kinds": array(trimmed),
         "cap_free": array(trimmed.values()),
     }
-    statement = CLAIM_JOBS_CAPPED if trimmed else CLAIM_JOBS
-    # In a transaction of its own (an idle autocommit connection: the worker's), the claim's commit does not
-    # wait for the WAL flush: a slot's claim does not wait on the disk. A claim lost in a server crash leaves
-    # its jobs pending, to run again: at-least-once, as a settle lost in a crash already does (the first run's
-    # settle is then fenced off). A settle's commit still waits: what it records (and notifies waiters of)
-    # must survive a crash. Inside a caller's transaction, its settings are left alone.
+    return await _run_claim(conn, CLAIM_JOBS_CAPPED if trimmed else CLAIM_JOBS, params)
+
+
+async def _run_claim(conn: psycopg.AsyncConnection[Any], statement: str, params: Mapping[str, Any]) -> list[ClaimRow]:
+    """Run a claim that is one statement.
+
+    In a transaction of its own (an idle autocommit connection: the worker's), the claim's commit does not
+    wait for the WAL flush: a slot's claim does not wait on the disk. A claim lost in a server crash leaves
+    its jobs pending, to run again: at-least-once, as a settle lost in a crash already does (the first run's
+    settle is then fenced off). A settle's commit still waits: what it records (and notifies waiters of)
+    must survive a crash. Inside a caller's transaction, its settings are left alone."""
     own = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     if own and conn in _claim_sessions:
         cursor = conn.cursor(row_factory=claim_rows)
@@ -500,32 +658,18 @@ async def _in_own_transaction(
 async def _claim_limited(
     conn: psycopg.AsyncConnection[Any],
     wanted: dict[str, int],
+    free: dict[str, int],
     owner: str,
     ttl: float,
     jobs: Registry,
     concerned: list[LimitRow],
+    since: Mapping[str, datetime | None],
     kind_free: Mapping[str, int],
 ) -> list[ClaimRow]:
-    kind_attempts, default = jobs.max_attempts_at_claim()
-    params = {
-        "queues": list(wanted),
-        "slots": list(wanted.values()),
-        "owner": owner,
-        "ttl": ttl,
-        "kind_attempts": kind_attempts,
-        "max_attempts": default,
-        "recheck": CONCURRENCY_RECHECK,
-        "scopes": [r.scope for r in concerned],
-        "names": [r.name for r in concerned],
-        "fields": [r.key for r in concerned],
-        "concurrency": [r.concurrency_limit for r in concerned],
-        "rate_counts": [r.rate_count for r in concerned],
-        "rate_windows": [r.rate_window for r in concerned],
-        "full_kinds": [kind for kind, free in kind_free.items() if free <= 0],
-        "cap_kinds": [kind for kind, free in kind_free.items() if free > 0],
-        "cap_free": [free for free in kind_free.values() if free > 0],
-    }
-    # One pipeline, one round trip: the lock is a statement of its own, so that CLAIM_LIMITED, a later
+    statement, params = limited_claim(wanted, free, owner, ttl, jobs, concerned, since, kind_free)
+    if statement is CLAIM_QUEUE_LIMITED:
+        return await _run_claim(conn, statement, params)
+    # CLAIM_LIMITED: one pipeline, one round trip; the lock is a statement of its own, so that the claim, a later
     # statement, takes its READ COMMITTED snapshot after the lock was granted and counts every claim
     # committed while this one waited for it. The commit need not wait for the WAL flush, as a plain
     # claim's (a claim lost in a crash leaves its jobs pending).
@@ -533,10 +677,10 @@ async def _claim_limited(
     try:
         async with conn.pipeline():
             await conn.execute(leases.BEGIN)
-            # Index scans only (the claim's UPDATE by id, on a table of a few pages), no wait for the flush.
-            await conn.execute(CLAIM_SETTINGS)
-            await conn.execute(LOCK_LIMITS, {"keys": sorted(r.lock_key for r in concerned)})
-            await cursor.execute(CLAIM_LIMITED, params)
+            if conn not in _claim_sessions:  # index walks only (LIMITED_SETTINGS), no wait for the flush
+                await conn.execute(LIMITED_SETTINGS)
+            await conn.execute(LOCK_LIMITS, {"keys": array(sorted(r.lock_key for r in concerned))})
+            await cursor.execute(statement, params)
             await conn.execute(leases.COMMIT)
         return await cursor.fetchall()
     except BaseException:
@@ -544,11 +688,63 @@ async def _claim_limited(
         raise
 
 
-def _parse(rows: list[ClaimRow], under_limit: bool) -> Claim:
+def limited_claim(
+    wanted: dict[str, int],
+    free: dict[str, int],
+    owner: str,
+    ttl: float,
+    jobs: Registry,
+    concerned: list[LimitRow],
+    since: Mapping[str, datetime | None],
+    kind_free: Mapping[str, int],
+    general: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """The statement of a claim under `concerned` limits and its parameters: CLAIM_QUEUE_LIMITED when every
+    limit is a queue's own and unkeyed and no kind is capped in this worker, else (or with `general`)
+    CLAIM_LIMITED."""
+    kind_attempts, default = jobs.max_attempts_at_claim()
+    params: dict[str, Any] = {
+        "queues": array(wanted),
+        "slots": array(wanted.values()),
+        "free": array(free[queue] for queue in wanted),
+        "since": array(since.get(queue) for queue in wanted),
+        "owner": owner,
+        "ttl": ttl,
+        "kind_attempts": kind_attempts,
+        "max_attempts": default,
+        "recheck": CONCURRENCY_RECHECK,
+        "horizon": RATE_HORIZON,
+        "full_kinds": array(kind for kind, free in kind_free.items() if free <= 0),
+    }
+    capped = {kind: free for kind, free in kind_free.items() if free > 0}
+    if not general and not capped and all(r.scope == "queue" and r.key is None for r in concerned):
+        own = {r.name: r for r in concerned}
+        return CLAIM_QUEUE_LIMITED, params | {
+            "keys": array(sorted(r.lock_key for r in concerned)),
+            "counted": array(q in own and own[q].concurrency_limit is not None for q in wanted),
+            "rated": array(q in own and own[q].spacing is not None for q in wanted),
+            "concurrency": array(own[q].concurrency_limit if q in own else None for q in wanted),
+            "rate_spacings": array(own[q].spacing if q in own else None for q in wanted),
+            "rate_tolerances": array(own[q].tolerance if q in own else None for q in wanted),
+        }
+    return CLAIM_LIMITED, params | {
+        "scopes": array(r.scope for r in concerned),
+        "names": array(r.name for r in concerned),
+        "fields": array(r.key for r in concerned),
+        "concurrency": array(r.concurrency_limit for r in concerned),
+        "rate_spacings": array(r.spacing for r in concerned),
+        "rate_tolerances": array(r.tolerance for r in concerned),
+        "cap_kinds": array(capped),
+        "cap_free": array(capped.values()),
+    }
+
+
+def _parse(rows: list[ClaimRow], under_limit: bool, sent: float) -> Claim:
     jobs: list[ClaimedJob] = []
     due_in: dict[str, float] = {}
     held_back: dict[str, float] = {}
     last_run_at: dict[str, float] = {}  # rows in claim order: the last one stays
+    held = {row.queue for row in rows if row.id is None and row.held_for is not None}
     for row in rows:
         if row.id is not None:
             jobs.append(
@@ -564,6 +760,10 @@ def _parse(rows: list[ClaimRow], under_limit: bool) -> Claim:
                     row.lease_token,
                     row.waited,
                     row.node_id,
+                    not_before=sent + row.start_in if row.start_in is not None else None,
+                    start_by=sent + row.start_in + START_SLACK
+                    if row.start_in is not None and row.queue in held
+                    else None,
                 )
             )
             last_run_at[row.queue] = row.run_at
@@ -580,6 +780,12 @@ def _parse(rows: list[ClaimRow], under_limit: bool) -> Claim:
         last_run_at={queue: _timestamp(run_at) for queue, run_at in last_run_at.items()},
         under_limit=under_limit,
     )
+
+
+def _start_by(sent: float, start_in: float | None) -> float | None:
+    """The latest start of a job whose rate limit is in use (it held the claim back): its start time plus the
+    slack the spacing leaves (limits.START_SLACK)."""
+    return None if start_in is None else sent + start_in + START_SLACK
 
 
 def _timestamp(epoch: float) -> datetime:

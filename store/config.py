@@ -54,9 +54,11 @@ class QueueConfig:
     concurrency: int
 
 
-_KEY_PATH = re.compile(r"^meta\.([A-Za-z0-9_.-]+)$")
-LIMIT_KEYS = ("concurrency_limit", "rate_limit", "key")
+_KEY_PATH = re.compile(r"meta\.([A-Za-z0-9_.-]+)")
+LIMIT_KEYS = ("concurrency_limit", "rate_limit", "rate_burst", "key")  # in the order messages list them
 MAX_CONCURRENCY_LIMIT = 1_000_000
+MAX_LIMIT_KEY_LENGTH = 255  # `meta.` and the field's name
+_DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: int() also reads "1_0" and other scripts' digits
 
 # The one rate grammar: a count of starts, a slash and a unit (s, m or h), with optional spaces or tabs around
 # each; the count from 1 to MAX_RATE_COUNT. `parse_rate` reads it, RATE_PATTERN is the same language as a
@@ -81,18 +83,42 @@ def parse_rate(value: Any) -> tuple[int, float]:
 
 
 def parse_concurrency_limit(value: Any) -> int:
+    """A concurrency limit: an integer (not a string, not a boolean) from 1 to MAX_CONCURRENCY_LIMIT."""
+    return _count("concurrency_limit", value, MAX_CONCURRENCY_LIMIT)
+
+
+def parse_rate_burst(value: Any, rate_count: int | None) -> int:
+    """A rate limit's burst: an integer from 1 to the rate's count (how many starts may come at once)."""
+    if rate_count is None:
+        raise ValueError("rate_burst needs a rate_limit to apply to")
+    burst = _count("rate_burst", value, MAX_RATE_COUNT)
+    if burst > rate_count:
+        raise ValueError(f"rate_burst must be at most the rate's count ({rate_count:,}), got {burst:,}")
+    return burst
+
+
+def _count(field: str, value: Any, most: int) -> int:
     try:
-        limit = int(checked(PositiveCount, value))
+        count = int(checked(PositiveCount, value))
     except ValueError as exc:
-        raise ValueError(f"concurrency_limit {exc}") from None
-    if limit > MAX_CONCURRENCY_LIMIT:
-        raise ValueError(f"concurrency_limit must be at most {MAX_CONCURRENCY_LIMIT:,}, got {value!r}")
-    return limit
+        raise ValueError(f"{field} {exc}, got {value!r}") from None
+    if count > most:
+        raise ValueError(f"{field} must be at most {most:,}, got {value!r}")
+    return count
+
+
+def count_from_text(field: str, text: str) -> int:
+    """A count typed in a form: ASCII digits only (no sign, no '_', no other script's digits)."""
+    if len(text) > 12 or not _DIGITS.fullmatch(text):
+        raise ValueError(f"{field} {text[:40]!r} must be an integer greater than 0, written in digits 0-9")
+    return int(text)
 
 
 def parse_limit_key(value: Any) -> str:
     """`key: meta.<field>`: the meta field whose values each get their own limit; returns the field name."""
-    match = _KEY_PATH.match(value) if isinstance(value, str) else None
+    if isinstance(value, str) and len(value) > MAX_LIMIT_KEY_LENGTH:
+        raise ValueError(f"key must be at most {MAX_LIMIT_KEY_LENGTH} characters, got {len(value):,}")
+    match = _KEY_PATH.fullmatch(value) if isinstance(value, str) else None
     if not match:
         raise ValueError(f"key {value!r} is not a known key path; use meta.<field> (e.g. meta.tenant)")
     return match.group(1)
@@ -107,6 +133,7 @@ class Limit:
     concurrency_limit: int | None = None
     rate_limit: str | None = None  # as written, e.g. "100/s"
     key: str | None = None  # meta field name, e.g. "tenant" for `key: meta.tenant`
+    rate_burst: int | None = None  # starts that may come at once after an idle spell (None: 1)
 
     @property
     def rate(self) -> tuple[int, float] | None:
@@ -124,12 +151,12 @@ def _limit(source: str, label: str, scope: str, name: str, entry: dict[str, Any]
             raise ValueError("key needs a concurrency_limit or a rate_limit to apply to")
         if concurrency is not None:
             parse_concurrency_limit(concurrency)
-        if rate is not None:
-            parse_rate(rate)
+        count = parse_rate(rate)[0] if rate is not None else None
+        burst = parse_rate_burst(entry["rate_burst"], count) if entry.get("rate_burst") is not None else None
         key = parse_limit_key(entry["key"]) if entry.get("key") is not None else None
     except ValueError as exc:
         raise ConfigError(source, label, str(exc)) from None
-    return Limit(scope, name, concurrency, rate.strip() if rate is not None else None, key)
+    return Limit(scope, name, concurrency, rate.strip() if rate is not None else None, key, burst)
 
 
 # --- the rules settings, flags and API fields share --------------------------------------------------
@@ -473,7 +500,7 @@ def load_queues(path: Path) -> dict[str, QueueConfig]:
             raise ConfigError(
                 source,
                 label,
-                f"unknown key {unknown[0]!r}; allowed keys: name, concurrency, concurrency_limit, rate_limit, key",
+                f"unknown key {unknown[0]!r}; allowed keys: name, concurrency, {', '.join(LIMIT_KEYS)}",
             )
         if not isinstance(name, str) or not KEBAB_CASE.match(name):
             raise ConfigError(source, label, f"name {name!r} must be kebab-case (lowercase letters, digits, dashes)")
@@ -500,7 +527,7 @@ def load_limits(path: Path) -> tuple[Limit, ...]:
             limits.append(limit)
     kinds = document.get("kinds") or []
     if not isinstance(kinds, list):
-        raise ConfigError(source, "kinds", "must be a list of {kind, concurrency_limit, rate_limit, key} entries")
+        raise ConfigError(source, "kinds", f"must be a list of {{kind, {', '.join(LIMIT_KEYS)}}} entries")
     seen: set[str] = set()
     for index, entry in enumerate(kinds):
         label = f"kinds[{index}]"
@@ -509,9 +536,7 @@ def load_limits(path: Path) -> tuple[Limit, ...]:
         label = f"kinds[{index}] ({entry['kind']})"
         unknown = sorted(set(entry) - {"kind", *LIMIT_KEYS})
         if unknown:
-            raise ConfigError(
-                source, label, f"unknown key {unknown[0]!r}; allowed keys: kind, concurrency_limit, rate_limit, key"
-            )
+            raise ConfigError(source, label, f"unknown key {unknown[0]!r}; allowed keys: kind, {', '.join(LIMIT_KEYS)}")
         if entry["kind"] in seen:
             raise ConfigError(source, label, f"kind {entry['kind']!r} is already limited by an earlier entry")
         seen.add(entry["kind"])

@@ -42,6 +42,12 @@ class ClaimedJob:
     node_id: int | None = None  # its workflow node (store/workflows.py)
     workflow: Any = None  # its node (workflows.NodeOf), read at the claim
     deps: Mapping[str, Any] | None = None  # its node's upstream nodes by name (workflows.Dep), read at the claim
+    # A rate limit's start time for it (store/claim.py), on this process's time.monotonic(): its handler does
+    # not start before. None: at once.
+    not_before: float | None = None
+    # The latest time (the same clock) its handler may start, when a rate limit held its claim back (the limit
+    # is in use): a later start would crowd the starts after it. None: no such bound.
+    start_by: float | None = None
 
 
 Progress = tuple[float, str | None]  # (fraction, message) of a `ctx.progress` report

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from dygo.store.config import Limit, parse_concurrency_limit, parse_limit_key, parse_rate
+from dygo.store.config import (
+    LIMIT_KEYS,
+    Limit,
+    parse_concurrency_limit,
+    parse_limit_key,
+    parse_rate,
+    parse_rate_burst,
+)
 from dygo.store.errors import ConfigError
 from dygo.store.leases import ClaimedJob
 from dygo.store.registry import Registry
@@ -27,6 +34,10 @@ from dygo.store.sql.leases import NOTIFY_QUEUES
 # How long a process trusts the limits it read: a change made through the API reaches every claim
 # within this (plus the claim that follows it).
 CACHE_TTL = 0.25
+# A rate limit of N per window spaces its starts (window + START_SLACK) / N apart: a handler that starts up to
+# this much later than its start time (a busy event loop, a job claimed ahead waiting for a slot) still leaves
+# at most N starts in any interval of the window's length.
+START_SLACK = 0.03
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +50,20 @@ class LimitRow:
     concurrency_limit: int | None
     rate_count: int | None
     rate_window: float | None
+    rate_burst: int | None = None  # starts that may come at once after an idle spell (None: 1)
+
+    @property
+    def spacing(self) -> float | None:
+        """Seconds between two starts of the rate limit (None: not rated)."""
+        if self.rate_count is None or self.rate_window is None:
+            return None
+        return (self.rate_window + START_SLACK) / self.rate_count
+
+    @property
+    def tolerance(self) -> float | None:
+        """How far ahead of its spacing a start may come: (burst - 1) spacings (GCRA's tolerance)."""
+        spacing = self.spacing
+        return None if spacing is None else ((self.rate_burst or 1) - 1) * spacing
 
     def applies(self, queue: str, kind: str) -> bool:
         return self.name == (queue if self.scope == "queue" else kind)
@@ -89,6 +114,7 @@ async def freed_queues(conn: psycopg.AsyncConnection, jobs: Iterable[ClaimedJob]
 async def trim_starts(conn: psycopg.AsyncConnection) -> None:
     """Delete start-log rows older than their limit's window (all rows of a limit no longer rated)."""
     await conn.execute(sql.TRIM_STARTS)
+    await conn.execute(sql.TRIM_PACE)
 
 
 # --- config/queues.yml -> dygo_limits ------------------------------------------------------------
@@ -105,6 +131,7 @@ async def sync(conn: psycopg.AsyncConnection, limits: Sequence[Limit]) -> None:
         "rates": [lim.rate_limit for lim in limits],
         "counts": [r[0] if r else None for r in rates],
         "windows": [r[1] if r else None for r in rates],
+        "bursts": [lim.rate_burst for lim in limits],
     }
     await conn.execute(sql.SYNC_LIMITS, params)
     forget_cache()
@@ -136,6 +163,7 @@ class LimitUse:
     started: dict[str, int]  # starts in the current window per key value
     ready: dict[str, int]  # ready pending jobs per key value
     rate_count: int | None = None
+    rate_burst: int | None = None
 
     def full(self, key: str) -> bool:
         return (self.concurrency_limit is not None and self.in_use.get(key, 0) >= self.concurrency_limit) or (
@@ -154,6 +182,7 @@ class LimitUse:
             "key": f"meta.{self.key}" if self.key else None,
             "concurrency_limit": self.concurrency_limit,
             "rate_limit": self.rate_limit,
+            "rate_burst": self.rate_burst if self.rate_limit else None,
             "in_use": sum(self.in_use.values()),
             "in_use_by_key": self.in_use if self.key else None,
             "started_in_window": sum(self.started.values()),
@@ -169,7 +198,7 @@ def format_rate(count: int | None, window: float | None) -> str | None:
 
 
 def _use(row: tuple[Any, ...]) -> LimitUse:
-    scope, name, key, concurrency, count, window, active, started, ready = row
+    scope, name, key, concurrency, count, window, burst, active, started, ready = row
     return LimitUse(
         scope,
         name,
@@ -180,6 +209,7 @@ def _use(row: tuple[Any, ...]) -> LimitUse:
         {k: int(v) for k, v in started.items()},
         {k: int(v) for k, v in ready.items()},
         count,
+        burst,
     )
 
 
@@ -191,6 +221,71 @@ async def alimits_in_use(conn: psycopg.AsyncConnection) -> list[LimitUse]:
     return [_use(row) for row in await (await conn.execute(sql.USE_ALL)).fetchall()]
 
 
+class LimitChangeError(ValueError):
+    """A limit change refused, naming the field (`field`) and the rule broken; nothing was changed."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def change_limit(
+    conn: psycopg.Connection, scope: str, name: str, changes: Mapping[str, Any], queues: Sequence[str]
+) -> bool:
+    """Change a queue's or a kind's limit now and wake `queues`' workers to claim under it; returns whether a
+    limit remains. `changes` holds the fields to change (LIMIT_KEYS, with the file's rules: no strings for
+    counts, no booleans, `meta.<field>` keys of bounded length); a field left out keeps its value, and a limit
+    is removed only by an explicit None. A key, or a burst, with no limit to apply to is refused, as in
+    config/queues.yml. Raises LimitChangeError naming the field; nothing is changed then. Kept over restarts
+    until config/queues.yml's value for it changes (sync)."""
+    if scope not in ("queue", "kind"):
+        raise LimitChangeError("scope", f"scope {scope!r} must be queue or kind")
+    unknown = sorted(set(changes) - set(LIMIT_KEYS))
+    if unknown:
+        raise LimitChangeError(unknown[0], f"unknown field {unknown[0]!r}; the fields are: {', '.join(LIMIT_KEYS)}")
+    with conn.transaction():
+        found = conn.execute(sql.LIMIT_FOR_CHANGE, {"scope": scope, "name": name}).fetchone()
+        key, concurrency, count, window, burst = found or (None, None, None, None, None)
+        if "concurrency_limit" in changes:
+            concurrency = _checked("concurrency_limit", parse_concurrency_limit, changes["concurrency_limit"])
+        if "rate_limit" in changes:
+            count, window = _checked("rate_limit", parse_rate, changes["rate_limit"]) or (None, None)
+            if "rate_burst" not in changes and burst is not None and (count is None or burst > count):
+                burst = None  # the old rate's burst does not outlive it, nor exceed the new rate
+        if "rate_burst" in changes:
+            burst = _checked("rate_burst", lambda value: parse_rate_burst(value, count), changes["rate_burst"])
+        if "key" in changes:
+            key = _checked("key", parse_limit_key, changes["key"])
+        stated = "concurrency_limit" in changes or "rate_limit" in changes
+        if changes.get("key") is not None and (not stated or (concurrency is None and count is None)):
+            # As in config/queues.yml: a key comes with the limit it applies to, in the same change.
+            raise LimitChangeError("key", "key needs a concurrency_limit or a rate_limit in the same change")
+        if concurrency is None and count is None:
+            key = burst = None
+        params = {
+            "scope": scope,
+            "name": name,
+            "key": key,
+            "concurrency": concurrency,
+            "count": count,
+            "window": window,
+            "burst": burst,
+        }
+        conn.execute(sql.SET_LIMIT, params)
+        conn.execute(NOTIFY_QUEUES, {"queues": list(queues)})
+    return concurrency is not None or count is not None
+
+
+def _checked(field: str, parse: Any, value: Any) -> Any:
+    """`parse(value)`, None for None; a ValueError becomes a LimitChangeError naming `field`."""
+    if value is None:
+        return None
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise LimitChangeError(field, str(exc)) from None
+
+
 def set_limit(
     conn: psycopg.Connection,
     scope: str,
@@ -200,23 +295,6 @@ def set_limit(
     key: str | None,
     queues: Sequence[str],
 ) -> None:
-    """Put a limit in force now (None for both: no limit), and wake `queues`' workers to claim under it.
-    Raises ValueError naming the field and the rule. Kept over restarts until config/queues.yml's
-    value for it changes (sync)."""
-    if scope not in ("queue", "kind"):
-        raise ValueError(f"scope {scope!r} must be queue or kind")
-    if concurrency_limit is not None:
-        parse_concurrency_limit(concurrency_limit)
-    count, window = parse_rate(rate_limit) if rate_limit is not None else (None, None)
-    field_name = parse_limit_key(key) if key is not None else None
-    params = {
-        "scope": scope,
-        "name": name,
-        "key": field_name,
-        "concurrency": concurrency_limit,
-        "count": count,
-        "window": window,
-    }
-    with conn.transaction():
-        conn.execute(sql.SET_LIMIT, params)
-        conn.execute(NOTIFY_QUEUES, {"queues": list(queues)})
+    """Put a limit in force now, every field given (None for both limits: no limit): change_limit's rules."""
+    changes = {"concurrency_limit": concurrency_limit, "rate_limit": rate_limit, "rate_burst": None}
+    change_limit(conn, scope, name, {**changes, "key": key}, queues)

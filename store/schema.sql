@@ -522,6 +522,26 @@ END
 $$;
 
 --
+-- Name: dygo_queue_limits_use(bigint[], text[], boolean[], boolean[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.dygo_queue_limits_use(keys bigint[], queues text[], counted boolean[], rated boolean[]) RETURNS TABLE(queue text, active integer, next_at timestamp with time zone, clock timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM count(pg_advisory_xact_lock(k)) FROM unnest(keys) AS k;
+    RETURN QUERY
+    SELECT q.queue,
+           (SELECT count(*)::integer FROM dygo_jobs j WHERE q.counted AND j.state = 'active' AND j.queue = q.queue),
+           (SELECT p.next_at FROM dygo_limit_pace p
+            WHERE q.rated AND p.scope = 'queue' AND p.name = q.queue AND p.key = ''),
+           clock_timestamp()
+    FROM unnest(queues, counted, rated) AS q(queue, counted, rated);
+END
+$$;
+
+--
 -- Name: dygo_stop_workflows(bigint[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -699,6 +719,17 @@ CREATE SEQUENCE public.dygo_jobs_id_seq
 ALTER SEQUENCE public.dygo_jobs_id_seq OWNED BY public.dygo_jobs.id;
 
 --
+-- Name: dygo_limit_pace; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.dygo_limit_pace (
+    scope text NOT NULL,
+    name text NOT NULL,
+    key text DEFAULT ''::text NOT NULL,
+    next_at timestamp with time zone NOT NULL
+);
+
+--
 -- Name: dygo_limit_starts; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -726,7 +757,10 @@ CREATE TABLE public.dygo_limits (
     file_rate text,
     file_key text,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    rate_burst integer,
+    file_burst integer,
     CONSTRAINT dygo_limits_check CHECK (((rate_count IS NULL) = (rate_window IS NULL))),
+    CONSTRAINT dygo_limits_check1 CHECK (((rate_burst > 0) AND (rate_burst <= rate_count))),
     CONSTRAINT dygo_limits_concurrency_limit_check CHECK ((concurrency_limit > 0)),
     CONSTRAINT dygo_limits_rate_count_check CHECK ((rate_count > 0)),
     CONSTRAINT dygo_limits_rate_window_check CHECK ((rate_window > (0)::double precision)),
@@ -1026,6 +1060,13 @@ ALTER TABLE ONLY public.dygo_idempotency_keys
 
 ALTER TABLE ONLY public.dygo_jobs
     ADD CONSTRAINT dygo_jobs_pkey PRIMARY KEY (id);
+
+--
+-- Name: dygo_limit_pace dygo_limit_pace_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.dygo_limit_pace
+    ADD CONSTRAINT dygo_limit_pace_pkey PRIMARY KEY (scope, name, key);
 
 --
 -- Name: dygo_limits dygo_limits_pkey; Type: CONSTRAINT; Schema: public; Owner: -

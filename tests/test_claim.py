@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from dygo.store import claim, enqueue, enqueue_many, limits
 from dygo.store.claim import Claim, claim_jobs, claim_rows
+from dygo.store.registry import Registry
 
 
 def claim_now(url: str, slots: dict[str, int]) -> Claim:
@@ -89,12 +90,79 @@ def part(statement: str, pattern: str) -> str:
     return found.group(0)
 
 
-@pytest.mark.parametrize("name", ["CLAIM_JOBS_CAPPED", "CLAIM_LIMITED"])
+@pytest.mark.parametrize("name", ["CLAIM_JOBS_CAPPED", "CLAIM_LIMITED", "CLAIM_QUEUE_LIMITED"])
 def test_every_claim_statement_starts_a_job_as_claim_jobs_does_and_returns_its_columns(name):
     statement, plain = getattr(claim, name), claim.CLAIM_JOBS
     for pattern in (
-        r"claimed AS \(\n.*?\n\)",  # the UPDATE that leases the kept rows
+        r"claimed AS \(\n\s+UPDATE.*?\n\)",  # the UPDATE that leases the kept rows
         r"CROSS JOIN LATERAL \(\n\s+SELECT min\(run_at\).*?\) AS n\n",  # a short queue's next scheduled job
-        r"\nSELECT id, kind, .*?\nFROM claimed\nUNION ALL\nSELECT NULL, .*?FROM next_due\n",  # the columns
+        r"\nSELECT id, kind, .*?node_id,",  # the columns, up to a rate-limited job's start time (the limited claims')
+        r"\nUNION ALL\nSELECT NULL, .*?FROM next_due\n",  # a short queue's row
     ):
         assert part(statement, pattern) == part(plain, pattern)
+
+
+QUEUE_LIMITS = {
+    "a full concurrency limit": {"concurrency_limit": 5},
+    "a rate": {"rate_limit": "20/s"},
+    "a rate with a burst": {"rate_limit": "20/s", "rate_burst": 3},
+    "both": {"concurrency_limit": 6, "rate_limit": "50/s", "rate_burst": 4},
+    "a limit never reached": {"concurrency_limit": 10_000, "rate_limit": "1000000/s"},
+}
+
+
+@pytest.mark.parametrize("changes", QUEUE_LIMITS.values(), ids=QUEUE_LIMITS.keys())
+def test_a_queues_own_limit_claims_as_the_general_limited_claim_does(conn, changes):
+    """CLAIM_QUEUE_LIMITED (a queue's own, unkeyed limits) takes the jobs CLAIM_LIMITED takes, with the same
+    start times and the same word on when to claim again, for a queue claimed beside one without a limit."""
+    enqueue_many(conn, [{"kind": "test.noop", "priority": i % 3} for i in range(12)])
+    enqueue_many(conn, [{"kind": "test.noop", "queue": "other"}] * 3)
+    another_workers = conn.execute(
+        "UPDATE dygo_jobs SET state = 'active', lease_owner = 'w0' WHERE id IN "
+        "(SELECT id FROM dygo_jobs WHERE queue = 'default' ORDER BY id LIMIT 3) RETURNING id"
+    ).fetchall()
+    limits.change_limit(conn, "queue", "default", changes, ["default"])
+    [concerned] = [row for row in asyncio.run(current_limits(conn.info.dsn)) if row.name == "default"]
+    wanted, free = {"default": 6, "other": 2}, {"default": 2, "other": 2}
+
+    def claimed(general: bool) -> tuple[list[int], list[float | None], dict[str, float]]:
+        statement, params = claim.limited_claim(wanted, free, "w1", 30, Registry(), [concerned], {}, {}, general)
+        assert (statement is claim.CLAIM_LIMITED) == general
+        with conn.transaction(force_rollback=True):
+            rows = conn.cursor(row_factory=claim_rows).execute(statement, params).fetchall()
+        jobs = [row for row in rows if row.id is not None]
+        held = {row.queue: round(row.held_for, 2) for row in rows if row.held_for is not None}
+        # Start times from the first: each statement's clock is its own (its transaction's start, then planned).
+        first = min((row.start_in for row in jobs if row.start_in is not None), default=0.0)
+        starts = [None if row.start_in is None else round(row.start_in - first, 3) for row in jobs]
+        return [row.id for row in jobs], starts, held
+
+    general = claimed(True)
+    assert len(another_workers) == 3 and general[0]
+    assert claimed(False) == general
+
+
+async def current_limits(url: str) -> list[limits.LimitRow]:
+    limits.forget_cache()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as aconn:
+        return await limits.current(aconn)
+
+
+def test_a_rate_limit_hands_out_start_times_a_spacing_apart_and_a_burst_at_once(conn, db_url):
+    enqueue_many(conn, [{"kind": "test.noop"}] * 12)
+    limits.change_limit(conn, "kind", "test.noop", {"rate_limit": "20/s"}, ["default"])
+    limits.forget_cache()
+    spacing = (1.0 + limits.START_SLACK) / 20
+    first = claim_now(db_url, {"default": 10})
+    # The starts of the next RATE_HORIZON: the first at once, the next a spacing later; the rest held back until
+    # their start times come within reach.
+    waits = sorted(job.not_before - min(j.not_before for j in first.jobs) for job in first.jobs)
+    assert len(waits) == 1 + int(claim.RATE_HORIZON / spacing)
+    assert all(abs(b - a - spacing) < 0.005 for a, b in zip(waits, waits[1:], strict=False)), waits
+    assert 0 < first.held_back["default"] <= claim.RATE_HORIZON
+    limits.change_limit(conn, "kind", "test.noop", {"rate_burst": 4}, ["default"])
+    conn.execute("DELETE FROM dygo_limit_pace")  # idle again
+    limits.forget_cache()
+    burst = claim_now(db_url, {"default": 10})
+    waits = sorted(job.not_before - min(j.not_before for j in burst.jobs) for job in burst.jobs)
+    assert waits[:4] == [waits[0]] * 4 and abs(waits[4] - waits[0] - spacing) < 0.005, waits

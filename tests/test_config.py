@@ -95,6 +95,15 @@ Q = "queues:\n  - {name: default, concurrency: 4}\n"
             "kinds[1] (a.b)",
             "already limited",
         ),
+        (Q + "kinds:\n  - {kind: a.b, concurrency_limit: '5'}\n", "kinds[0] (a.b)", "an integer greater than 0"),
+        (Q + "kinds:\n  - {kind: a.b, concurrency_limit: true}\n", "kinds[0] (a.b)", "an integer greater than 0"),
+        (Q + "kinds:\n  - {kind: a.b, rate_limit: 5/s, rate_burst: 6}\n", "kinds[0] (a.b)", "at most the rate's"),
+        (Q + "kinds:\n  - {kind: a.b, concurrency_limit: 1, rate_burst: 2}\n", "kinds[0] (a.b)", "needs a rate_limit"),
+        (
+            Q + f"kinds:\n  - {{kind: a.b, concurrency_limit: 1, key: meta.{'t' * 300}}}\n",
+            "kinds[0] (a.b)",
+            "at most 255 characters",
+        ),
     ],
 )
 def test_invalid_limits_name_file_entry_and_rule(tmp_path, text, entry, rule):
@@ -109,13 +118,13 @@ def test_invalid_limits_name_file_entry_and_rule(tmp_path, text, entry, rule):
 def test_limits_load_per_queue_and_per_kind(tmp_path):
     write(
         tmp_path,
-        "queues:\n  - {name: default, concurrency: 4, concurrency_limit: 10, rate_limit: 600/m}\n"
+        "queues:\n  - {name: default, concurrency: 4, concurrency_limit: 10, rate_limit: 600/m, rate_burst: 20}\n"
         "kinds:\n  - {kind: a.b, concurrency_limit: 2, key: meta.tenant}\n",
     )
     limits = load_settings(tmp_path).limits
-    assert [(lim.scope, lim.name, lim.concurrency_limit, lim.rate, lim.key) for lim in limits] == [
-        ("queue", "default", 10, (600, 60.0), None),
-        ("kind", "a.b", 2, None, "tenant"),
+    assert [(lim.scope, lim.name, lim.concurrency_limit, lim.rate, lim.rate_burst, lim.key) for lim in limits] == [
+        ("queue", "default", 10, (600, 60.0), 20, None),
+        ("kind", "a.b", 2, None, None, "tenant"),
     ]
 
 

@@ -591,3 +591,26 @@ def test_queues_page_shows_limits_with_their_use_and_changes_them(serve, conn, p
     row.locator("button:has-text('Set')").click()
     expect(page.locator(".flash.ok")).to_contain_text("Limits on kind test.noop removed")
     assert conn.execute("SELECT count(*) FROM dygo_limits WHERE concurrency_limit IS NOT NULL").fetchone()[0] == 0
+
+
+def test_the_limit_form_refuses_what_the_file_refuses_and_changes_nothing(module_api, module_conn, page):
+    log_in(page, module_api)
+    page.goto(f"{module_api.url}/dashboard/queues")
+    count = "SELECT count(*) FROM dygo_limits WHERE name = 'test.sleep'"
+    assert module_conn.execute(count).fetchone()[0] == 0
+    form = page.locator("form.new-limit")
+    for key, concurrency, rate, rule in (
+        ("", "\u0665", "", "written in digits 0-9"),  # an Arabic-Indic five
+        ("", "1_0", "", "written in digits 0-9"),
+        ("", "", "\u0663\u0660/s", "must be a count per unit"),
+        ("meta." + "t" * 300, "3", "", "key must be at most 255 characters"),
+        ("meta.tenant", "", "", "key needs a concurrency_limit or a rate_limit"),
+    ):
+        form.locator("select[name=scope]").select_option("kind")
+        form.locator("input[name=name]").fill("test.sleep")
+        form.locator("input[name=key]").fill(key)
+        form.locator("input[name=concurrency_limit]").fill(concurrency)
+        form.locator("input[name=rate_limit]").fill(rate)
+        form.locator("button").click()
+        expect(page.locator(".flash.error")).to_contain_text(rule)
+        assert module_conn.execute(count).fetchone()[0] == 0, (key[:20], concurrency, rate)

@@ -79,13 +79,15 @@ def rows(url: str) -> dict[str, list[str]]:
 
 
 ADDED_JOB_COLUMNS = r', "(node_id|parent_id|parent_step|parent_index)": null'
+ADDED_LIMIT_COLUMNS = r'"(rate_burst|file_burst)": null, '
 
 
 def _without_node_ids(tables: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The rows, without the workflow and step tables and the job column later migrations added (empty and NULL)."""
-    added = ("dygo_workflows", "dygo_nodes", "dygo_edges", "dygo_steps", "dygo_events")
+    """The rows, without the tables and the job and limit columns later migrations added (empty and NULL)."""
+    added = ("dygo_workflows", "dygo_nodes", "dygo_edges", "dygo_steps", "dygo_events", "dygo_limit_pace")
     kept = {t: r for t, r in tables.items() if t not in added}
     kept["dygo_jobs"] = sorted(re.sub(ADDED_JOB_COLUMNS, "", r) for r in kept["dygo_jobs"])
+    kept["dygo_limits"] = sorted(re.sub(ADDED_LIMIT_COLUMNS, "", r) for r in kept["dygo_limits"])
     return kept
 
 

@@ -13,8 +13,9 @@ jobs go back to their queue after `hand_back_after` without a slot freed (their 
 hand-back at shutdown), and the queue claims nothing ahead until its jobs end quickly again. A job
 waiting here shows as active, its started_at the time of its claim. A waiting job of a capped kind counts
 against its kind's cap (the producer's claim gives the kind its free slots less its waiting jobs). No
-claiming ahead under the process cap, nor for a queue a cluster-wide limit concerns (it would count a
-waiting job as running).
+claiming ahead under the process cap. Under a cluster-wide limit, a waiting job counts as running, and the
+claim admits one only while the limit is at most half used (store/claim.py CLAIM_LIMITED), so a worker never
+holds back work that other workers' free slots could run under the limit.
 """
 
 from __future__ import annotations

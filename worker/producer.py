@@ -22,8 +22,8 @@ job claimed since (store/claim.py CLAIM_JOBS); after a full claim (a backlog), a
 last job it took less that margin. A walk from the head comes at least once every HEAD_WALK_INTERVAL
 while the queue is busy, for jobs put back in line with an earlier run_at (and, in a backlog, older
 jobs of a lower priority than the last one taken). While a kind is at its cap its skipped jobs stay
-behind such a start, so no start is kept then; nor under a cluster-wide limit, whose claim walks from the
-head and may leave due jobs of a queue it held back in line.
+behind such a start, so no start is kept then; nor after a claim that a cluster-wide limit held back, which
+may leave due jobs of the queue in line (a limit never reached holds nothing back: its claims walk as fast).
 """
 
 from __future__ import annotations
@@ -223,8 +223,9 @@ class Producer:
                 counts = Counter(job.queue for job in claim.jobs)
                 short = [name for name, n in wanted.items() if counts[name] < n and name not in self.held_back]
                 # Rows of a capped kind, or that a limit held back, may be left in line: no walk starts past them.
-                every_due_taken = not (self.capped_kind_filled or self.capped_kind_skipped or claim.under_limit)
+                every_kind_taken = not (self.capped_kind_filled or self.capped_kind_skipped)
                 for name, n in wanted.items():
+                    every_due_taken = every_kind_taken and name not in claim.held_back
                     if counts[name] == n:
                         self.slots[name].may_have_ready = True  # there may be more ready right now
                         if name in claim.last_run_at and every_due_taken:
@@ -331,16 +332,20 @@ class Producer:
     ) -> Claim:
         """Claim up to wanted[queue] jobs per queue (store/claim.py) and start them."""
         kind_free = self._kind_free() if self.capacity.capped else None
-        claim = await claim_jobs(conn, wanted, self.worker_id, self.lease_ttl, since=walk_starts, kind_free=kind_free)
+        # Jobs claimed ahead already waiting here take the next free slots: beyond the rest, a job is claimed ahead.
+        free = {name: max(self.slots[name].free - len(self.slots[name].ahead), 0) for name in wanted}
+        claim = await claim_jobs(
+            conn, wanted, self.worker_id, self.lease_ttl, since=walk_starts, kind_free=kind_free, free=free
+        )
         self.held_back = claim.held_back
         taken = Counter(job.kind for job in claim.jobs)
         given = kind_free or {}
         self.capped_kind_filled = any(0 < free <= taken[kind] for kind, free in given.items())
         self.capped_kind_skipped = any(free <= 0 for free in given.values())
-        # The process cap counts started jobs across the queues, a limit counts claimed jobs as running:
-        # under either, no job waits here.
+        # The process cap counts started jobs across the queues: under it, no job waits here. A cluster-wide
+        # limit counts a job claimed ahead as running, and admits one only with room to spare (store/claim.py).
         for name in wanted:
-            self.slots[name].ahead.allowed = self.capacity.max_concurrency is None and not claim.under_limit
+            self.slots[name].ahead.allowed = self.capacity.max_concurrency is None
         starting = []
         for job in claim.jobs:
             slots = self.slots[job.queue]

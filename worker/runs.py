@@ -83,6 +83,10 @@ class Runs:
             )
 
     async def _execute(self, job: ClaimedJob, finished: Callable[[ClaimedJob, float], None]) -> None:
+        if job.not_before is not None and not await self._at_start_time(job):
+            del self.tasks[job.lease_token]
+            finished(job, 0.0)
+            return
         began = time.monotonic()
         try:
             if self.traced:
@@ -97,6 +101,19 @@ class Runs:
         finally:
             del self.tasks[job.lease_token]
             finished(job, time.monotonic() - began)
+
+    async def _at_start_time(self, job: ClaimedJob) -> bool:
+        """Wait for a rate-limited job's start time (its slot is taken meanwhile). False when this process woke
+        after its `start_by` (CPU starved, its loop busy, under a limit in use): the job goes back to its queue
+        for a start time of its own, rather than start where the limit's spacing no longer holds."""
+        assert job.not_before is not None
+        if (delay := job.not_before - time.monotonic()) > 0:
+            await asyncio.sleep(delay)
+        if job.start_by is None or time.monotonic() <= job.start_by:
+            return True
+        late = time.monotonic() - job.not_before
+        self.hand_back([job], "rate-limited", f"woke {late * 1000:.0f} ms after its start time")
+        return False
 
     async def wait(self) -> None:
         """Until every running handler has ended (--once)."""

@@ -9,6 +9,7 @@ from dygo.app.dashboard.rendering import redirect, render
 from dygo.app.dashboard.visitor import Action, Fields, Page, Refused
 from dygo.app.db import Conn, ReadConn
 from dygo.store import admin, limits
+from dygo.store.config import count_from_text
 from dygo.store.durations import parse_duration
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -48,18 +49,21 @@ def change_limit(request: Request, fields: Fields, visitor: Action, conn: Conn) 
     known = configured_queues(request) if scope == "queue" else request.app.state.jobs.kinds()
     if scope not in ("queue", "kind") or name not in known:
         return redirect(visitor, back, f"No {scope or 'queue or kind'} named {name!r} to limit.", "error")
-    raw = fields.get("concurrency_limit", "").strip()
+    # The form's limit fields are always sent: an empty one removes that limit (the operator cleared it), both
+    # empty remove the limit with its key. The values go through the file's and the API's rules.
+    changes: dict[str, Any] = {}
     try:
-        concurrency = int(raw) if raw else None
-    except ValueError:
-        return redirect(visitor, back, f"concurrency_limit {raw!r} must be an integer greater than 0.", "error")
-    rate = fields.get("rate_limit", "").strip() or None
-    key = fields.get("key", "").strip() or None
-    try:
-        limits.set_limit(conn, scope, name, concurrency, rate, key, list(configured_queues(request)))
+        for field in ("concurrency_limit", "rate_burst"):
+            raw = fields.get(field, "").strip()
+            if field in fields or raw:
+                changes[field] = count_from_text(field, raw) if raw else None
+        changes["rate_limit"] = fields.get("rate_limit", "").strip() or None
+        if "key" in fields:  # the new-limit form's; a row's form leaves its key as it is
+            changes["key"] = fields["key"].strip() or None
+        kept = limits.change_limit(conn, scope, name, changes, list(configured_queues(request)))
     except ValueError as exc:
         return redirect(visitor, back, f"Limit on {scope} {name} not changed: {exc}.", "error")
-    if concurrency is None and rate is None:
+    if not kept:
         return redirect(visitor, back, f"Limits on {scope} {name} removed.")
     return redirect(visitor, back, f"Limits on {scope} {name} set: workers claim under them within a second.")
 
