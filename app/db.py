@@ -12,6 +12,9 @@ pool's timeout, as a false 503 and a false "database connection lost"). So:
 * every other endpoint (sync, run in the threadpool) gets its connection through `Conn`, an async
   dependency that first takes a slot of an asyncio gate sized to the sync pool, then the
   connection. A thread therefore never waits for a connection: one is free for every slot.
+* with DATABASE_READ_URL, the heavy reads (lists, counts, charts, /metrics) go to a third pool, the
+  replica's, behind a gate of its own: `ReadConn` for a sync endpoint, `read` for an async one (the
+  connection first, then a thread, the same order).
 
 The 503 rule (docs/operations/scaling-web.md): a request answers 503 `database_unavailable` with
 `Retry-After` when the database is down (a connection or a statement fails, or the pool cannot open
@@ -26,9 +29,9 @@ import asyncio
 import logging
 import select
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -49,6 +52,7 @@ RETRY_AFTER_DOWN = 5  # Retry-After (seconds) of a 503 while the database is dow
 RETRY_AFTER_SATURATED = 1  # Retry-After of a 503 when this process is saturated
 SATURATION_LOG_INTERVAL = 60.0  # a saturated process says so at most this often
 APPLICATION_NAME = "dygo-serve"
+T = TypeVar("T")
 READ_APPLICATION_NAME = "dygo-serve-read"
 
 
@@ -272,6 +276,33 @@ class ServePools:
             return self.sync_connection()
         return self._lend(self.read_pool, self.read_gate, self.read_outage, self.read_health)
 
+    @property
+    def reads_replica(self) -> bool:
+        """DATABASE_READ_URL is set: the heavy reads go to a replica that may lag behind the primary."""
+        return self.read_pool is not None
+
+    @property
+    def reads_pool(self) -> ConnectionPool:
+        """The sync pool of the heavy reads: DATABASE_READ_URL's when set, else the primary's."""
+        return self.read_pool if self.read_pool is not None else self.pool
+
+    async def read(self, work: Callable[[psycopg.Connection], T]) -> T:
+        """`work` run in a thread on a read connection (see read_connection), for an async endpoint whose
+        read goes to the replica: the connection is held before the thread is taken, as for a sync endpoint."""
+        async with self.read_connection() as conn:
+            return await anyio.to_thread.run_sync(work, conn)
+
+    @asynccontextmanager
+    async def read_slot(self) -> AsyncIterator[None]:
+        """A slot of the read pool's gate (the sync pool's without DATABASE_READ_URL), for code that takes its
+        connection from `reads_pool` itself (metrics)."""
+        gate, outage = (self.read_gate, self.read_outage) if self.read_pool is not None else (self.gate, self.outage)
+        try:
+            async with gate.slot(OUTAGE_WAIT if outage.down else None):
+                yield
+        except Saturated as exc:
+            raise self.unavailable(exc, busy=True) from None
+
     @asynccontextmanager
     async def _lend(
         self, pool: ConnectionPool, gate: Gate, outage: OutageLog, health: PoolHealth
@@ -347,6 +378,11 @@ async def _slot(request: Request) -> AsyncIterator[None]:
         yield
 
 
+async def _read_slot(request: Request) -> AsyncIterator[None]:
+    async with request.app.state.db.read_slot():
+        yield
+
+
 # An autocommit connection: each statement commits on its own unless wrapped in conn.transaction().
 # For sync endpoints (run in the threadpool); the hot paths use `database(request).connection()`.
 Conn = Annotated[psycopg.Connection, Depends(_connection)]
@@ -355,6 +391,8 @@ Conn = Annotated[psycopg.Connection, Depends(_connection)]
 ReadConn = Annotated[psycopg.Connection, Depends(_read_connection)]
 # A slot of the sync pool, for a sync endpoint that takes its connection from app.state.db.pool itself.
 SyncSlot = Annotated[None, Depends(_slot)]
+# A slot of the read pool's gate (see ReadConn), for a sync endpoint that takes its connection from reads_pool.
+ReadSlot = Annotated[None, Depends(_read_slot)]
 
 
 def database(request: Request) -> ServePools:
