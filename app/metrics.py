@@ -101,8 +101,7 @@ class DygoCollector(Collector):
         with pools.reads_pool.connection() as conn:
             snap = snapshot(conn, self.state.settings.concurrency, WORKER_SEEN_WITHIN)
             replica_lag = admin.replica_lag(conn) if pools.reads_replica else None
-        if pools.reads_replica:
-            yield from replica_lag_gauge(replica_lag)
+        yield replica_lag_gauge(replica_lag)
         fold_kinds(snap)
         jobs = GaugeMetricFamily(
             "dygo_jobs",
@@ -192,16 +191,16 @@ class DygoCollector(Collector):
             yield histogram
 
 
-def replica_lag_gauge(seconds: float | None) -> Iterator[Metric]:
-    """How far behind its primary the replica these figures came from is; nothing when that is unknown (the
-    server of DATABASE_READ_URL is not in recovery), so an alert on it never fires on a made-up value."""
+def replica_lag_gauge(seconds: float | None) -> Metric:
+    """How far behind its primary the replica these figures came from is. No sample without DATABASE_READ_URL
+    or when its lag is unknown (the server is not in recovery), so an alert on it never fires on a made-up value."""
     gauge = GaugeMetricFamily(
         "dygo_read_replica_lag_seconds",
         "Seconds the replica of DATABASE_READ_URL, which these figures were read from, is behind its primary",
     )
     if seconds is not None:
         gauge.add_metric([], seconds)
-    yield gauge
+    return gauge
 
 
 def install_metrics(app: FastAPI) -> None:

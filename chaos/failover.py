@@ -344,11 +344,24 @@ def scenario_failover(lab: Lab, plan: Plan, rng: random.Random) -> Report:
 JOB_READS = "SELECT query FROM pg_stat_statements WHERE query ILIKE '%%FROM dygo_jobs%%' AND calls > 0"
 
 
+# Besides the jobs lists: the queues' counts and stats, the dashboard's queues page, the workflows list, /metrics.
+COUNTS = (
+    "/api/v1/queues",
+    "/api/v1/queues/default",
+    "/api/v1/stats",
+    "/api/v1/workflows",
+    "/dashboard/queues",
+)
+# A statement of each kind of read, by a fragment of its text: the queues' counts and /metrics' busy slots.
+MARKERS = {"queue counts": "FROM dygo_queues WHERE paused", "metrics": "SELECT lease_owner, queue"}
+
+
 def scenario_replica(lab: Lab, plan: Plan, rng: random.Random) -> Report:
     """9. Reads from a replica: serve with DATABASE_URL on the primary and DATABASE_READ_URL on its streaming
-    standby. The jobs lists of the API and the dashboard must run on the standby (the primary's
-    pg_stat_statements shows none of the statements the standby's shows) and the dashboard must say so with
-    a lag; an enqueue and a read by id of the job just enqueued go to the primary and see it at once."""
+    standby. The jobs lists of the API and the dashboard, the queues' counts and /metrics must run on the
+    standby (the primary's pg_stat_statements shows none of the statements the standby's shows) and the
+    dashboard and /metrics must say so with a lag; an enqueue and a read by id of the job just enqueued go to
+    the primary and see it at once."""
     report = Report("9. Reads from a replica", recovery_means="-")
     cluster = Cluster(lab.data_dir.parent / f"{lab.data_dir.name}-failover")
     cluster.build()
@@ -369,10 +382,15 @@ def scenario_replica(lab: Lab, plan: Plan, rng: random.Random) -> Report:
                 listed = client.get("/api/v1/jobs", params={"limit": 100}).json()["jobs"]
                 page = client.get("/dashboard/jobs").text
                 overview = client.get("/dashboard/").status_code
+                counted = {path: client.get(path).status_code for path in COUNTS}
+                metrics = client.get("/metrics").text
                 on_primary = {r[0] for r in conn.execute(JOB_READS)}
             with psycopg.connect(standby, autocommit=True) as conn:
                 on_standby = {r[0] for r in conn.execute(JOB_READS)}
         lag = re.search(r"Read from a replica \(DATABASE_READ_URL\)[^<]*", page)
+        metrics_lag = re.search(r"^dygo_read_replica_lag_seconds (\S+)$", metrics, flags=re.M)
+        # Which of the reads above the standby ran (pg_stat_statements shows literals as $n: matched by text).
+        ran_on_standby = {name: any(marker in q for q in on_standby) for name, marker in MARKERS.items()}
         report.jobs = len(listed)
         report.notes.update(
             enqueue_status=enqueued.status_code,
@@ -380,6 +398,9 @@ def scenario_replica(lab: Lab, plan: Plan, rng: random.Random) -> Report:
             listed=len(listed),
             overview=overview,
             dashboard_notice=lag.group(0) if lag else None,
+            counts_and_metrics=counted,
+            metrics_replica_lag=metrics_lag.group(1) if metrics_lag else None,
+            ran_on_standby=ran_on_standby,
             job_reads_on_standby=len(on_standby),
             job_reads_on_primary=[" ".join(q.split())[:120] for q in sorted(on_primary)],
             job_reads_on_both=len(on_primary & on_standby),
@@ -388,6 +409,10 @@ def scenario_replica(lab: Lab, plan: Plan, rng: random.Random) -> Report:
             report.problems.append(f"enqueue {enqueued.status_code}, then read by id {seen_at_once}")
         if on_primary & on_standby or not on_standby:
             report.problems.append(f"{len(on_primary & on_standby)} replica reads also ran on the primary")
+        if any(status != 200 for status in counted.values()) or not all(ran_on_standby.values()):
+            report.problems.append(f"counts: {counted}, ran on the standby: {ran_on_standby}")
+        if metrics_lag is None:
+            report.problems.append("/metrics gave no dygo_read_replica_lag_seconds sample")
         if lag is None or "behind the primary" not in lag.group(0) or overview != 200:
             report.problems.append(f"dashboard: overview {overview}, notice {report.notes['dashboard_notice']!r}")
         if not serve.alive():
