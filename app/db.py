@@ -75,6 +75,15 @@ def down(cause: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(DOWN_MESSAGE, "down", cause, RETRY_AFTER_DOWN)
 
 
+class ReplicaDown(DatabaseUnavailable):
+    """A request's 503 while the replica of DATABASE_READ_URL is down: logged as the replica's outage, never
+    as the primary's, which may be answering all along."""
+
+
+def replica_down(cause: BaseException) -> ReplicaDown:
+    return ReplicaDown(DOWN_MESSAGE, "down", cause, RETRY_AFTER_DOWN)
+
+
 def saturated(cause: BaseException) -> DatabaseUnavailable:
     """A request's 503 while this process is saturated: the database is fine, and no outage is logged."""
     return DatabaseUnavailable(SATURATED_MESSAGE, "saturated", cause, RETRY_AFTER_SATURATED)
@@ -292,14 +301,25 @@ class ServePools:
         async with self.read_connection() as conn:
             return await anyio.to_thread.run_sync(work, conn)
 
+    def reads_wait(self) -> float | None:
+        """How long a heavy read waits for a connection of `reads_pool` (see _wait): briefly while its server
+        is known to be down."""
+        outage = self.read_outage if self.read_pool is not None else self.outage
+        return OUTAGE_WAIT if outage.down else None
+
     @asynccontextmanager
     async def read_slot(self) -> AsyncIterator[None]:
         """A slot of the read pool's gate (the sync pool's without DATABASE_READ_URL), for code that takes its
         connection from `reads_pool` itself (metrics)."""
-        gate, outage = (self.read_gate, self.read_outage) if self.read_pool is not None else (self.gate, self.outage)
+        gate = self.read_gate if self.read_pool is not None else self.gate
         try:
-            async with gate.slot(OUTAGE_WAIT if outage.down else None):
-                yield
+            async with gate.slot(self.reads_wait()):
+                try:
+                    yield
+                except psycopg.Error as exc:
+                    if self.read_pool is not None and is_outage(exc):
+                        raise replica_down(exc) from exc
+                    raise
         except Saturated as exc:
             raise self.unavailable(exc, busy=True) from None
 
@@ -309,6 +329,7 @@ class ServePools:
     ) -> AsyncIterator[psycopg.Connection]:
         # During a known outage a request waits briefly (see _wait).
         wait = OUTAGE_WAIT if outage.down else None
+        replica = pool is self.read_pool
         try:
             async with gate.slot(wait):
                 try:
@@ -316,9 +337,14 @@ class ServePools:
                 except PoolTimeout as exc:
                     # Past the gate a connection is free or being opened: not getting one means the
                     # database does not accept connections.
-                    raise self.unavailable(exc, busy=False) from None
+                    raise (replica_down(exc) if replica else self.unavailable(exc, busy=False)) from None
                 try:
                     yield conn
+                except psycopg.Error as exc:
+                    # The replica's outage is told apart here, where it is known which server failed.
+                    if replica and is_outage(exc):
+                        raise replica_down(exc) from exc
+                    raise
                 finally:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(pool.putconn, conn, limiter=self.handoff)

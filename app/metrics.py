@@ -98,7 +98,7 @@ class DygoCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         # Every figure is a count or a total that may lag a little: DATABASE_READ_URL's replica when set.
         pools: ServePools = self.state.db
-        with pools.reads_pool.connection() as conn:
+        with pools.reads_pool.connection(timeout=pools.reads_wait()) as conn:
             snap = snapshot(conn, self.state.settings.concurrency, WORKER_SEEN_WITHIN)
             replica_lag = admin.replica_lag(conn) if pools.reads_replica else None
         yield replica_lag_gauge(replica_lag)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import psycopg
 from dygo.store import admin, enqueue
 from dygo.store.workflows import chain, enqueue_workflow
+from psycopg.conninfo import make_conninfo
 
 from tests.conftest import start_serve
 from tests.test_metrics import heartbeat, scrape, value
@@ -88,3 +89,20 @@ def test_without_a_replica_the_replica_lag_gauge_has_no_sample(api):
     text = api.reader.get("/metrics").text
     assert "# TYPE dygo_read_replica_lag_seconds gauge" in text
     assert "\ndygo_read_replica_lag_seconds " not in text
+
+
+def test_a_replica_that_is_down_is_logged_as_the_replica_and_the_primary_keeps_answering(db_url, spawn, tmp_path):
+    (tmp_path / "gone").mkdir()  # a socket directory where no server listens
+    gone = make_conninfo(db_url, host=str(tmp_path / "gone"))
+    api = start_serve(db_url, spawn, tokens=False, DATABASE_READ_URL=gone)
+    listed = api.anon.get("/api/v1/jobs")
+    assert listed.status_code == 503 and listed.json()["error"]["details"] == {"reason": "down"}
+    assert api.anon.get("/api/v1/queues").status_code == 503
+    assert api.anon.get("/metrics").status_code == 503
+    enqueued = api.anon.post("/api/v1/jobs", json={"kind": "test.noop", "args": {}})
+    assert enqueued.status_code == 201, enqueued.text
+    assert api.anon.get(f"/api/v1/jobs/{enqueued.json()['id']}").status_code == 200
+    api.close()
+    log = api.process.stderr()
+    assert log.count("replica database connection lost") == 1, log
+    assert "WARNING dygo.serve: database connection" not in log, log  # the primary was never lost
