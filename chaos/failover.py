@@ -403,6 +403,11 @@ def scenario_replica(lab: Lab, plan: Plan, rng: random.Random) -> Report:
                 counted = {path: client.get(path).status_code for path in COUNTS}
                 metrics = client.get("/metrics").text
                 on_primary = {r[0] for r in conn.execute(JOB_READS)}
+            # After the statements were counted (their own reads run the same statements on the primary): an
+            # action's answer and a `?wait=` see the primary's latest state.
+            paused = client.post("/api/v1/queues/default/pause").json().get("paused")
+            client.post("/api/v1/queues/default/resume")
+            waited = client.get(f"/api/v1/jobs/{job}", params={"wait": "100ms"}).json().get("id")
             with psycopg.connect(standby, autocommit=True) as conn:
                 on_standby = {r[0] for r in conn.execute(JOB_READS)}
         lag = re.search(r"Read from a replica \(DATABASE_READ_URL\)[^<]*", page)
@@ -412,6 +417,8 @@ def scenario_replica(lab: Lab, plan: Plan, rng: random.Random) -> Report:
         report.jobs = len(listed)
         report.notes.update(
             enqueue_status=enqueued.status_code,
+            pause_answer_paused=paused,
+            wait_answer_id=waited,
             read_by_id_at_once=seen_at_once,
             listed=len(listed),
             overview=overview,
@@ -425,6 +432,8 @@ def scenario_replica(lab: Lab, plan: Plan, rng: random.Random) -> Report:
         )
         if enqueued.status_code != 201 or seen_at_once != 200:
             report.problems.append(f"enqueue {enqueued.status_code}, then read by id {seen_at_once}")
+        if paused is not True or waited != job:
+            report.problems.append(f"a pause answered paused={paused}, a wait answered job {waited} for job {job}")
         if on_primary & on_standby or not on_standby:
             report.problems.append(f"{len(on_primary & on_standby)} replica reads also ran on the primary")
         if any(status != 200 for status in counted.values()) or not all(ran_on_standby.values()):

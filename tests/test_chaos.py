@@ -110,6 +110,7 @@ def test_with_a_streaming_replica_lists_counts_and_metrics_run_there_and_none_on
     assert float(notes["metrics_replica_lag"]) >= 0
     assert notes["dashboard_notice"].endswith("s behind the primary.")
     assert notes["enqueue_status"] == 201 and notes["read_by_id_at_once"] == 200
+    assert notes["pause_answer_paused"] is True and notes["wait_answer_id"] is not None
 
 
 def test_a_job_reclaimed_by_the_same_worker_during_its_first_run_leaves_the_worker_whole(conn, spawn):
