@@ -52,8 +52,8 @@ RETRY_AFTER_DOWN = 5  # Retry-After (seconds) of a 503 while the database is dow
 RETRY_AFTER_SATURATED = 1  # Retry-After of a 503 when this process is saturated
 SATURATION_LOG_INTERVAL = 60.0  # a saturated process says so at most this often
 APPLICATION_NAME = "dygo-serve"
-T = TypeVar("T")
 READ_APPLICATION_NAME = "dygo-serve-read"
+T = TypeVar("T")  # what a read run in a thread returns (ServePools.read)
 
 
 def split_pool(size: int) -> tuple[int, int]:
