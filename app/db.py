@@ -12,6 +12,9 @@ pool's timeout, as a false 503 and a false "database connection lost"). So:
 * every other endpoint (sync, run in the threadpool) gets its connection through `Conn`, an async
   dependency that first takes a slot of an asyncio gate sized to the sync pool, then the
   connection. A thread therefore never waits for a connection: one is free for every slot.
+* with DATABASE_READ_URL, the heavy reads (lists, counts, charts, /metrics) go to a third pool, the
+  replica's, behind a gate of its own: `ReadConn` for a sync endpoint, `read` for an async one (the
+  connection first, then a thread, the same order).
 
 The 503 rule (docs/operations/scaling-web.md): a request answers 503 `database_unavailable` with
 `Retry-After` when the database is down (a connection or a statement fails, or the pool cannot open
@@ -26,9 +29,9 @@ import asyncio
 import logging
 import select
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -50,6 +53,7 @@ RETRY_AFTER_SATURATED = 1  # Retry-After of a 503 when this process is saturated
 SATURATION_LOG_INTERVAL = 60.0  # a saturated process says so at most this often
 APPLICATION_NAME = "dygo-serve"
 READ_APPLICATION_NAME = "dygo-serve-read"
+T = TypeVar("T")  # what a read run in a thread returns (ServePools.read)
 
 
 def split_pool(size: int) -> tuple[int, int]:
@@ -69,6 +73,15 @@ class Saturated(Exception):
 def down(cause: BaseException) -> DatabaseUnavailable:
     """A request's 503 while the database is down (an outage: store/outage.py)."""
     return DatabaseUnavailable(DOWN_MESSAGE, "down", cause, RETRY_AFTER_DOWN)
+
+
+class ReplicaDown(DatabaseUnavailable):
+    """A request's 503 while the replica of DATABASE_READ_URL is down: logged as the replica's outage, never
+    as the primary's, which may be answering all along."""
+
+
+def replica_down(cause: BaseException) -> ReplicaDown:
+    return ReplicaDown(DOWN_MESSAGE, "down", cause, RETRY_AFTER_DOWN)
 
 
 def saturated(cause: BaseException) -> DatabaseUnavailable:
@@ -272,12 +285,51 @@ class ServePools:
             return self.sync_connection()
         return self._lend(self.read_pool, self.read_gate, self.read_outage, self.read_health)
 
+    @property
+    def reads_replica(self) -> bool:
+        """DATABASE_READ_URL is set: the heavy reads go to a replica that may lag behind the primary."""
+        return self.read_pool is not None
+
+    @property
+    def reads_pool(self) -> ConnectionPool:
+        """The sync pool of the heavy reads: DATABASE_READ_URL's when set, else the primary's."""
+        return self.read_pool if self.read_pool is not None else self.pool
+
+    async def read(self, work: Callable[[psycopg.Connection], T]) -> T:
+        """`work` run in a thread on a read connection (see read_connection), for an async endpoint whose
+        read goes to the replica: the connection is held before the thread is taken, as for a sync endpoint."""
+        async with self.read_connection() as conn:
+            return await anyio.to_thread.run_sync(work, conn)
+
+    def reads_wait(self) -> float | None:
+        """How long a heavy read waits for a connection of `reads_pool` (see _wait): briefly while its server
+        is known to be down."""
+        outage = self.read_outage if self.read_pool is not None else self.outage
+        return OUTAGE_WAIT if outage.down else None
+
+    @asynccontextmanager
+    async def read_slot(self) -> AsyncIterator[None]:
+        """A slot of the read pool's gate (the sync pool's without DATABASE_READ_URL), for code that takes its
+        connection from `reads_pool` itself (metrics)."""
+        gate = self.read_gate if self.read_pool is not None else self.gate
+        try:
+            async with gate.slot(self.reads_wait()):
+                try:
+                    yield
+                except psycopg.Error as exc:
+                    if self.read_pool is not None and is_outage(exc):
+                        raise replica_down(exc) from exc
+                    raise
+        except Saturated as exc:
+            raise self.unavailable(exc, busy=True) from None
+
     @asynccontextmanager
     async def _lend(
         self, pool: ConnectionPool, gate: Gate, outage: OutageLog, health: PoolHealth
     ) -> AsyncIterator[psycopg.Connection]:
         # During a known outage a request waits briefly (see _wait).
         wait = OUTAGE_WAIT if outage.down else None
+        replica = pool is self.read_pool
         try:
             async with gate.slot(wait):
                 try:
@@ -285,9 +337,14 @@ class ServePools:
                 except PoolTimeout as exc:
                     # Past the gate a connection is free or being opened: not getting one means the
                     # database does not accept connections.
-                    raise self.unavailable(exc, busy=False) from None
+                    raise (replica_down(exc) if replica else self.unavailable(exc, busy=False)) from None
                 try:
                     yield conn
+                except psycopg.Error as exc:
+                    # The replica's outage is told apart here, where it is known which server failed.
+                    if replica and is_outage(exc):
+                        raise replica_down(exc) from exc
+                    raise
                 finally:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(pool.putconn, conn, limiter=self.handoff)
@@ -347,6 +404,11 @@ async def _slot(request: Request) -> AsyncIterator[None]:
         yield
 
 
+async def _read_slot(request: Request) -> AsyncIterator[None]:
+    async with request.app.state.db.read_slot():
+        yield
+
+
 # An autocommit connection: each statement commits on its own unless wrapped in conn.transaction().
 # For sync endpoints (run in the threadpool); the hot paths use `database(request).connection()`.
 Conn = Annotated[psycopg.Connection, Depends(_connection)]
@@ -355,6 +417,8 @@ Conn = Annotated[psycopg.Connection, Depends(_connection)]
 ReadConn = Annotated[psycopg.Connection, Depends(_read_connection)]
 # A slot of the sync pool, for a sync endpoint that takes its connection from app.state.db.pool itself.
 SyncSlot = Annotated[None, Depends(_slot)]
+# A slot of the read pool's gate (see ReadConn), for a sync endpoint that takes its connection from reads_pool.
+ReadSlot = Annotated[None, Depends(_read_slot)]
 
 
 def database(request: Request) -> ServePools:

@@ -18,7 +18,7 @@ import psycopg
 from dygo.app.auth import BearerAuth, Tokens, check_protection
 from dygo.app.body_limit import BodyLimit
 from dygo.app.dashboard import error_page, install_dashboard, is_dashboard
-from dygo.app.db import ServePools, down
+from dygo.app.db import ReplicaDown, ServePools, down
 from dygo.app.docs import install_docs
 from dygo.app.errors import coded_response, error_response
 from dygo.app.events import router as events_router
@@ -175,7 +175,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DatabaseUnavailable)
     async def database_unavailable(request: Request, exc: DatabaseUnavailable) -> Response:
         if exc.reason == "down":
-            request.app.state.outage.lost(f"{request.method} {request.url.path}", exc.cause or exc)
+            outage = request.app.state.db.read_outage if isinstance(exc, ReplicaDown) else request.app.state.outage
+            outage.lost(f"{request.method} {request.url.path}", exc.cause or exc)
         if is_dashboard(request):
             page = (
                 error_page(request, 503, "Database unavailable", "The database is not reachable; try again shortly.")

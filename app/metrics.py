@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from dygo.app.db import SyncSlot
+from dygo.app.db import ReadSlot, ServePools
 from dygo.app.system import WORKER_SEEN_WITHIN
 from dygo.store import admin
 from dygo.store.metrics import Snapshot, snapshot
@@ -96,8 +96,12 @@ class DygoCollector(Collector):
         self.state = state  # app.state: the pool exists only once the lifespan has started
 
     def collect(self) -> Iterator[Metric]:
-        with self.state.db.pool.connection() as conn:
+        # Every figure is a count or a total that may lag a little: DATABASE_READ_URL's replica when set.
+        pools: ServePools = self.state.db
+        with pools.reads_pool.connection(timeout=pools.reads_wait()) as conn:
             snap = snapshot(conn, self.state.settings.concurrency, WORKER_SEEN_WITHIN)
+            replica_lag = admin.replica_lag(conn) if pools.reads_replica else None
+        yield replica_lag_gauge(replica_lag)
         fold_kinds(snap)
         jobs = GaugeMetricFamily(
             "dygo_jobs",
@@ -187,6 +191,18 @@ class DygoCollector(Collector):
             yield histogram
 
 
+def replica_lag_gauge(seconds: float | None) -> Metric:
+    """How far behind its primary the replica these figures came from is. No sample without DATABASE_READ_URL
+    or when its lag is unknown (the server is not in recovery), so an alert on it never fires on a made-up value."""
+    gauge = GaugeMetricFamily(
+        "dygo_read_replica_lag_seconds",
+        "Seconds the replica of DATABASE_READ_URL, which these figures were read from, is behind its primary",
+    )
+    if seconds is not None:
+        gauge.add_metric([], seconds)
+    return gauge
+
+
 def install_metrics(app: FastAPI) -> None:
     """A registry per app (never the global one) holding the database collector, and the route."""
     registry = CollectorRegistry(auto_describe=False)
@@ -201,5 +217,5 @@ def install_metrics(app: FastAPI) -> None:
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
 )
-def metrics(request: Request, _: SyncSlot) -> Response:
+def metrics(request: Request, _: ReadSlot) -> Response:
     return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)

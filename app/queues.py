@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import psycopg
-from dygo.app.db import Conn, database
+from dygo.app.db import Conn, ReadConn, database
 from dygo.app.errors import ApiError, documented
 from dygo.app.jobs import api_duration
 from dygo.app.schemas import DURATION_PATTERN, PurgeReport, Queue, QueueList, QueueStats, RetryDeadReport, VacuumReport
@@ -34,15 +34,30 @@ def _queue(request: Request, conn: psycopg.Connection, name: str) -> dict[str, A
     return queue
 
 
-def _stats(conn: psycopg.Connection, queue: str | None, days: int, counts: dict[str, int]) -> dict[str, Any]:
-    admin.fold_stats(conn)  # fresh numbers; skipped harmlessly while another process folds
+def _stats(
+    request: Request, conn: psycopg.Connection, queue: str | None, days: int, counts: dict[str, int]
+) -> dict[str, Any]:
+    if not database(request).reads_replica:
+        # Fresh numbers; skipped harmlessly while another process folds. A replica cannot fold: there the
+        # figures are what serve's own fold on the primary has replicated.
+        admin.fold_stats(conn)
     return {"queue": queue, "counts": counts, **admin.daily_stats(conn, queue, days)}
 
 
+def _queues_and_limits(conn: psycopg.Connection, configured: dict[str, int]) -> dict[str, Any]:
+    in_use = [use.as_dict() for use in limits.limits_in_use(conn)]
+    return {"queues": admin.list_queues(conn, configured), "limits": in_use}
+
+
+# The reads below are counts, which may lag behind the primary: DATABASE_READ_URL's when set. The actions'
+# own reads (the queue as a pause or resume left it) stay on the primary.
 @router.get("/queues", response_model=QueueList, summary="Every queue with its counts by state")
 async def list_queues(request: Request) -> dict[str, Any]:
-    async with database(request).connection() as conn:
-        queues = await admin.alist_queues(conn, _configured(request))
+    pools, configured = database(request), _configured(request)
+    if pools.reads_replica:
+        return await pools.read(lambda conn: _queues_and_limits(conn, configured))
+    async with pools.connection() as conn:
+        queues = await admin.alist_queues(conn, configured)
         in_use = [use.as_dict() for use in await limits.alimits_in_use(conn)]
     return {"queues": queues, "limits": in_use}
 
@@ -50,7 +65,7 @@ async def list_queues(request: Request) -> dict[str, Any]:
 @router.get(
     "/queues/{name}", response_model=Queue, summary="One queue with its counts by state", responses=documented(404)
 )
-def get_queue(name: QueueName, request: Request, conn: Conn) -> dict[str, Any]:
+def get_queue(name: QueueName, request: Request, conn: ReadConn) -> dict[str, Any]:
     return _queue(request, conn, name)
 
 
@@ -60,9 +75,9 @@ def get_queue(name: QueueName, request: Request, conn: Conn) -> dict[str, Any]:
     summary="Counts and daily throughput of one queue",
     responses=documented(404, 422),
 )
-def queue_stats(name: QueueName, request: Request, conn: Conn, days: Days = 7) -> dict[str, Any]:
+def queue_stats(name: QueueName, request: Request, conn: ReadConn, days: Days = 7) -> dict[str, Any]:
     counts = _queue(request, conn, name)["counts"]
-    return _stats(conn, name, days, counts)
+    return _stats(request, conn, name, days, counts)
 
 
 @router.get(
@@ -71,10 +86,10 @@ def queue_stats(name: QueueName, request: Request, conn: Conn, days: Days = 7) -
     summary="Counts and daily throughput of all queues together",
     responses=documented(422),
 )
-def all_stats(request: Request, conn: Conn, days: Days = 7) -> dict[str, Any]:
+def all_stats(request: Request, conn: ReadConn, days: Days = 7) -> dict[str, Any]:
     queues = admin.list_queues(conn, _configured(request))
     counts = {state: sum(q["counts"][state] for q in queues) for state in admin.COUNTED_STATES}
-    return _stats(conn, None, days, counts)
+    return _stats(request, conn, None, days, counts)
 
 
 @router.post(

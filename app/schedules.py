@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from dygo.app.db import Conn
+from dygo.app.db import Conn, ReadConn
 from dygo.app.errors import ErrorResponse, documented
 from dygo.store import schedules
 from fastapi import APIRouter, Path
@@ -61,7 +61,7 @@ class Triggered(BaseModel):
 
 
 @router.get("", response_model=ScheduleList, summary="Every schedule: spec in words, next and last fire, last job")
-def list_schedules(conn: Conn) -> dict[str, Any]:
+def list_schedules(conn: ReadConn) -> dict[str, Any]:
     return {"schedules": schedules.list_schedules(conn)}
 
 

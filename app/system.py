@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 import psycopg
-from dygo.app.db import Conn, SyncSlot
+from dygo.app.db import Conn, ReadConn, SyncSlot
 from dygo.app.errors import ApiError, documented, error_response
 from dygo.app.schemas import Health, NukeReport, Ready, WorkerList
 from dygo.store import admin
@@ -55,7 +55,7 @@ def readyz(request: Request, _: SyncSlot) -> Any:
     summary="Worker processes seen in the last 30 seconds",
     responses=documented(401, 403, 503),
 )
-def workers(conn: Conn) -> dict[str, Any]:
+def workers(conn: ReadConn) -> dict[str, Any]:
     return {"workers": admin.live_workers(conn, WORKER_SEEN_WITHIN)}
 
 

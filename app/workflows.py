@@ -266,9 +266,15 @@ async def list_workflows(
     ] = None,
 ) -> dict[str, Any]:
     position = decode_cursor(before, "newest") if before is not None else None
-    async with database(request).connection() as conn:
-        # One more than asked: tells whether a next page exists.
-        rows = await store.alist_workflows(conn, state=state, name=name, before=position, limit=limit + 1)
+    pools = database(request)
+    # One more than asked: tells whether a next page exists. A list may lag: DATABASE_READ_URL's when set.
+    if pools.reads_replica:
+        rows = await pools.read(
+            lambda conn: store.list_workflows(conn, state=state, name=name, before=position, limit=limit + 1)
+        )
+    else:
+        async with pools.connection() as conn:
+            rows = await store.alist_workflows(conn, state=state, name=name, before=position, limit=limit + 1)
     more = len(rows) > limit
     return {
         "workflows": rows[:limit],

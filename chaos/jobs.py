@@ -12,13 +12,19 @@ import asyncio
 import os
 import sys
 import time
+from datetime import UTC, datetime
+from uuid import uuid4
 
 import psycopg
 from dygo.store import JobContext, job
 from dygo.store.db import connect_kwargs
 from pydantic import BaseModel
 
-RECORD = "INSERT INTO chaos_runs (job_id, attempt, pid, lease_token) VALUES (%(id)s, %(attempt)s, %(pid)s, %(token)s)"
+# An execution is recorded once however often its insert is tried: when the primary dies while its standby
+# confirms a synchronous commit, the client sees an error for a row the standby has, and tries it again.
+RECORD = """
+INSERT INTO chaos_runs (job_id, attempt, pid, lease_token, execution, started)
+VALUES (%(id)s, %(attempt)s, %(pid)s, %(token)s, %(execution)s, %(started)s) ON CONFLICT (execution) DO NOTHING"""
 
 _conn: psycopg.AsyncConnection | None = None
 RECORD_PATIENCE = 120.0  # the database may be restarting (scenario 2): keep trying this long
@@ -57,7 +63,16 @@ def record_sync(ctx: JobContext) -> str:
 
 
 def params(ctx: JobContext) -> dict[str, object]:
-    return {"id": ctx.id, "attempt": ctx.attempt, "pid": os.getpid(), "token": ctx.lease_token}
+    """One execution's row: `execution` names it, so that trying its insert again records nothing more, and
+    `started` is when it began, whenever the insert gets through."""
+    return {
+        "id": ctx.id,
+        "attempt": ctx.attempt,
+        "pid": os.getpid(),
+        "token": ctx.lease_token,
+        "execution": uuid4(),
+        "started": datetime.now(UTC),
+    }
 
 
 class Work(BaseModel):

@@ -73,6 +73,8 @@ CREATE TABLE chaos_runs (
     attempt     integer     NOT NULL,
     pid         integer     NOT NULL,
     lease_token uuid,
+    execution   uuid        NOT NULL UNIQUE,
+    started     timestamptz NOT NULL,  -- the handler's start; `at` is when its row got in (later across an outage)
     at          timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX ON chaos_runs (job_id);

@@ -404,6 +404,15 @@ def module_db_url(server_url: str, fresh_databases: FreshDatabases) -> Iterator[
     fresh_databases.give_back(name)
 
 
+@pytest.fixture
+def replica_url(server_url: str, fresh_databases: FreshDatabases) -> Iterator[str]:
+    """A second fresh database standing in for DATABASE_READ_URL's replica: what a page or a list shows tells
+    which of the two it read (a real streaming replica is chaos/failover.py's)."""
+    name = fresh_databases.take()
+    yield make_conninfo(server_url, dbname=name)
+    fresh_databases.give_back(name)
+
+
 @pytest.fixture(scope="module")
 def module_api(module_db_url: str) -> Iterator[Api]:
     """One `dygo serve` (tokens configured) for a whole module."""

@@ -1,5 +1,6 @@
 """The fault-injection suite in its short form: every scenario of chaos/runner.py but `presence` (whose
-point tests/test_presence.py proves in less time) with a few hundred jobs and a couple of faults, through
+point tests/test_presence.py proves in less time) with a few hundred jobs and a couple of faults (the
+failover and replica scenarios: a few seconds of jobs on a primary and its standby), through
 `python -m chaos --short` (its own process: the chaos job kinds must not join this process's registry) on a
 dedicated embedded server, which scenario 2 restarts. The books check is the same as in the full `make chaos`
 run."""
@@ -30,7 +31,7 @@ def data_dir() -> Iterator[Path]:
     embedded.stop(DATA_DIR)
 
 
-def short(data_dir: Path, scenario: str, tmp_path: Path) -> dict[str, Any]:
+def short(data_dir: Path, scenario: str, tmp_path: Path, least_jobs: int = 300) -> dict[str, Any]:
     out = tmp_path / "report.json"
     done = subprocess.run(
         [
@@ -55,7 +56,7 @@ def short(data_dir: Path, scenario: str, tmp_path: Path) -> dict[str, Any]:
     assert report["problems"] == [], f"{report['problems']}; notes {report['notes']}; logs in {data_dir / 'logs'}"
     assert done.returncode == 0, done.stderr[-3000:]
     assert report["lost"] == report["stuck"] == report["over_run"] == report["stale_settles"] == 0
-    assert report["jobs"] >= 300
+    assert report["jobs"] >= least_jobs
     return report
 
 
@@ -89,6 +90,27 @@ def test_sigterm_during_deploys_hands_long_jobs_back_and_a_new_worker_starts_the
 def test_misbehaving_handlers_each_end_dead_with_their_error_and_the_worker_stays_up(data_dir, tmp_path):
     report = short(data_dir, "handlers", tmp_path)
     assert len(report["notes"]["misbehaving_by_kind"]) == 11  # every kind in chaos.jobs.MISBEHAVING
+
+
+def test_a_failover_to_a_synchronous_standby_loses_no_acknowledged_job_and_workers_follow_it(data_dir, tmp_path):
+    # A few seconds of jobs on a primary and its standby: fewer than the other scenarios' 300.
+    report = short(data_dir, "failover", tmp_path, least_jobs=100)
+    notes = report["notes"]
+    assert notes["acknowledged_jobs_lost"] == 0 and notes["standby_worker_read_only_lines"] == 1
+    # Every worker on the multi-host URL, and the one on the standby alone, claims on the new primary.
+    assert len(notes["seconds_to_claim_after_promotion"]) == 3
+    assert report["max_recovery"] is not None and report["max_recovery"] < notes["claim_limit"]
+
+
+def test_with_a_streaming_replica_lists_counts_and_metrics_run_there_and_none_on_the_primary(data_dir, tmp_path):
+    report = short(data_dir, "replica", tmp_path, least_jobs=21)
+    notes = report["notes"]
+    assert notes["job_reads_on_both"] == 0 and notes["job_reads_on_standby"] >= 4
+    assert notes["ran_on_standby"] == {"queue counts": True, "metrics": True}
+    assert float(notes["metrics_replica_lag"]) >= 0
+    assert notes["dashboard_notice"].endswith("s behind the primary.")
+    assert notes["enqueue_status"] == 201 and notes["read_by_id_at_once"] == 200
+    assert notes["pause_answer_paused"] is True and notes["wait_answer_id"] is not None
 
 
 def test_a_job_reclaimed_by_the_same_worker_during_its_first_run_leaves_the_worker_whole(conn, spawn):

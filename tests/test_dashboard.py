@@ -15,6 +15,7 @@ import httpx
 import psycopg
 import pytest
 from dygo.app.throttle import LOGIN_ATTEMPTS
+from dygo.store import enqueue as enqueue_job
 
 from tests.conftest import ADMIN_TOKEN, READ_TOKEN, REPO, Api, wait_until
 
@@ -614,3 +615,34 @@ def test_the_limit_form_refuses_what_the_file_refuses_and_changes_nothing(module
         form.locator("button").click()
         expect(page.locator(".flash.error")).to_contain_text(rule)
         assert module_conn.execute(count).fetchone()[0] == 0, (key[:20], concurrency, rate)
+
+
+def test_pages_read_from_a_replica_say_so_and_the_overview_keeps_saying_so_as_it_refreshes(
+    serve, conn, replica_url, page
+):
+    on_primary = enqueue_on(conn, "primary")
+    api = serve(DATABASE_READ_URL=replica_url)
+    with psycopg.connect(replica_url, autocommit=True) as replica:
+        log_in(page, api)
+        notice = page.locator("p.notice.replica")
+        expect(notice).to_be_visible()
+        expect(notice).to_have_text(
+            "Read from a replica (DATABASE_READ_URL): its lag is unknown (the server is not in recovery)."
+        )
+        pending = page.locator("tr[data-queue='default'] td.c-pending")
+        expect(pending).to_have_text("0")  # the replica's count: the primary has a pending job
+        enqueue_on(replica, "replica")
+        expect(pending).to_have_text("1", timeout=8_000)  # refreshed from the replica, the notice with it
+        expect(page.locator("#live p.notice.replica")).to_be_visible()  # the lag is refreshed with the counts
+        expect(notice).to_have_count(1)
+        shot(page, "overview-replica")
+        for path in ("/jobs", "/queues", "/dead", "/workflows", "/schedules"):
+            page.goto(f"{api.url}/dashboard{path}")
+            expect(notice).to_be_visible()
+        page.goto(f"{api.url}/dashboard/jobs/{on_primary}")  # a job's page reads the primary: no notice
+        expect(page.locator("h1")).to_contain_text(str(on_primary))
+        expect(notice).to_have_count(0)
+
+
+def enqueue_on(conn, where: str) -> int:
+    return enqueue_job(conn, "test.noop", {"where": where}).id

@@ -58,7 +58,7 @@ def throughput_charts(conn: Conn, days: bool = True) -> dict[str, charts.Chart]:
 
 @router.get("/")
 def overview(request: Request, visitor: Page, conn: ReadConn) -> Response:
-    if database(request).read_pool is None:
+    if not database(request).reads_replica:
         # Fresh numbers; skipped harmlessly while another process folds. A replica cannot fold: there the
         # charts show what serve's own fold (every 30 s) has replicated.
         admin.fold_stats(conn)
