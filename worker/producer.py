@@ -50,6 +50,8 @@ RECOVER_INTERVAL = 1.0  # at most this often after a claim, so recovery stays ch
 # keeps its run_at) waits for the next walk from the head.
 LATE_COMMIT_MARGIN = timedelta(seconds=0.5)
 HEAD_WALK_INTERVAL = 1.0
+# A queue a limit held back within this long counts as one whose freed slots are awaited (limit_in_use).
+LIMIT_IN_USE_FOR = 5.0
 
 
 class QueueSlots:
@@ -70,6 +72,7 @@ class QueueSlots:
         # snapshot keeps for jobs claimed since; see the module docstring.
         self.walk_start: datetime | None = None
         self.head_walked_at = -math.inf  # monotonic time of its last walk from the head
+        self.held_at = -math.inf  # monotonic time of its last claim a limit held back
         self.last_walk_from_head = True  # whether its last walk started at the head
 
     @property
@@ -158,6 +161,11 @@ class Producer:
             slots.due_at = min(slots.due_at, time.monotonic() + max(delay, 0.0) + 0.005)
             slots.walk_start = None  # a hand-back keeps its run_at: behind where the walk would start
             self.wake.set()  # the idle wait takes the new timer into account
+
+    def limit_in_use(self, name: str) -> bool:
+        """Whether a limit held back a claim of queue `name` within LIMIT_IN_USE_FOR (QueueWakeups)."""
+        slots = self.slots.get(name)
+        return slots is not None and time.monotonic() - slots.held_at < LIMIT_IN_USE_FOR
 
     def claims_freed_slots(self, name: str) -> bool:
         """Whether this worker claims for queue `name` as soon as it is told a settle freed a slot of a
@@ -291,6 +299,7 @@ class Producer:
         so the next-run timer would spin); a settle's NOTIFY may wake them sooner."""
         now = time.monotonic()
         for name, wait in held_back.items():
+            self.slots[name].held_at = now
             if wait <= 0:
                 self.slots[name].may_have_ready = True
             else:

@@ -32,6 +32,11 @@ class QueueWakeups(Protocol):
         """A job of `queue` was put back in line, due in `delay` seconds (a retry, a snooze): claim for the
         queue then (a poll-only worker gets no NOTIFY for it)."""
 
+    def limit_in_use(self, queue: str) -> bool:
+        """Whether a limit held back a claim of `queue` in this worker lately: only then may a slot freed there
+        be awaited, here or in another worker (a limit never reached holds nobody back, and its settles wake
+        nobody; a worker held back meanwhile claims again at its recheck timer)."""
+
     def claims_freed_slots(self, queue: str) -> bool:
         """Whether this worker claims at once for `queue` when a settle frees slots of a limit there; if not,
         the settle wakes every worker (a NOTIFY)."""
@@ -45,6 +50,9 @@ class NoWakeups:
 
     def requeued(self, queue: str, delay: float) -> None:
         pass
+
+    def limit_in_use(self, queue: str) -> bool:
+        return True
 
     def claims_freed_slots(self, queue: str) -> bool:
         return False
@@ -94,7 +102,11 @@ class Settler:
             batch = self.outbox[:SETTLE_BATCH]
             try:
                 async with self.database.connection() as conn:
-                    freed = await limits.freed_queues(conn, [o.job for o in batch])
+                    freed = [
+                        queue
+                        for queue in await limits.freed_queues(conn, [o.job for o in batch])
+                        if self.wakeups.limit_in_use(queue)
+                    ]
                     claimed_here = [queue for queue in freed if self.wakeups.claims_freed_slots(queue)]
                     to_notify = [queue for queue in freed if queue not in claimed_here]  # wakes every worker
                     settled = await leases.settle(conn, batch, to_notify)
