@@ -27,11 +27,13 @@ the job table.
 
     .venv/bin/python bench/held_snapshot.py                        # 60 s clean, 600 s held, 30 s after
     .venv/bin/python bench/held_snapshot.py --clean 20 --hold 60 --after 10    # a shorter look
+    .venv/bin/python bench/held_snapshot.py --server postgresql:///postgres?host=/tmp/pg15   # another server
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -94,9 +96,12 @@ class Sample:
 
 def main() -> int:
     args = parse_arguments()
-    server = subprocess.run(
-        [sys.executable, "-m", "dygo", "db", "url"], check=True, capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    server = (
+        args.server
+        or subprocess.run(
+            [sys.executable, "-m", "dygo", "db", "url"], check=True, capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()
+    )
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DATABASE}")
@@ -147,6 +152,9 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--hold", type=float, default=600.0, help="seconds the snapshot is held")
     parser.add_argument("--after", type=float, default=30.0, help="seconds after the hold is released")
     parser.add_argument("--window", type=float, default=30.0, help="seconds per line of the latency table")
+    parser.add_argument(
+        "--server", help="URL of another PostgreSQL server to run on (default: the project's embedded one)"
+    )
     return parser.parse_args()
 
 
@@ -273,6 +281,11 @@ class Span:
         return 100 * (self.end.server_cpu - self.start.server_cpu) / (self.end.at - self.start.at)
 
     @property
+    def cpu_per_job(self) -> float:
+        """Server CPU ms per job enqueued in the span: the rate a loaded machine's producer keeps varies."""
+        return 1000 * (self.end.server_cpu - self.start.server_cpu) / len(self.pickup) if self.pickup else math.nan
+
+    @property
     def worker_cpu(self) -> float:
         return 100 * (self.end.worker_cpu - self.start.worker_cpu) / (self.end.at - self.start.at)
 
@@ -299,7 +312,8 @@ class Span:
         return (
             f"| {self.phase} | {self.start.at - origin:.0f} | {len(p)} | "
             f"{percentile(p, 50):.1f} / {percentile(p, 95):.1f} / {percentile(p, 99):.1f} | "
-            f"{percentile(r, 50):.1f} / {percentile(r, 99):.1f} | {self.cpu:.0f} % | {self.worker_cpu:.0f} % | "
+            f"{percentile(r, 50):.1f} / {percentile(r, 99):.1f} | {self.cpu:.0f} % | {self.cpu_per_job:.2f} | "
+            f"{self.worker_cpu:.0f} % | "
             f"{self.claim_figures()} | {self.look_figures()} | {self.entries_per_scan():.1f} | {self.end.dead:,} | "
             f"{self.end.load:.2f} |"
         )
@@ -323,9 +337,9 @@ def report(
     args: argparse.Namespace,
 ) -> None:
     header = (
-        "| phase | from s | jobs | pickup p50 / p95 / p99 ms | rows p50 / p99 ms | PostgreSQL CPU | worker CPU | "
-        "claims | ms per claim | buffers per claim | looks behind | index entries per scan | dead tuples at end | "
-        "load |\n|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| phase | from s | jobs | pickup p50 / p95 / p99 ms | rows p50 / p99 ms | PostgreSQL CPU | CPU ms per job | "
+        "worker CPU | claims | ms per claim | buffers per claim | looks behind | index entries per scan | "
+        "dead tuples at end | load |\n|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     origin = samples[0].at
     windows = [span(a.phase, a, b, picked, rows) for a, b in zip(samples, samples[1:], strict=False)]
@@ -351,6 +365,7 @@ def report(
         ("pickup p50", lambda s: percentile(s.pickup, 50)),
         ("pickup p99", lambda s: percentile(s.pickup, 99)),
         ("PostgreSQL CPU", lambda s: s.cpu),
+        ("PostgreSQL CPU per job", lambda s: s.cpu_per_job),
     ):
         worst = max(figure(w) / figure(clean) for w in held)
         whole = figure(phases["held"]) / figure(clean)
