@@ -228,8 +228,9 @@ class Producer:
                 failures = 0
                 await self.database.back()
                 # Recovery comes right after a claim rather than before it, to keep its round trip
-                # off the path from a wake-up to a started job; what it recovers wakes us again.
-                if time.monotonic() - self.recovery.last >= RECOVER_INTERVAL:
+                # off the path from a wake-up to a started job; what it recovers wakes us again. Not while
+                # the look behind the walk starts holds the shared connection: the claims would wait for it.
+                if time.monotonic() - self.recovery.last >= RECOVER_INTERVAL and self.behind.task is None:
                     await self.recovery.run_once()
                 counts = Counter(job.queue for job in claim.jobs)
                 short = [name for name, n in wanted.items() if counts[name] < n and name not in self.held_back]
@@ -378,8 +379,9 @@ class Producer:
 
 class JobsBehind:
     """The look for ready jobs behind the queues' walk starts (store/claim.py JOBS_BEHIND), apart from the
-    claims: a task of its own on a connection of the pool, so a claim never waits for it. A queue where it
-    finds one gets its next claim from the head at once; one it cannot tell about (the database failed) too."""
+    claims: a task of its own on the shared connection, so a claim never waits for it (the producer leaves its
+    recovery pass for later while it runs). A queue where it finds one gets its next claim from the head at
+    once; one it cannot tell about (the database failed) too."""
 
     def __init__(self, producer: Producer) -> None:
         self.producer = producer
