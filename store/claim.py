@@ -181,7 +181,7 @@ ORDER BY priority DESC NULLS LAST, run_at, id"""
 
 # The queues with a ready job behind their walk start (`since`), which walks from there do not see: put in
 # line with an earlier run_at (a hand-back, a recovered lease, a resumed job) or committed later than the
-# producer's margin. The producer asks it apart from its claims, on another connection, at most once a
+# producer's margin. The producer asks it apart from its claims, on the shared connection, at most once a
 # second: while something holds a snapshot back it visits the row of every job claimed since the hold
 # began, a cost that would otherwise fall on a claim, and on the jobs waiting for it. It locks nothing: a
 # pending row another worker has locked counts too (one walk from the head too many, no job missed).

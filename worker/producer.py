@@ -21,7 +21,7 @@ claim's time less LATE_COMMIT_MARGIN rather than at the head, where a held snaps
 job claimed since (store/claim.py CLAIM_JOBS); after a full claim (a backlog), at the run_at of the
 last job it took less that margin. Jobs put back in line with an earlier run_at (and, in a backlog, older
 jobs of a lower priority than the last one taken) are looked for apart from the claims (`JobsBehind`,
-store/claim.py JOBS_BEHIND), on another connection, at most once every BEHIND_CHECK_INTERVAL while the
+store/claim.py JOBS_BEHIND), on the shared connection, at most once every BEHIND_CHECK_INTERVAL while the
 queue's claims start past the head; a queue where it finds one walks from the head at its next claim.
 That look visits every entry a held snapshot keeps, so it runs at most BEHIND_CHECK_SHARE of the time, and
 never holds up a claim. While a kind is at its cap its skipped jobs stay behind such a start, so no start
