@@ -1,6 +1,7 @@
 """Job kinds for the benchmarks that start their own workers (`jobs: [bench_jobs]`, bench/ on PYTHONPATH)."""
 
 import asyncio
+import os
 import time
 
 from dygo import JobContext, Snooze, job
@@ -47,3 +48,17 @@ async def wait_event(ctx: JobContext, args: dict) -> float:
     """Waits for the event `key` (bench/event_wake.py); returns the epoch second its run went on after the wait."""
     await ctx.wait_for_event("e", key=args["key"])
     return time.time()
+
+
+_stamps: list = []  # the open file of this process's pickup stamps (bench/held_snapshot.py), once opened
+
+
+@job("bench.stamped")
+async def stamped(ctx: JobContext, args: dict) -> None:
+    """Writes the producer's time before its enqueue (`t`) and the time this handler began, one line to the
+    file in $DYGO_BENCH_STAMPS (bench/held_snapshot.py), then sleeps `ms` milliseconds."""
+    began = time.time()
+    if not _stamps:
+        _stamps.append(open(os.environ["DYGO_BENCH_STAMPS"], "a", buffering=1))  # noqa: SIM115 (kept open)
+    _stamps[0].write(f"{args['t']!r} {began!r}\n")
+    await asyncio.sleep(args.get("ms", 1) / 1000)

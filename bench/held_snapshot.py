@@ -10,26 +10,37 @@ that must step over them gets slower the longer the hold lasts. This measures it
 3. phases: `clean` (`--clean` s), `held` (`--hold` s, while another connection sits idle in a
    transaction that holds an xid), `after` (`--after` s, the hold released).
 
-It prints pickup latency (started_at - enqueued_at, from the rows) p50/p99 per `--window`, each
-phase's p50/p99, the dead tuples of dygo_jobs at the end of the hold, and the sequential scans of
-dygo_jobs during the run (pg_stat_user_tables; this script's own queries use indexes until the run's
-end). Targets (issue "Fleet scale", item 5): held p50 within 1.5x of clean over the hold, and no
-sequential scan of the job table at any time.
+Pickup latency is measured two ways, per `--window` and per phase:
+- `pickup`: from the producer's clock just before its `enqueue` call to the handler's first line
+  (the job's arguments carry the first, the handler writes both to a file): what a caller sees,
+  the enqueue's commit, the NOTIFY, the claim statement and the start in the worker included;
+- `rows`: started_at - enqueued_at, from the job's row: the enqueue's transaction start to the
+  claim's, which leaves out the claim statement's own time and everything after it.
+
+Each window also gives the PostgreSQL server's CPU (its processes' user + system time from /proc,
+exited backends included, as % of one core), the claim statements' calls, time and shared buffers
+per call (pg_stat_statements, when the server preloads it; otherwise it says so), the entries of
+dygo_jobs_ready read per index scan (pg_stat_user_indexes), and the 1-minute load average. At the
+end: dead tuples of dygo_jobs, sequential scans of it during the run. Targets: every window of the
+hold within 1.5x of the clean phase in pickup p50 and p99 and in server CPU; no sequential scan of
+the job table.
 
     .venv/bin/python bench/held_snapshot.py                        # 60 s clean, 600 s held, 30 s after
     .venv/bin/python bench/held_snapshot.py --clean 20 --hold 60 --after 10    # a shorter look
+    .venv/bin/python bench/held_snapshot.py --server postgresql:///postgres?host=/tmp/pg15   # another server
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -37,23 +48,66 @@ from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_jobs  # noqa: E402, F401  (registers the kinds this script enqueues)
-from common import ROOT, WorkerProcess, log, paced, percentile, wait_until  # noqa: E402
+from common import (  # noqa: E402
+    CLOCK_TICKS,
+    ROOT,
+    WorkerProcess,
+    log,
+    paced,
+    parent_pid,
+    percentile,
+    process_cpu_seconds,
+    wait_until,
+)
 from dygo.store.enqueue import enqueue  # noqa: E402
 
 DATABASE = "bench_snapshot"
-TARGET = 1.5  # held p50 at most this multiple of clean p50
+TARGET = 1.5  # every held window's p50, p99 and server CPU at most this multiple of the clean phase's
+
+# The claim statements (store/claim.py), told apart from every other statement by what only they do.
+CLAIM_STATS = """
+SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time), 0),
+       coalesce(sum(shared_blks_hit + shared_blks_read), 0)
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND query LIKE '%FOR UPDATE SKIP LOCKED%' AND query LIKE '%UPDATE dygo_jobs AS j%'"""
+# The producer's look for jobs behind its walk starts (store/claim.py JOBS_BEHIND), apart from the claims.
+LOOK_STATS = """
+SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time), 0), coalesce(max(max_exec_time), 0)
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND query LIKE '%run_at < w.since%'"""
+
+
+@dataclass
+class Sample:
+    """Counters read at one instant of the run."""
+
+    phase: str  # the phase that begins or goes on at this instant
+    at: float  # epoch seconds
+    server_cpu: float  # seconds
+    worker_cpu: float
+    claims: tuple[float, float, float] | None  # calls, total ms, shared buffers (None: no pg_stat_statements)
+    looks: tuple[float, float, float] | None  # calls, total ms, longest ms so far
+    index: tuple[int, int]  # dygo_jobs_ready: scans, entries read
+    dead: int
+    load: float
 
 
 def main() -> int:
     args = parse_arguments()
-    server = subprocess.run(
-        [sys.executable, "-m", "dygo", "db", "url"], check=True, capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    server = (
+        args.server
+        or subprocess.run(
+            [sys.executable, "-m", "dygo", "db", "url"], check=True, capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()
+    )
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DATABASE}")
     url = make_conninfo(server, dbname=DATABASE)
     with tempfile.TemporaryDirectory(prefix="dygo-snapshot-") as config:
+        stamps = Path(config, "stamps")
         Path(config, "queues.yml").write_text(f"queues:\n  - name: default\n    concurrency: {args.concurrency}\n")
         Path(config, "dygo.yml").write_text("jobs: [bench_jobs]\n")
         env = {
@@ -61,6 +115,7 @@ def main() -> int:
             "DYGO_CONFIG_DIR": config,
             "DYGO_LOG_LEVEL": "WARNING",
             "PYTHONPATH": str(Path(__file__).resolve().parent),
+            "DYGO_BENCH_STAMPS": str(stamps),
         }
         subprocess.run(
             [sys.executable, "-m", "dygo", "migrate"],
@@ -70,14 +125,21 @@ def main() -> int:
             stdout=subprocess.DEVNULL,
         )
         with psycopg.connect(url, autocommit=True) as conn:
+            statements = statements_loaded(conn)
             seq_scans_before = seq_scans(conn)
         command = [sys.executable, "-m", "dygo", "worker", "--concurrency", str(args.concurrency)]
         with WorkerProcess(command, env=env) as worker, psycopg.connect(url, autocommit=True) as conn:
             wait_until(lambda: registered(conn, worker), 60, "the worker to register", interval=0.2)
-            phases = run_phases(url, conn, worker, args)
+            postmaster = parent_pid(conn.info.backend_pid)
+            samples = run_phases(url, conn, worker, postmaster, statements, args)
             scans = seq_scans(conn) - seq_scans_before  # before this script's own reads of the table
             wait_until(lambda: not pending(conn), 60, "the last jobs to finish", interval=0.2)
-            report(conn, phases, scans, args.window)
+            rows = conn.execute(
+                "SELECT extract(epoch FROM enqueued_at), 1000 * extract(epoch FROM started_at - enqueued_at)"
+                " FROM dygo_jobs WHERE started_at IS NOT NULL ORDER BY enqueued_at"
+            ).fetchall()
+        picked = [(float(t), 1000 * (float(began) - float(t))) for t, began in (s.split() for s in stamps.open())]
+        report(samples, picked, [(float(at), float(ms)) for at, ms in rows], scans, statements, args)
     return 0
 
 
@@ -90,7 +152,21 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--hold", type=float, default=600.0, help="seconds the snapshot is held")
     parser.add_argument("--after", type=float, default=30.0, help="seconds after the hold is released")
     parser.add_argument("--window", type=float, default=30.0, help="seconds per line of the latency table")
+    parser.add_argument(
+        "--server", help="URL of another PostgreSQL server to run on (default: the project's embedded one)"
+    )
     return parser.parse_args()
+
+
+def statements_loaded(conn: psycopg.Connection) -> bool:
+    """Whether pg_stat_statements can be read here (the server must preload it); counters reset if so."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SELECT pg_stat_statements_reset()")
+    except psycopg.Error as exc:
+        log(f"pg_stat_statements unavailable ({str(exc).strip()}): no per-statement figures")
+        return False
+    return True
 
 
 def registered(conn: psycopg.Connection, worker: WorkerProcess) -> bool:
@@ -108,11 +184,54 @@ def seq_scans(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'dygo_jobs'").fetchone()[0]
 
 
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds of one PostgreSQL server: the postmaster, its live children, and its exited children
+    (the postmaster reaps them: its cutime and cstime), so a backend or autovacuum worker that ended
+    between two readings still counts."""
+    fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+    total = sum(int(v) for v in fields[11:15]) / CLOCK_TICKS  # utime, stime, cutime, cstime
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if parent_pid(int(entry.name)) == postmaster:
+                    total += process_cpu_seconds(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
+
+
+def sample(conn: psycopg.Connection, phase: str, worker: WorkerProcess, postmaster: int, statements: bool) -> Sample:
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    index = conn.execute(
+        "SELECT idx_scan, idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'dygo_jobs_ready'"
+    ).fetchone()
+    dead = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'dygo_jobs'").fetchone()[0]
+    claims = conn.execute(CLAIM_STATS).fetchone() if statements else None
+    looks = conn.execute(LOOK_STATS).fetchone() if statements else None
+    return Sample(
+        phase,
+        time.time(),
+        server_cpu(postmaster),
+        process_cpu_seconds(worker.pid),
+        None if claims is None else (float(claims[0]), float(claims[1]), float(claims[2])),
+        None if looks is None else (float(looks[0]), float(looks[1]), float(looks[2])),
+        (int(index[0]), int(index[1])),
+        int(dead),
+        os.getloadavg()[0],
+    )
+
+
 def run_phases(
-    url: str, conn: psycopg.Connection, worker: WorkerProcess, args: argparse.Namespace
-) -> list[tuple[str, float, float, int]]:
-    """Produce jobs through three phases; returns (phase, start, end, dead tuples at its end) per phase."""
-    phases: list[tuple[str, float, float, int]] = []
+    url: str,
+    conn: psycopg.Connection,
+    worker: WorkerProcess,
+    postmaster: int,
+    statements: bool,
+    args: argparse.Namespace,
+) -> list[Sample]:
+    """Produce jobs through three phases, reading the counters at every window's edge; the last sample is
+    the end of the run (phase 'end')."""
+    samples: list[Sample] = []
     producing = threading.Event()
     producing.set()
     producer = threading.Thread(target=produce, args=(url, args, producing), daemon=True)
@@ -126,15 +245,17 @@ def run_phases(
             holder.rollback()
             holder.close()
         log(f"{name}: {seconds:g} s")
-        start = database_clock(conn)
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            worker.check_alive()
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        phases.append((name, start, database_clock(conn), dead_tuples(conn)))
+        while time.monotonic() < deadline - 0.5:
+            samples.append(sample(conn, name, worker, postmaster, statements))
+            edge = min(deadline, time.monotonic() + args.window)
+            while time.monotonic() < edge:
+                worker.check_alive()
+                time.sleep(min(1.0, max(0.0, edge - time.monotonic())))
+    samples.append(sample(conn, "end", worker, postmaster, statements))
     producing.clear()
     producer.join()
-    return phases
+    return samples
 
 
 def produce(url: str, args: argparse.Namespace, producing: threading.Event) -> None:
@@ -142,48 +263,118 @@ def produce(url: str, args: argparse.Namespace, producing: threading.Event) -> N
         for _ in paced(10**9, 1 / args.rate):
             if not producing.is_set():
                 return
-            enqueue(conn, "bench.sleep", {"ms": args.job_ms})
+            enqueue(conn, "bench.stamped", {"ms": args.job_ms, "t": time.time()})
 
 
-def database_clock(conn: psycopg.Connection) -> float:
-    return float(conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0])
+@dataclass
+class Span:
+    """What happened between two samples (a window, or a whole phase)."""
 
+    phase: str
+    start: Sample
+    end: Sample
+    pickup: list[float]  # ms, sorted
+    rows: list[float]  # ms, sorted
 
-def dead_tuples(conn: psycopg.Connection) -> int:
-    conn.execute("SELECT pg_stat_force_next_flush()")
-    return conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'dygo_jobs'").fetchone()[0]
+    @property
+    def cpu(self) -> float:
+        return 100 * (self.end.server_cpu - self.start.server_cpu) / (self.end.at - self.start.at)
 
+    @property
+    def cpu_per_job(self) -> float:
+        """Server CPU ms per job enqueued in the span: the rate a loaded machine's producer keeps varies."""
+        return 1000 * (self.end.server_cpu - self.start.server_cpu) / len(self.pickup) if self.pickup else math.nan
 
-def report(conn: psycopg.Connection, phases: list[tuple[str, float, float, int]], scans: int, window: float) -> None:
-    rows = conn.execute(
-        "SELECT extract(epoch FROM enqueued_at), 1000 * extract(epoch FROM started_at - enqueued_at)"
-        " FROM dygo_jobs WHERE started_at IS NOT NULL ORDER BY enqueued_at"
-    ).fetchall()
-    samples = [(float(at), float(ms)) for at, ms in rows]
-    print("| phase | from s | jobs | pickup p50 ms | p99 ms |")
-    print("|---|---|---|---|---|")
-    origin = phases[0][1]
-    for name, start, end, _ in phases:
-        edge = start
-        while edge < end:
-            chunk = sorted(ms for at, ms in samples if edge <= at < min(edge + window, end))
-            if chunk:
-                print(
-                    f"| {name} | {edge - origin:.0f} | {len(chunk)} | {percentile(chunk, 50):.1f} | "
-                    f"{percentile(chunk, 99):.1f} |"
-                )
-            edge += window
-    print()
-    summary: dict[str, float] = {}
-    for name, start, end, dead in phases:
-        chunk = sorted(ms for at, ms in samples if start <= at < end)
-        summary[name] = statistics.median(chunk) if chunk else float("nan")
-        print(
-            f"{name}: {len(chunk)} jobs, pickup p50 {summary[name]:.1f} ms, p99 {percentile(chunk, 99):.1f} ms; "
-            f"dead tuples at its end {dead:,}"
+    @property
+    def worker_cpu(self) -> float:
+        return 100 * (self.end.worker_cpu - self.start.worker_cpu) / (self.end.at - self.start.at)
+
+    def claim_figures(self) -> str:
+        if self.start.claims is None or self.end.claims is None:
+            return "– | – | –"
+        calls, ms, buffers = (b - a for a, b in zip(self.start.claims, self.end.claims, strict=True))
+        if not calls:
+            return "0 | – | –"
+        return f"{calls:,.0f} | {ms / calls:.3f} | {buffers / calls:.1f}"
+
+    def look_figures(self) -> str:
+        if self.start.looks is None or self.end.looks is None:
+            return "–"
+        calls, ms = self.end.looks[0] - self.start.looks[0], self.end.looks[1] - self.start.looks[1]
+        return f"{calls:,.0f} × {ms / calls:.1f} ms" if calls else "0"
+
+    def entries_per_scan(self) -> float:
+        scans = self.end.index[0] - self.start.index[0]
+        return (self.end.index[1] - self.start.index[1]) / scans if scans else float("nan")
+
+    def row(self, origin: float) -> str:
+        p, r = self.pickup, self.rows
+        return (
+            f"| {self.phase} | {self.start.at - origin:.0f} | {len(p)} | "
+            f"{percentile(p, 50):.1f} / {percentile(p, 95):.1f} / {percentile(p, 99):.1f} | "
+            f"{percentile(r, 50):.1f} / {percentile(r, 99):.1f} | {self.cpu:.0f} % | {self.cpu_per_job:.2f} | "
+            f"{self.worker_cpu:.0f} % | "
+            f"{self.claim_figures()} | {self.look_figures()} | {self.entries_per_scan():.1f} | {self.end.dead:,} | "
+            f"{self.end.load:.2f} |"
         )
-    ratio = summary["held"] / summary["clean"]
-    print(f"held p50 / clean p50 = {ratio:.2f} ({'ok' if ratio <= TARGET else 'OVER'}; target <= {TARGET})")
+
+
+def span(
+    phase: str, start: Sample, end: Sample, picked: list[tuple[float, float]], rows: list[tuple[float, float]]
+) -> Span:
+    def within(samples: list[tuple[float, float]]) -> list[float]:
+        return sorted(ms for at, ms in samples if start.at <= at < end.at)
+
+    return Span(phase, start, end, within(picked), within(rows))
+
+
+def report(
+    samples: list[Sample],
+    picked: list[tuple[float, float]],
+    rows: list[tuple[float, float]],
+    scans: int,
+    statements: bool,
+    args: argparse.Namespace,
+) -> None:
+    header = (
+        "| phase | from s | jobs | pickup p50 / p95 / p99 ms | rows p50 / p99 ms | PostgreSQL CPU | CPU ms per job | "
+        "worker CPU | claims | ms per claim | buffers per claim | looks behind | index entries per scan | "
+        "dead tuples at end | load |\n|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    origin = samples[0].at
+    windows = [span(a.phase, a, b, picked, rows) for a, b in zip(samples, samples[1:], strict=False)]
+    print(f"{args.rate:g} jobs/s of {args.job_ms} ms jobs, one worker at concurrency {args.concurrency}")
+    print(header)
+    for window in windows:
+        print(window.row(origin))
+    print()
+    phases: dict[str, Span] = {}
+    for name in ("clean", "held", "after"):
+        mine = [s for s in samples if s.phase == name]
+        following = samples[samples.index(mine[-1]) + 1]
+        phases[name] = span(name, mine[0], following, picked, rows)
+    print(header)
+    for whole in phases.values():
+        print(whole.row(origin))
+    print()
+    if not statements:
+        print("claims: pg_stat_statements is not loaded by this server (shared_preload_libraries)")
+    clean = phases["clean"]
+    held = [w for w in windows if w.phase == "held"]
+    for what, figure in (
+        ("pickup p50", lambda s: percentile(s.pickup, 50)),
+        ("pickup p99", lambda s: percentile(s.pickup, 99)),
+        ("PostgreSQL CPU", lambda s: s.cpu),
+        ("PostgreSQL CPU per job", lambda s: s.cpu_per_job),
+    ):
+        worst = max(figure(w) / figure(clean) for w in held)
+        whole = figure(phases["held"]) / figure(clean)
+        print(
+            f"{what}: worst held window / clean = {worst:.2f}, whole hold / clean = {whole:.2f} "
+            f"({'ok' if worst <= TARGET else 'OVER'}; target <= {TARGET})"
+        )
+    ratio = percentile(phases["held"].rows, 50) / percentile(clean.rows, 50)
+    print(f"rows (started_at - enqueued_at) p50, whole hold / clean = {ratio:.2f}")
     print(f"sequential scans of dygo_jobs during the run: {scans} ({'ok' if scans == 0 else 'OVER'}; target 0)")
 
 

@@ -65,9 +65,9 @@ RATE_HORIZON = 0.1
 # A queue's walk may start at a `since` run_at (NULL: from the head). Its entries of claimed jobs stay in
 # the index until a vacuum removes them, and while something holds a snapshot back every walk from the
 # head visits each of their rows: the producer passes, after a claim that came back short at time T (every
-# job then due and visible was taken), T less a margin for enqueues that commit late, and walks from the
-# head at least once a second for jobs put back in line with an earlier run_at (hand-backs, recovered
-# leases, resumed jobs) or committed later than the margin.
+# job then due and visible was taken), T less a margin for enqueues that commit late. Jobs put back in line
+# with an earlier run_at (hand-backs, recovered leases, resumed jobs) or committed later than the margin
+# are found by JOBS_BEHIND, apart from the claims; a walk from the head follows only when it finds one.
 # The worker's claim is prepared and planned once, a generic plan (CLAIM_SETTINGS): planning a small claim
 # afresh costs more server time than running it. The plan is made with sequential scans priced out: a plan
 # made on a freshly migrated, empty table would otherwise scan the whole table (cheapest there) and keep
@@ -182,6 +182,19 @@ UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
        NULL, NULL, NULL, NULL FROM next_due
 ORDER BY priority DESC NULLS LAST, run_at, id"""
+
+# The queues with a ready job behind their walk start (`since`), which walks from there do not see: put in
+# line with an earlier run_at (a hand-back, a recovered lease, a resumed job) or committed later than the
+# producer's margin. The producer asks it apart from its claims, on the shared connection, at most once a
+# second: while something holds a snapshot back it visits the row of every job claimed since the hold
+# began, a cost that would otherwise fall on a claim, and on the jobs waiting for it. It locks nothing: a
+# pending row another worker has locked counts too (one walk from the head too many, no job missed).
+JOBS_BEHIND = """
+SELECT w.queue FROM unnest(%(queues)s::text[], %(since)s::timestamptz[]) AS w(queue, since)
+WHERE EXISTS (
+    SELECT 1 FROM dygo_jobs
+    WHERE state = 'pending' AND queue = w.queue AND run_at < w.since AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused))"""
 
 # The limited claim's lock: advisory lock keys (LimitRow.lock_key), in ascending order.
 LOCK_LIMITS = """
@@ -540,8 +553,8 @@ class Claim:
     held_back: dict[str, float] = field(default_factory=dict)
     # Queue -> run_at of the last job claimed for it (in claim order): where a backlog's next walk may start.
     last_run_at: dict[str, datetime] = field(default_factory=dict)
-    # A cluster-wide limit concerned the claim: it counts claimed jobs as running, walks from the head, and
-    # may leave due jobs behind in a queue it held back.
+    # A cluster-wide limit concerned the claim: it counts claimed jobs as running, and may leave due jobs
+    # behind in a queue it held back (`held_back`).
     under_limit: bool = False
 
 
@@ -582,6 +595,15 @@ async def claim_jobs(
     claim = _parse(rows, under_limit=bool(concerned), sent=sent)
     await _read_workflow_deps(conn, claim.jobs)
     return claim
+
+
+async def queues_with_jobs_behind(conn: psycopg.AsyncConnection[Any], since: Mapping[str, datetime]) -> set[str]:
+    """The queues of `since` (queue -> where its walk starts) with a ready job before that start (JOBS_BEHIND):
+    their next claim should walk from the head."""
+    if not since:
+        return set()
+    params = {"queues": list(since), "since": list(since.values())}
+    return {row[0] for row in await (await leases.on_indexes(conn, JOBS_BEHIND, params)).fetchall()}
 
 
 async def _read_workflow_deps(conn: psycopg.AsyncConnection[Any], jobs: list[ClaimedJob]) -> None:

@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from dygo.store import enqueue, enqueue_many, maintenance
-from dygo.store.claim import claim_jobs
+from dygo.store.claim import claim_jobs, queues_with_jobs_behind
 from dygo.store.config import load_settings
 from dygo.store.leases import (
     Succeeded,
@@ -213,6 +213,25 @@ def test_a_walk_from_since_passes_over_the_jobs_claimed_under_a_held_snapshot(co
         from_head, from_since = claim_walk_buffers(conn, None), claim_walk_buffers(conn, since)
         holder.rollback()
     assert from_head > 50 and from_since < 10, (from_head, from_since)
+
+
+def test_the_look_behind_the_walk_starts_names_the_queues_with_a_ready_job_there(conn, db_url):
+    # The producer's claims start past the head; this look, apart from them, is what finds a job put in line
+    # behind that start. A job due later, or one in a paused queue, is no reason to walk from the head.
+    enqueue(conn, "test.noop", {}, run_at=datetime.now(UTC) - timedelta(minutes=5))  # "default": behind
+    enqueue(conn, "test.context", {}, delay="10s")  # "other": not due
+    conn.execute("INSERT INTO dygo_queues (name, paused) VALUES ('paused', true)")
+    conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('test.noop', 'paused', now() - interval '1 hour')"
+    )
+    start = datetime.now(UTC) - timedelta(minutes=1)
+
+    async def look(starts: dict[str, datetime]) -> set[str]:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            return await queues_with_jobs_behind(c, starts)
+
+    assert asyncio.run(look({"default": start, "other": start, "paused": start})) == {"default"}
+    assert asyncio.run(look({"default": start - timedelta(minutes=10)})) == set()
 
 
 def test_a_full_claim_says_where_in_line_it_stopped_for_each_queue(conn, db_url):

@@ -19,23 +19,27 @@ kind that was at its cap sets it on its queue when it ends.
 After a claim that came back short, a queue's next walk of the ready index starts (`walk_start`) at that
 claim's time less LATE_COMMIT_MARGIN rather than at the head, where a held snapshot keeps an entry for every
 job claimed since (store/claim.py CLAIM_JOBS); after a full claim (a backlog), at the run_at of the
-last job it took less that margin. A walk from the head comes at least once every HEAD_WALK_INTERVAL
-while the queue is busy, for jobs put back in line with an earlier run_at (and, in a backlog, older
-jobs of a lower priority than the last one taken). While a kind is at its cap its skipped jobs stay
-behind such a start, so no start is kept then; nor after a claim that a cluster-wide limit held back, which
-may leave due jobs of the queue in line (a limit never reached holds nothing back: its claims walk as fast).
+last job it took less that margin. Jobs put back in line with an earlier run_at (and, in a backlog, older
+jobs of a lower priority than the last one taken) are looked for apart from the claims (`JobsBehind`,
+store/claim.py JOBS_BEHIND), on the shared connection, at most once every BEHIND_CHECK_INTERVAL while the
+queue's claims start past the head; a queue where it finds one walks from the head at its next claim.
+That look visits every entry a held snapshot keeps, so it runs at most BEHIND_CHECK_SHARE of the time, and
+never holds up a claim. While a kind is at its cap its skipped jobs stay behind such a start, so no start
+is kept then; nor after a claim that a cluster-wide limit held back, which may leave due jobs of the queue
+in line (a limit never reached holds nothing back: its claims walk as fast).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import Counter
 from datetime import datetime, timedelta
 
 import psycopg
-from dygo.store.claim import Claim, claim_jobs, claim_session
+from dygo.store.claim import Claim, claim_jobs, claim_session, queues_with_jobs_behind
 from dygo.store.leases import ClaimedJob
 from dygo.worker.ahead import ClaimAhead
 from dygo.worker.capacity import Capacity
@@ -49,7 +53,10 @@ RECOVER_INTERVAL = 1.0  # at most this often after a claim, so recovery stays ch
 # much later than it began, or one put back in line by another worker (a hand-back or a recovered lease
 # keeps its run_at) waits for the next walk from the head.
 LATE_COMMIT_MARGIN = timedelta(seconds=0.5)
-HEAD_WALK_INTERVAL = 1.0
+BEHIND_CHECK_INTERVAL = 1.0
+# The look for jobs behind the walk starts waits this many times its own last duration before it runs again:
+# what it costs the server stays a small share of the time, however many entries a held snapshot keeps.
+BEHIND_CHECK_SHARE = 0.05
 # A queue a limit held back within this long counts as one whose freed slots are awaited (limit_in_use).
 LIMIT_IN_USE_FOR = 5.0
 
@@ -71,9 +78,10 @@ class QueueSlots:
         # The run_at its next walk of the ready index starts at (None: at the head), past the entries a held
         # snapshot keeps for jobs claimed since; see the module docstring.
         self.walk_start: datetime | None = None
-        self.head_walked_at = -math.inf  # monotonic time of its last walk from the head
+        # A claim walked from its walk_start since the last look for jobs behind it began (JobsBehind): one
+        # is due. A walk from the head sees everything, so it clears this.
+        self.unchecked = False
         self.held_at = -math.inf  # monotonic time of its last claim a limit held back
-        self.last_walk_from_head = True  # whether its last walk started at the head
 
     @property
     def free(self) -> int:
@@ -128,6 +136,7 @@ class Producer:
         # it could not see.
         self.capped_kind_filled = False
         self.capped_kind_skipped = False
+        self.behind = JobsBehind(self)
 
     # --- signals, from the listener, finished jobs, the settler (QueueWakeups) and the worker ---------
 
@@ -195,6 +204,7 @@ class Producer:
         try:
             await self._produce()
         finally:
+            await self.behind.cancel()
             waiting = [job for slots in self.slots.values() for job in slots.ahead.release()]
             if waiting:
                 self.runs.hand_back(waiting, "claimed-ahead", "not started before the stop")
@@ -207,6 +217,7 @@ class Producer:
         while not self.stopping.is_set():
             self.wake.clear()
             self._hand_back_stale()
+            self.behind.start_if_due()
             wanted = self._wanted()
             if not wanted:
                 await wait_for_event(self.wake, self._until_next_timer())
@@ -225,8 +236,9 @@ class Producer:
                 failures = 0
                 await self.database.back()
                 # Recovery comes right after a claim rather than before it, to keep its round trip
-                # off the path from a wake-up to a started job; what it recovers wakes us again.
-                if time.monotonic() - self.recovery.last >= RECOVER_INTERVAL:
+                # off the path from a wake-up to a started job; what it recovers wakes us again. Not while
+                # the look behind the walk starts holds the shared connection: the claims would wait for it.
+                if time.monotonic() - self.recovery.last >= RECOVER_INTERVAL and self.behind.task is None:
                     await self.recovery.run_once()
                 counts = Counter(job.queue for job in claim.jobs)
                 short = [name for name, n in wanted.items() if counts[name] < n and name not in self.held_back]
@@ -281,16 +293,11 @@ class Producer:
         return self.capacity.share(wanted) if wanted else wanted
 
     def _walk_starts(self, wanted: dict[str, int]) -> dict[str, datetime | None]:
-        """Where each queue's walk starts: its `walk_start`, or the head when a walk from there is due."""
-        now = time.monotonic()
+        """Where each queue's walk starts: its `walk_start` (None: the head)."""
         starts = {}
         for name in wanted:
             slots = self.slots[name]
-            if slots.walk_start is not None and now - slots.head_walked_at >= HEAD_WALK_INTERVAL:
-                slots.walk_start = None
-            slots.last_walk_from_head = slots.walk_start is None
-            if slots.last_walk_from_head:
-                slots.head_walked_at = now
+            slots.unchecked = slots.walk_start is not None
             starts[name] = slots.walk_start
         return starts
 
@@ -308,7 +315,7 @@ class Producer:
     def _until_next_timer(self) -> float:
         due = min((s.due_at for s in self.slots.values()), default=math.inf)
         wait = self.poll_interval if due == math.inf else max(0.0, due - time.monotonic())
-        return min([wait, *(s.ahead.due_in() for s in self.slots.values())])
+        return min([wait, self.behind.due_in(), *(s.ahead.due_in() for s in self.slots.values())])
 
     def _hand_back_stale(self) -> None:
         """Jobs claimed ahead go back to the queue when its slots stopped freeing, for another worker to run
@@ -329,8 +336,6 @@ class Producer:
             wait = self.poll_interval
             if name in due:
                 wait = min(wait, max(due[name], 0.0) + 0.005)
-            if not slots.last_walk_from_head:  # this walk started past the head: one from the head follows soon
-                wait = min(wait, max(slots.head_walked_at + HEAD_WALK_INTERVAL - now, 0.0))
             slots.due_at = now + wait
 
     async def claim(
@@ -384,3 +389,59 @@ class Producer:
     def _take_slot(self, job: ClaimedJob) -> None:
         self.slots[job.queue].running += 1
         self.capacity.started(job.kind)
+
+
+class JobsBehind:
+    """The look for ready jobs behind the queues' walk starts (store/claim.py JOBS_BEHIND), apart from the
+    claims: a task of its own on the shared connection, so a claim never waits for it (the producer leaves its
+    recovery pass for later while it runs). A queue where it finds one gets its next claim from the head at
+    once; one it cannot tell about (the database failed) too."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.producer = producer
+        self.task: asyncio.Task[None] | None = None
+        self.next_at = 0.0  # monotonic time the next look may begin
+
+    def _waiting(self) -> dict[str, datetime]:
+        """The queues to look at: a claim walked from their start since the last look began."""
+        return {s.name: s.walk_start for s in self.producer.slots.values() if s.unchecked and s.walk_start is not None}
+
+    def due_in(self) -> float:
+        """Seconds until a look is due (inf: none is)."""
+        if self.task is not None or not self._waiting():
+            return math.inf
+        return max(0.0, self.next_at - time.monotonic())
+
+    def start_if_due(self) -> None:
+        if self.task is not None or time.monotonic() < self.next_at or self.producer.stopping.is_set():
+            return
+        starts = self._waiting()
+        if not starts:
+            return
+        for name in starts:
+            self.producer.slots[name].unchecked = False
+        self.task = asyncio.create_task(self._look(starts))
+
+    async def _look(self, starts: dict[str, datetime]) -> None:
+        began = time.monotonic()
+        behind = set(starts)  # unless the look says otherwise
+        try:
+            async with self.producer.database.connection() as conn:
+                behind = await queues_with_jobs_behind(conn, starts)
+        except (psycopg.Error, OSError):
+            pass  # the database is away: the claims find out and say so
+        finally:
+            ended = time.monotonic()
+            self.next_at = ended + max(BEHIND_CHECK_INTERVAL - (ended - began), (ended - began) / BEHIND_CHECK_SHARE)
+            for name in behind:
+                slots = self.producer.slots[name]
+                slots.may_have_ready, slots.walk_start = True, None
+            self.task = None
+            self.producer.wake.set()  # its next look may be due, or a queue walks from the head
+
+    async def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+            self.task = None
