@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -131,9 +132,10 @@ async def adrain_jobs(
         await asyncio.to_thread(_trigger, url, names)
     runs = Drained()
     for _ in range(max_rounds):
+        since = await asyncio.to_thread(_database_now, url)
         if await _round(settings, jobs, url, runs):
             continue
-        if skip_delays and await asyncio.to_thread(_run_delayed_now, url) > 0:
+        if skip_delays and await asyncio.to_thread(_run_delayed_now, url, since) > 0:
             continue
         return runs
     raise DrainNeverEnds(
@@ -160,9 +162,14 @@ def _trigger(url: str, names: list[str]) -> None:
             schedule_store.trigger(conn, name)
 
 
-def _run_delayed_now(url: str) -> int:
+def _database_now(url: str) -> datetime:
     with psycopg.connect(url, autocommit=True) as conn:
-        return store.run_delayed_runs_now(conn)
+        return store.database_now(conn)
+
+
+def _run_delayed_now(url: str, since: datetime) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return store.run_delayed_runs_now(conn, since)
 
 
 # --- fixtures ------------------------------------------------------------------------------------------

@@ -61,9 +61,18 @@ def drop_database(server_url: str, name: str) -> None:
         admin.execute(sql.SQL(statements.DROP_DATABASE).format(name=sql.Identifier(name)))
 
 
-def run_delayed_runs_now(conn: psycopg.Connection) -> int:
-    """Retries waiting out their backoff, snoozed and sleeping jobs: due now. How many there were."""
-    return conn.execute(statements.RUN_DELAYED_RUNS_NOW).rowcount
+def database_now(conn: psycopg.Connection) -> datetime:
+    """The database server's clock, which run times are compared with."""
+    row = conn.execute(statements.DATABASE_NOW).fetchone()
+    assert row is not None
+    now: datetime = row[0]
+    return now
+
+
+def run_delayed_runs_now(conn: psycopg.Connection, since: datetime) -> int:
+    """Retries waiting out their backoff, snoozed and sleeping jobs that were not due at `since`: due now.
+    How many there were."""
+    return conn.execute(statements.RUN_DELAYED_RUNS_NOW, {"since": since}).rowcount
 
 
 def enqueued_jobs(conn: psycopg.Connection, kind: str | None = None, queue: str | None = None) -> list[EnqueuedJob]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from dygo.store import testing as testing_store
 from dygo.store.config import load_settings
 from dygo.store.registry import registry
 
@@ -53,3 +54,22 @@ def test_a_drain_still_finding_jobs_after_its_rounds_says_so(db_url: str, conn: 
         ("test.snooze", "succeeded")
     ]
     assert runs[-1].result == "ran after 2 snoozes"
+
+
+def test_a_snooze_falling_due_after_a_drain_round_looked_is_still_run(conn: psycopg.Connection) -> None:
+    # A round claimed nothing at `since`; the snooze (its attempt refunded) fell due just after, before the
+    # delayed runs were made due.
+    job_id = enqueue(conn, "test.snooze", {}).id
+    later = enqueue(conn, "test.snooze", {}, delay=60).id
+    since = testing_store.database_now(conn)
+    conn.execute(
+        "UPDATE dygo_jobs SET started_at = %s, run_at = %s + interval '1 ms' WHERE id = %s", (since, since, job_id)
+    )
+    conn.execute("SELECT pg_sleep(0.01)")
+    assert testing_store.run_delayed_runs_now(conn, since) == 1
+    # The next round looks after it: nothing delayed since then. A job enqueued for later keeps its time.
+    assert testing_store.run_delayed_runs_now(conn, testing_store.database_now(conn)) == 0
+    assert [(job.id, job.state) for job in testing_store.enqueued_jobs(conn)] == [
+        (job_id, "pending"),
+        (later, "scheduled"),
+    ]

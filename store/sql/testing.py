@@ -1,9 +1,14 @@
 """The statements of store/testing.py: scratch databases for a project's tests, and jobs made due at once."""
 
-# Retries, snoozes and sleeps wait out their delay as pending jobs with a later run_at and an attempt already
-# spent or started; a job enqueued for later (attempt 0) keeps its run_at.
+DATABASE_NOW = "SELECT now()"
+
+# Retries, snoozes and sleeps wait out their delay as pending jobs with a later run_at that have started before
+# (a snooze refunds its attempt, so the attempt may be 0); a job enqueued for later has not, and keeps its
+# run_at. Those not due when `since` was read are made due now; one that fell due since then counts too, so a
+# drain round that looked just before it did is followed by another.
 RUN_DELAYED_RUNS_NOW = """
-UPDATE dygo_jobs SET run_at = now() WHERE state = 'pending' AND run_at > now() AND attempt > 0"""
+UPDATE dygo_jobs SET run_at = least(run_at, now())
+WHERE state = 'pending' AND run_at > %(since)s AND started_at IS NOT NULL"""
 
 # Every job, oldest first, as `enqueued()` shows them: the state a person reads ('scheduled': pending later).
 ENQUEUED_JOBS = """
