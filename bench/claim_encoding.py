@@ -59,7 +59,17 @@ def claim_params(batch: int, encode: bool) -> dict[str, Any]:
     """CLAIM_JOBS's parameters for one queue, as store/claim.py builds them (encode) or as Python lists."""
     kind_attempts, default = registry.max_attempts_at_claim()
     wanted = {"default": batch}
-    lists = {"queues": list(wanted), "slots": list(wanted.values()), "since": [None], "full_kinds": []}
+    lists = {
+        "queues": list(wanted),
+        "slots": list(wanted.values()),
+        "full_kinds": [],
+        **{  # one segment, from the head (claim.walk_segments)
+            "walk_queues": list(wanted),
+            "walk_tops": [claim.TOP_PRIORITY],
+            "walk_bottoms": [claim.BOTTOM_PRIORITY],
+            "walk_since": [None],
+        },
+    }
     return {
         **({name: array(values) for name, values in lists.items()} if encode else lists),
         "owner": "bench",

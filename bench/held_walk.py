@@ -4,7 +4,8 @@ A fresh database (`bench_held_walk`) of the project's embedded server, or of `--
 connection holds an xid; each step enqueues 20,000 jobs due 10 s ago and 100 due now and claims them all
 (their ready-index entries dead but kept), enqueues one more, and runs the worker's claim statement
 (store/claim.py CLAIM_JOBS: prepared, generic plan, the claim-session settings) under `EXPLAIN (ANALYZE,
-BUFFERS)`, rolled back: from `since` = now - 0.5 s and from the head; and the producer's look behind its walk
+BUFFERS)`, rolled back: from `since` = now - 0.5 s within the jobs' one priority (the producer's walk start
+once its claims met it) and from the head; and the producer's look behind its walk
 start (JOBS_BEHIND). Prints ms and shared buffers of each.
 
     .venv/bin/python bench/held_walk.py
@@ -89,7 +90,8 @@ def main() -> int:
             since = conn.execute("SELECT now() - interval '0.5 s'").fetchone()[0]
             cells = []
             for start in (since, None):
-                values = [{**params, "since": [start]}[name] for name in names]
+                starts = {} if start is None else {"default": claim.WalkStart(start, frozenset({0}))}
+                values = [{**params, **claim.walk_segments(["default"], starts)}[name] for name in names]
                 cells.append(measure(explain, f"EXECUTE c({', '.join(['%s'] * len(names))})", values))
             look = claim.JOBS_BEHIND.replace("%(queues)s", "%s").replace("%(since)s", "%s")
             cells.append(measure(explain, look, [["default"], [since]]))

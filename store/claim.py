@@ -57,17 +57,22 @@ RATE_HORIZON = 0.1
 # so each queue gets at most its own free slots in claim order, and one round trip serves any
 # number of queues (a worker's claim connection is one, whatever its queues). SKIP LOCKED lets any
 # number of workers claim at once. A paused queue (dygo_queues) yields nothing: one primary-key
-# probe per queue, evaluated once per claim. The UPDATE finds each picked row by primary key
+# probe per segment walked (below). The UPDATE finds each picked row by primary key
 # (`= ANY(ARRAY(...))`); the rows come back in claim order across the queues, the order jobs start in.
 # Each queue that comes back short gets one more row (id NULL): the seconds until its next scheduled job
 # is due (NULL: none), so the producer sets its timer without a second statement; every row has the
 # statement's clock.
-# A queue's walk may start at a `since` run_at (NULL: from the head). Its entries of claimed jobs stay in
-# the index until a vacuum removes them, and while something holds a snapshot back every walk from the
-# head visits each of their rows: the producer passes, after a claim that came back short at time T (every
-# job then due and visible was taken), T less a margin for enqueues that commit late. Jobs put back in line
-# with an earlier run_at (hand-backs, recovered leases, resumed jobs) or committed later than the margin
-# are found by JOBS_BEHIND, apart from the claims; a walk from the head follows only when it finds one.
+# A queue's walk may start past the head (WalkStart). Its entries of claimed jobs stay in the index until a
+# vacuum removes them, and while something holds a snapshot back every walk from the head visits each of
+# their rows: the producer passes, after a claim that came back short at time T (every job then due and
+# visible was taken), T less a margin for enqueues that commit late. Jobs put back in line with an earlier
+# run_at (hand-backs, recovered leases, resumed jobs) or committed later than the margin are found by
+# JOBS_BEHIND, apart from the claims; a walk from the head follows only when it finds one. The walk goes
+# through the queue's segments (`walk_segments`) in order, each a range of priorities, until it has its
+# slots: a run_at bound is an index boundary only within one priority (the index orders by priority first;
+# PostgreSQL before 18 would otherwise check it entry by entry from the queue's head), so each priority the
+# queue's claims have met is a segment of its own, starting at the run_at, and the priorities between them
+# are segments walked from their start. A queue walked from the head is one segment of every priority.
 # The worker's claim is prepared and planned once, a generic plan (CLAIM_SETTINGS): planning a small claim
 # afresh costs more server time than running it. The plan is made with sequential scans priced out: a plan
 # made on a freshly migrated, empty table would otherwise scan the whole table (cheapest there) and keep
@@ -87,16 +92,22 @@ RATE_HORIZON = 0.1
 CLAIM_JOBS = """
 WITH picked AS (
     SELECT p.id, p.kind, p.priority, p.run_at
-    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(since)s::timestamptz[]) AS w(queue, slots, since)
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
     CROSS JOIN LATERAL (
-        SELECT id, kind, priority, run_at FROM dygo_jobs
-        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
-          AND kind <> ALL(%(full_kinds)s::text[])
-          AND run_at >= coalesce(w.since, '-infinity')
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-        ORDER BY priority DESC, run_at, id
+        SELECT r.* FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[],
+                               %(walk_since)s::timestamptz[]) AS s(queue, top, bottom, since)
+        CROSS JOIN LATERAL (
+            SELECT id, kind, priority, run_at FROM dygo_jobs
+            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
+              AND run_at >= coalesce(s.since, '-infinity') AND run_at <= now()
+              AND kind <> ALL(%(full_kinds)s::text[])
+              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+            ORDER BY priority DESC, run_at, id
+            LIMIT w.slots
+            FOR UPDATE SKIP LOCKED
+        ) AS r
+        WHERE s.queue = w.queue
         LIMIT w.slots
-        FOR UPDATE SKIP LOCKED
     ) AS p
 ), kept AS (
     SELECT id FROM picked
@@ -118,9 +129,15 @@ WITH picked AS (
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
     FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
     CROSS JOIN LATERAL (
-        SELECT min(run_at) AS run_at FROM dygo_jobs
-        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS n
+        SELECT min(f.run_at) AS run_at
+        FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[])
+            AS s(queue, top, bottom)
+        CROSS JOIN LATERAL (
+            SELECT min(run_at) AS run_at FROM dygo_jobs
+            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
+              AND run_at > now()
+              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS f
+        WHERE s.queue = w.queue) AS n
     WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
 )
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
@@ -137,16 +154,22 @@ ORDER BY priority DESC NULLS LAST, run_at, id"""
 CLAIM_JOBS_CAPPED = """
 WITH picked AS (
     SELECT p.id, p.kind, p.priority, p.run_at
-    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(since)s::timestamptz[]) AS w(queue, slots, since)
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
     CROSS JOIN LATERAL (
-        SELECT id, kind, priority, run_at FROM dygo_jobs
-        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
-          AND kind <> ALL(%(full_kinds)s::text[])
-          AND run_at >= coalesce(w.since, '-infinity')
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-        ORDER BY priority DESC, run_at, id
+        SELECT r.* FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[],
+                               %(walk_since)s::timestamptz[]) AS s(queue, top, bottom, since)
+        CROSS JOIN LATERAL (
+            SELECT id, kind, priority, run_at FROM dygo_jobs
+            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
+              AND run_at >= coalesce(s.since, '-infinity') AND run_at <= now()
+              AND kind <> ALL(%(full_kinds)s::text[])
+              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+            ORDER BY priority DESC, run_at, id
+            LIMIT w.slots
+            FOR UPDATE SKIP LOCKED
+        ) AS r
+        WHERE s.queue = w.queue
         LIMIT w.slots
-        FOR UPDATE SKIP LOCKED
     ) AS p
 ), kept AS (
     SELECT r.id FROM (
@@ -168,9 +191,15 @@ WITH picked AS (
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
     FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
     CROSS JOIN LATERAL (
-        SELECT min(run_at) AS run_at FROM dygo_jobs
-        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS n
+        SELECT min(f.run_at) AS run_at
+        FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[])
+            AS s(queue, top, bottom)
+        CROSS JOIN LATERAL (
+            SELECT min(run_at) AS run_at FROM dygo_jobs
+            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
+              AND run_at > now()
+              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS f
+        WHERE s.queue = w.queue) AS n
     WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
 )
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
@@ -209,7 +238,7 @@ SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%(keys)s::bigint[]) WITH ORDI
 # another job now, else the seconds until it may (CONCURRENCY_RECHECK for a full concurrency limit, a
 # settle's NOTIFY may come first; for a rate limit, until its next start comes within RATE_HORIZON).
 # The walk is CLAIM_JOBS's, skipping every (limit, key) with a wait (so one tenant's backlog does not hide
-# another tenant's jobs), from the queue's `since` as CLAIM_JOBS's walk (the producer starts at the head after
+# another tenant's jobs), from the queue's walk start as CLAIM_JOBS's walk (the producer starts at the head after
 # a claim a limit held back: what it left may sit anywhere in line); an unkeyed queue concurrency limit caps the
 # walk itself (no point locking rows it cannot admit; a settle of a job it counts wakes the queue; a capped walk
 # is a `held` row, as the limit is then reached). A rate limit does not: the rows
@@ -251,24 +280,29 @@ WITH clk AS MATERIALIZED (
     FROM active a FULL JOIN paced p ON p.li = a.li AND p.key = a.key
     JOIN lim l ON l.li = coalesce(a.li, p.li) CROSS JOIN clk c
 ), w AS (
-    SELECT w.queue, w.free, w.since, w.slots AS wanted, greatest(least(w.slots, (
+    SELECT w.queue, w.free, w.slots AS wanted, greatest(least(w.slots, (
         SELECT min(l.conc - coalesce(u.active, 0)) FROM lim l LEFT JOIN use u ON u.li = l.li AND u.key = ''
         WHERE l.scope = 'queue' AND l.field IS NULL AND l.name = w.queue)), 0) AS slots
-    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(free)s::integer[], %(since)s::timestamptz[])
-        AS w(queue, slots, free, since)
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(free)s::integer[]) AS w(queue, slots, free)
 ), cand AS MATERIALIZED (
     SELECT p.* FROM w CROSS JOIN LATERAL (
-        SELECT id, kind, queue, meta, priority, run_at FROM dygo_jobs j
-        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
-          AND run_at >= coalesce(w.since, '-infinity')
-          AND kind <> ALL(%(full_kinds)s::text[])
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-          AND NOT EXISTS (SELECT 1 FROM use u WHERE u.wait IS NOT NULL
-                            AND u.name = CASE u.scope WHEN 'queue' THEN j.queue ELSE j.kind END
-                            AND coalesce(j.meta ->> u.field, '') = u.key)
-        ORDER BY priority DESC, run_at, id
+        SELECT r.* FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[],
+                               %(walk_since)s::timestamptz[]) AS s(queue, top, bottom, since)
+        CROSS JOIN LATERAL (
+            SELECT id, kind, queue, meta, priority, run_at FROM dygo_jobs j
+            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
+              AND run_at >= coalesce(s.since, '-infinity') AND run_at <= now()
+              AND kind <> ALL(%(full_kinds)s::text[])
+              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+              AND NOT EXISTS (SELECT 1 FROM use u WHERE u.wait IS NOT NULL
+                                AND u.name = CASE u.scope WHEN 'queue' THEN j.queue ELSE j.kind END
+                                AND coalesce(j.meta ->> u.field, '') = u.key)
+            ORDER BY priority DESC, run_at, id
+            LIMIT w.slots
+            FOR UPDATE SKIP LOCKED
+        ) AS r
+        WHERE s.queue = w.queue
         LIMIT w.slots
-        FOR UPDATE SKIP LOCKED
     ) AS p
     WHERE w.slots > 0
 ), placed AS (
@@ -326,9 +360,15 @@ WITH clk AS MATERIALIZED (
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
     FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
     CROSS JOIN LATERAL (
-        SELECT min(run_at) AS run_at FROM dygo_jobs
-        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS n
+        SELECT min(f.run_at) AS run_at
+        FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[])
+            AS s(queue, top, bottom)
+        CROSS JOIN LATERAL (
+            SELECT min(run_at) AS run_at FROM dygo_jobs
+            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
+              AND run_at > now()
+              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS f
+        WHERE s.queue = w.queue) AS n
     WHERE n.run_at IS NOT NULL AND w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
 ), held AS (
     SELECT w.queue, min(u.wait) AS wait FROM unnest(%(queues)s::text[]) AS w(queue)
@@ -373,29 +413,35 @@ WITH use AS MATERIALIZED (
     SELECT * FROM dygo_queue_limits_use(%(keys)s::bigint[], %(queues)s::text[],
                                         %(counted)s::boolean[], %(rated)s::boolean[])
 ), w AS MATERIALIZED (
-    SELECT w.queue, w.wanted, w.since, w.gap, w.tol, u.clock AS now, greatest(u.next_at, u.clock) AS base,
+    SELECT w.queue, w.wanted, w.gap, w.tol, u.clock AS now, greatest(u.next_at, u.clock) AS base,
            CASE WHEN w.conc IS NOT NULL
                 THEN greatest(least(w.free, w.conc - u.active), least(w.wanted, w.conc / 2 - u.active)) END
                AS by_concurrency,
            floor((%(horizon)s + w.tol - extract(epoch FROM greatest(u.next_at, u.clock) - u.clock)) / w.gap)::bigint
                + 1 AS by_rate
-    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(free)s::integer[], %(since)s::timestamptz[],
+    FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(free)s::integer[],
                 %(concurrency)s::integer[], %(rate_spacings)s::float8[], %(rate_tolerances)s::float8[])
-        AS w(queue, wanted, free, since, conc, gap, tol)
+        AS w(queue, wanted, free, conc, gap, tol)
     JOIN use u ON u.queue = w.queue
 ), capped AS (
     SELECT w.*, greatest(least(w.wanted, w.by_concurrency, w.by_rate), 0)::integer AS cap FROM w
 ), picked AS (
     SELECT p.id, p.kind, p.priority, p.run_at
     FROM capped w CROSS JOIN LATERAL (
-        SELECT id, kind, priority, run_at FROM dygo_jobs
-        WHERE state = 'pending' AND queue = w.queue AND run_at <= now()
-          AND kind <> ALL(%(full_kinds)s::text[])
-          AND run_at >= coalesce(w.since, '-infinity')
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-        ORDER BY priority DESC, run_at, id
+        SELECT r.* FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[],
+                               %(walk_since)s::timestamptz[]) AS s(queue, top, bottom, since)
+        CROSS JOIN LATERAL (
+            SELECT id, kind, priority, run_at FROM dygo_jobs
+            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
+              AND run_at >= coalesce(s.since, '-infinity') AND run_at <= now()
+              AND kind <> ALL(%(full_kinds)s::text[])
+              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
+            ORDER BY priority DESC, run_at, id
+            LIMIT w.cap
+            FOR UPDATE SKIP LOCKED
+        ) AS r
+        WHERE s.queue = w.queue
         LIMIT w.cap
-        FOR UPDATE SKIP LOCKED
     ) AS p
 ), kept AS (
     SELECT id FROM picked
@@ -425,9 +471,15 @@ WITH use AS MATERIALIZED (
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
     FROM taken w
     CROSS JOIN LATERAL (
-        SELECT min(run_at) AS run_at FROM dygo_jobs
-        WHERE state = 'pending' AND queue = w.queue AND run_at > now()
-          AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS n
+        SELECT min(f.run_at) AS run_at
+        FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[])
+            AS s(queue, top, bottom)
+        CROSS JOIN LATERAL (
+            SELECT min(run_at) AS run_at FROM dygo_jobs
+            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
+              AND run_at > now()
+              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS f
+        WHERE s.queue = w.queue) AS n
     WHERE n.run_at IS NOT NULL AND w.n < w.cap
 ), held AS (
     SELECT queue, greatest(
@@ -489,6 +541,44 @@ async def claim_session(conn: psycopg.AsyncConnection[Any]) -> None:
         return
     await conn.execute(CLAIM_SESSION)
     _claim_sessions.add(conn)
+
+
+# --- Where a walk starts -------------------------------------------------------------------------
+
+# The bounds of the priorities a segment may hold: every integer a job row can have.
+TOP_PRIORITY, BOTTOM_PRIORITY = 2**31 - 1, -(2**31)
+
+
+@dataclass(frozen=True, slots=True)
+class WalkStart:
+    """Where a queue's walk of the ready index starts: at `run_at` within each of `priorities` (those its
+    claims have met), at the head within any other priority."""
+
+    run_at: datetime
+    priorities: frozenset[int]
+
+
+def walk_segments(queues: list[str], starts: Mapping[str, WalkStart]) -> dict[str, str]:
+    """The claim statements' segments of the queues' walks (`walk_queues`, `walk_tops`, `walk_bottoms`,
+    `walk_since`), each queue's in walk order: highest priorities first. A queue without a start is one
+    segment, from the head."""
+    rows: list[tuple[str, int, int, datetime | None]] = []
+    for queue in queues:
+        start = starts.get(queue)
+        top = TOP_PRIORITY
+        for priority in sorted(start.priorities if start else (), reverse=True):
+            if priority < top:
+                rows.append((queue, top, priority + 1, None))
+            rows.append((queue, priority, priority, start.run_at if start else None))
+            top = priority - 1
+        if top >= BOTTOM_PRIORITY:
+            rows.append((queue, top, BOTTOM_PRIORITY, None))
+    return {
+        "walk_queues": array(row[0] for row in rows),
+        "walk_tops": array(row[1] for row in rows),
+        "walk_bottoms": array(row[2] for row in rows),
+        "walk_since": array(row[3] for row in rows),
+    }
 
 
 # --- The rows ------------------------------------------------------------------------------------
@@ -553,6 +643,8 @@ class Claim:
     held_back: dict[str, float] = field(default_factory=dict)
     # Queue -> run_at of the last job claimed for it (in claim order): where a backlog's next walk may start.
     last_run_at: dict[str, datetime] = field(default_factory=dict)
+    # Queue -> the priorities of the jobs claimed for it: those its walks may start past the head within.
+    priorities: dict[str, set[int]] = field(default_factory=dict)
     # A cluster-wide limit concerned the claim: it counts claimed jobs as running, and may leave due jobs
     # behind in a queue it held back (`held_back`).
     under_limit: bool = False
@@ -564,7 +656,7 @@ async def claim_jobs(
     owner: str,
     ttl: float,
     jobs: Registry | None = None,
-    since: Mapping[str, datetime | None] | None = None,
+    starts: Mapping[str, WalkStart] | None = None,
     kind_free: Mapping[str, int] | None = None,
     free: Mapping[str, int] | None = None,
 ) -> Claim:
@@ -573,8 +665,8 @@ async def claim_jobs(
     statement when the next scheduled job of each queue that came back short is due.
 
     A job enqueued without max_attempts gets it here, durably: its kind's in `jobs` (default: the process's
-    registry, the one `load_jobs` filled), else the default. A queue's walk starts at its run_at in `since`, if
-    any (the producer's way past the entries of claimed jobs a held snapshot keeps), else at the head.
+    registry, the one `load_jobs` filled), else the default. A queue's walk starts at its WalkStart in `starts`,
+    if any (the producer's way past the entries of claimed jobs a held snapshot keeps), else at the head.
     `kind_free`: the capped kinds' free slots in this worker; the claim takes
     no more of a kind than that, and skips a kind with none. `free`: each queue's free slots (default: all it
     wants); under a limit, the jobs beyond them are claimed ahead and admitted only where the limit has room to
@@ -588,10 +680,10 @@ async def claim_jobs(
     if concerned:
         free_slots = {queue: min(n, (free or wanted).get(queue, n)) for queue, n in wanted.items()}
         rows = await _claim_limited(
-            conn, wanted, free_slots, owner, ttl, registered, concerned, since or {}, kind_free or {}
+            conn, wanted, free_slots, owner, ttl, registered, concerned, starts or {}, kind_free or {}
         )
     else:
-        rows = await _claim_plain(conn, wanted, owner, ttl, registered, since or {}, kind_free or {})
+        rows = await _claim_plain(conn, wanted, owner, ttl, registered, starts or {}, kind_free or {})
     claim = _parse(rows, under_limit=bool(concerned), sent=sent)
     await _read_workflow_deps(conn, claim.jobs)
     return claim
@@ -624,7 +716,7 @@ async def _claim_plain(
     owner: str,
     ttl: float,
     jobs: Registry,
-    since: Mapping[str, datetime | None],
+    starts: Mapping[str, WalkStart],
     kind_free: Mapping[str, int],
 ) -> list[ClaimRow]:
     kind_attempts, default = jobs.max_attempts_at_claim()
@@ -637,10 +729,10 @@ async def _claim_plain(
         "ttl": ttl,
         "kind_attempts": kind_attempts,
         "max_attempts": default,
-        "since": array(since.get(queue) for queue in wanted),
         "full_kinds": array(kind for kind, free in kind_free.items() if free <= 0),
         "cap_kinds": array(trimmed),
         "cap_free": array(trimmed.values()),
+        **walk_segments(list(wanted), starts),
     }
     return await _run_claim(conn, CLAIM_JOBS_CAPPED if trimmed else CLAIM_JOBS, params)
 
@@ -685,10 +777,10 @@ async def _claim_limited(
     ttl: float,
     jobs: Registry,
     concerned: list[LimitRow],
-    since: Mapping[str, datetime | None],
+    starts: Mapping[str, WalkStart],
     kind_free: Mapping[str, int],
 ) -> list[ClaimRow]:
-    statement, params = limited_claim(wanted, free, owner, ttl, jobs, concerned, since, kind_free)
+    statement, params = limited_claim(wanted, free, owner, ttl, jobs, concerned, starts, kind_free)
     if statement is CLAIM_QUEUE_LIMITED:
         return await _run_claim(conn, statement, params)
     # CLAIM_LIMITED: one pipeline, one round trip; the lock is a statement of its own, so that the claim, a later
@@ -717,7 +809,7 @@ def limited_claim(
     ttl: float,
     jobs: Registry,
     concerned: list[LimitRow],
-    since: Mapping[str, datetime | None],
+    starts: Mapping[str, WalkStart],
     kind_free: Mapping[str, int],
     general: bool = False,
 ) -> tuple[str, dict[str, Any]]:
@@ -729,7 +821,7 @@ def limited_claim(
         "queues": array(wanted),
         "slots": array(wanted.values()),
         "free": array(free[queue] for queue in wanted),
-        "since": array(since.get(queue) for queue in wanted),
+        **walk_segments(list(wanted), starts),
         "owner": owner,
         "ttl": ttl,
         "kind_attempts": kind_attempts,
@@ -766,6 +858,7 @@ def _parse(rows: list[ClaimRow], under_limit: bool, sent: float) -> Claim:
     due_in: dict[str, float] = {}
     held_back: dict[str, float] = {}
     last_run_at: dict[str, float] = {}  # rows in claim order: the last one stays
+    priorities: dict[str, set[int]] = {}
     held = {row.queue for row in rows if row.id is None and row.held_for is not None}
     for row in rows:
         if row.id is not None:
@@ -789,6 +882,7 @@ def _parse(rows: list[ClaimRow], under_limit: bool, sent: float) -> Claim:
                 )
             )
             last_run_at[row.queue] = row.run_at
+            priorities.setdefault(row.queue, set()).add(row.priority)
             continue
         if row.due_in is not None:
             due_in[row.queue] = row.due_in
@@ -800,6 +894,7 @@ def _parse(rows: list[ClaimRow], under_limit: bool, sent: float) -> Claim:
         _timestamp(rows[0].clock) if rows else None,
         held_back=held_back,
         last_run_at={queue: _timestamp(run_at) for queue, run_at in last_run_at.items()},
+        priorities=priorities,
         under_limit=under_limit,
     )
 

@@ -62,7 +62,7 @@ def test_a_limited_claim_reports_its_jobs_and_queues_as_a_plain_claim_does(conn,
 CLAIM_PARAMS = {
     "queues": ["default"],
     "slots": [1],
-    "since": [None],
+    **claim.walk_segments(["default"], {}),
     "full_kinds": [],
     "owner": "w1",
     "ttl": 30,
@@ -166,3 +166,61 @@ def test_a_rate_limit_hands_out_start_times_a_spacing_apart_and_a_burst_at_once(
     burst = claim_now(db_url, {"default": 10})
     waits = sorted(job.not_before - min(j.not_before for j in burst.jobs) for job in burst.jobs)
     assert waits[:4] == [waits[0]] * 4 and abs(waits[4] - waits[0] - spacing) < 0.005, waits
+
+
+def test_a_walk_start_holds_within_the_priorities_met_and_the_others_are_walked_from_their_head():
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    segments = claim.walk_segments(["default", "other"], {"default": claim.WalkStart(at, frozenset({5, 0}))})
+    top, bottom = claim.TOP_PRIORITY, claim.BOTTOM_PRIORITY
+    at_text = f'"{at}"'
+    assert segments == {
+        "walk_queues": '{"default","default","default","default","default","other"}',
+        "walk_tops": f'{{"{top}","5","4","0","-1","{top}"}}',
+        "walk_bottoms": f'{{"6","5","1","0","{bottom}","{bottom}"}}',
+        "walk_since": f"{{NULL,{at_text},NULL,{at_text},NULL,NULL}}",
+    }
+
+
+@pytest.mark.parametrize("limit", [None, "queue", "kind"])
+def test_a_claim_from_a_walk_start_takes_every_priority_in_claim_order_but_what_is_behind_the_start(
+    conn, db_url, limit
+):
+    # Known priority 0, started 1 s ago: the priority 0 job from a minute ago is behind the start (the producer's
+    # look finds such jobs); jobs of priorities the queue's claims never met are walked from their head.
+    old = "now() - interval '1 minute'"
+    behind = conn.execute(
+        f"INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('test.noop', 'default', {old}) RETURNING id"
+    ).fetchone()[0]
+    high, low = (
+        conn.execute(
+            f"INSERT INTO dygo_jobs (kind, queue, priority, run_at) VALUES ('test.noop', 'default', %s, {old}) "
+            "RETURNING id",
+            (priority,),
+        ).fetchone()[0]
+        for priority in (7, -3)
+    )
+    new = enqueue(conn, "test.noop", {}).id
+    if limit is not None:  # a limit never reached: the limited claims walk the same way
+        limits.set_limit(conn, limit, "default" if limit == "queue" else "test.noop", 1000, None, None, ["default"])
+    limits.forget_cache()
+    start = claim.WalkStart(conn.execute("SELECT now() - interval '1 second'").fetchone()[0], frozenset({0}))
+
+    def claimed(n: int) -> list[int]:
+        async def go() -> list[int]:
+            async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
+                got = await claim_jobs(aconn, {"default": n}, "w1", 30, starts={"default": start})
+                return [job.id for job in got.jobs]
+
+        ids = asyncio.run(go())
+        conn.execute(  # back in line, as they were
+            "UPDATE dygo_jobs SET state = 'pending', attempt = 0, started_at = NULL, lease_owner = NULL, "
+            "lease_token = NULL, lease_deadline = NULL WHERE state = 'active'"
+        )
+        return ids
+
+    try:
+        assert claimed(10) == [high, new, low]
+        assert claimed(2) == [high, new]
+        assert behind not in claimed(10)
+    finally:
+        limits.forget_cache()

@@ -180,7 +180,7 @@ def test_capped_claim_still_walks_the_ready_index(conn):
         "full_kinds": ["test.capped"],
         "cap_kinds": ["test.span"],
         "cap_free": [3],
-        "since": [None, None],
+        **claim.walk_segments(["default", "other"], {}),
     }
     plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + claim.CLAIM_JOBS_CAPPED, params))
     assert "dygo_jobs_ready" in plan and "Seq Scan on dygo_jobs" not in plan, plan

@@ -86,7 +86,7 @@ def test_claim_walks_the_ready_index_never_the_whole_table(conn):
         "kind_attempts": "{}",
         "max_attempts": 20,
         "full_kinds": [],
-        "since": [None, None],
+        **claim.walk_segments(["default", "other"], {}),
     }
     for analyzed in (False, True):  # a fresh table (no statistics yet), then an analyzed one
         plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + claim.CLAIM_JOBS, params))
@@ -184,7 +184,9 @@ def claim_walk_buffers(conn, since) -> int:
         "ttl": 30,
         "kind_attempts": "{}",
         "max_attempts": 20,
-        "since": [since],
+        **claim.walk_segments(
+            ["default"], {} if since is None else {"default": claim.WalkStart(since, frozenset({0}))}
+        ),
         "full_kinds": [],
     }
     with conn.transaction(force_rollback=True):

@@ -19,8 +19,9 @@ kind that was at its cap sets it on its queue when it ends.
 After a claim that came back short, a queue's next walk of the ready index starts (`walk_start`) at that
 claim's time less LATE_COMMIT_MARGIN rather than at the head, where a held snapshot keeps an entry for every
 job claimed since (store/claim.py CLAIM_JOBS); after a full claim (a backlog), at the run_at of the
-last job it took less that margin. Jobs put back in line with an earlier run_at (and, in a backlog, older
-jobs of a lower priority than the last one taken) are looked for apart from the claims (`JobsBehind`,
+last job it took less that margin. It starts there within each priority the queue's claims have met
+(`priorities`), and at the head within the others. Jobs put back in line with an earlier run_at (and, in
+a backlog, older jobs of a lower priority than the last one taken) are looked for apart from the claims (`JobsBehind`,
 store/claim.py JOBS_BEHIND), on the shared connection, at most once every BEHIND_CHECK_INTERVAL while the
 queue's claims start past the head; a queue where it finds one walks from the head at its next claim.
 That look visits every entry a held snapshot keeps, so it runs at most BEHIND_CHECK_SHARE of the time, and
@@ -39,7 +40,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 
 import psycopg
-from dygo.store.claim import Claim, claim_jobs, claim_session, queues_with_jobs_behind
+from dygo.store.claim import Claim, WalkStart, claim_jobs, claim_session, queues_with_jobs_behind
 from dygo.store.leases import ClaimedJob
 from dygo.worker.ahead import ClaimAhead
 from dygo.worker.capacity import Capacity
@@ -53,6 +54,9 @@ RECOVER_INTERVAL = 1.0  # at most this often after a claim, so recovery stays ch
 # much later than it began, or one put back in line by another worker (a hand-back or a recovered lease
 # keeps its run_at) waits for the next walk from the head.
 LATE_COMMIT_MARGIN = timedelta(seconds=0.5)
+# A queue's walk starts past the head within each priority its claims have met, up to this many (store/claim.py
+# walk_segments): a segment each. Jobs of further priorities are walked from their head.
+KNOWN_PRIORITIES = 8
 BEHIND_CHECK_INTERVAL = 1.0
 # The look for jobs behind the walk starts waits this many times its own last duration before it runs again:
 # what it costs the server stays a small share of the time, however many entries a held snapshot keeps.
@@ -78,6 +82,8 @@ class QueueSlots:
         # The run_at its next walk of the ready index starts at (None: at the head), past the entries a held
         # snapshot keeps for jobs claimed since; see the module docstring.
         self.walk_start: datetime | None = None
+        # The priorities its claims have met (at most KNOWN_PRIORITIES): within each, a walk starts at walk_start.
+        self.priorities: set[int] = set()
         # A claim walked from its walk_start since the last look for jobs behind it began (JobsBehind): one
         # is due. A walk from the head sees everything, so it clears this.
         self.unchecked = False
@@ -292,13 +298,14 @@ class Producer:
                 wanted[slots.name] = min(slots.claimable, self.batch_size)
         return self.capacity.share(wanted) if wanted else wanted
 
-    def _walk_starts(self, wanted: dict[str, int]) -> dict[str, datetime | None]:
-        """Where each queue's walk starts: its `walk_start` (None: the head)."""
+    def _walk_starts(self, wanted: dict[str, int]) -> dict[str, WalkStart]:
+        """Where each queue's walk starts: its `walk_start` within its known priorities (left out: the head)."""
         starts = {}
         for name in wanted:
             slots = self.slots[name]
             slots.unchecked = slots.walk_start is not None
-            starts[name] = slots.walk_start
+            if slots.walk_start is not None:
+                starts[name] = WalkStart(slots.walk_start, frozenset(slots.priorities))
         return starts
 
     def _hold(self, held_back: dict[str, float]) -> None:
@@ -342,15 +349,18 @@ class Producer:
         self,
         conn: psycopg.AsyncConnection,
         wanted: dict[str, int],
-        walk_starts: dict[str, datetime | None] | None = None,
+        walk_starts: dict[str, WalkStart] | None = None,
     ) -> Claim:
         """Claim up to wanted[queue] jobs per queue (store/claim.py) and start them."""
         kind_free = self._kind_free() if self.capacity.capped else None
         # Jobs claimed ahead already waiting here take the next free slots: beyond the rest, a job is claimed ahead.
         free = {name: max(self.slots[name].free - len(self.slots[name].ahead), 0) for name in wanted}
         claim = await claim_jobs(
-            conn, wanted, self.worker_id, self.lease_ttl, since=walk_starts, kind_free=kind_free, free=free
+            conn, wanted, self.worker_id, self.lease_ttl, starts=walk_starts, kind_free=kind_free, free=free
         )
+        for name, priorities in claim.priorities.items():
+            known = self.slots[name].priorities
+            known.update(sorted(priorities - known)[: KNOWN_PRIORITIES - len(known)])
         self.held_back = claim.held_back
         taken = Counter(job.kind for job in claim.jobs)
         given = kind_free or {}
