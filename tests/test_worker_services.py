@@ -360,6 +360,30 @@ def test_lease_keeper_with_nothing_to_renew_does_not_report_the_database_back(db
     assert asyncio.run(go())  # still down: only a statement that ran may end an outage
 
 
+def test_a_statement_that_ran_while_new_connections_are_refused_does_not_end_an_outage(db_url):
+    # A server shutting down refuses new connections while a backend it has not yet stopped may still run a
+    # statement: only a new connection says the database is back.
+    from dygo.worker.database import WorkerConnections
+
+    async def go() -> list[bool]:
+        database = WorkerConnections(db_url, "test:1:abc")
+        await database.pool.open(wait=True)
+        try:
+            database.outage.lost("a restart under way", OSError("server closed the connection"))
+            database.url = "host=/nonexistent dbname=gone connect_timeout=1"  # new connections fail
+            async with database.connection() as conn:  # an old one still answers
+                await conn.execute("SELECT 1")
+            await database.back()
+            still_down = database.outage.down
+            database.url = db_url
+            await database.back()
+            return [still_down, database.outage.down]
+        finally:
+            await database.pool.close()
+
+    assert asyncio.run(go()) == [True, False]
+
+
 def test_recovery_looks_back_to_its_previous_pass_and_a_whole_pass_finds_older_leases(conn, db_url):
     # While VACUUM is held back, a walk from the oldest deadline visits an index entry for every lease
     # taken since: between whole passes, a pass only looks back to the previous one.

@@ -149,6 +149,16 @@ class WorkerConnections:
             await self._check_pool()
 
     async def back(self) -> None:
+        """A statement ran. It ends an outage under way only once a new connection proves it: the statement may
+        have run on a connection whose backend had not yet been told to stop, in a server shutting down (which
+        refuses new connections), and logged a false "back" before a second "lost"."""
+        if not self.outage.down:
+            return
+        try:
+            async with await self.connect() as conn:
+                await check_primary(conn)
+        except (psycopg.Error, OSError):
+            return
         if self.outage.back():
             # Again at the end: a connection whose backend was still shutting down passed the first
             # check, and died after it.
