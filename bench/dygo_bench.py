@@ -142,7 +142,7 @@ def write_config(
 
 
 def dygo_version() -> str:
-    return version("dygo")
+    return version("dygo-jobs")
 
 
 def truncate(conn: psycopg.Connection) -> None:
