@@ -5,7 +5,7 @@ connection holds an xid; each step enqueues 20,000 jobs due 10 s ago and 100 due
 (their ready-index entries dead but kept), enqueues one more, and runs the worker's claim statement
 (store/claim.py CLAIM_JOBS: prepared, generic plan, the claim-session settings) under `EXPLAIN (ANALYZE,
 BUFFERS)`, rolled back: from `since` = now - 0.5 s within the jobs' one priority (the producer's walk start
-once its claims met it) and from the head; and the producer's look behind its walk
+once its claims met it; store/claim.py walk_segments) and from the head; and the producer's look behind its walk
 start (JOBS_BEHIND). Prints ms and shared buffers of each.
 
     .venv/bin/python bench/held_walk.py
@@ -71,6 +71,7 @@ def main() -> int:
         psycopg.connect(url, cursor_factory=ClientCursor) as explain,
     ):
         holder.execute("SELECT pg_current_xact_id()")  # an xid: VACUUM keeps every version newer than it
+        skip_scan = conn.info.server_version >= claim.SKIP_SCAN_SERVER  # the walk's shape, as the claim's
         explain.execute(claim.CLAIM_SESSION)
         explain.execute(f"PREPARE c AS {prepared}")
         explain.commit()
@@ -91,7 +92,8 @@ def main() -> int:
             cells = []
             for start in (since, None):
                 starts = {} if start is None else {"default": claim.WalkStart(start, frozenset({0}))}
-                values = [{**params, **claim.walk_segments(["default"], starts)}[name] for name in names]
+                segments = claim.walk_segments(["default"], starts, skip_scan=skip_scan)
+                values = [{**params, **segments}[name] for name in names]
                 cells.append(measure(explain, f"EXECUTE c({', '.join(['%s'] * len(names))})", values))
             look = claim.JOBS_BEHIND.replace("%(queues)s", "%s").replace("%(since)s", "%s")
             cells.append(measure(explain, look, [["default"], [since]]))

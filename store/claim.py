@@ -72,7 +72,8 @@ RATE_HORIZON = 0.1
 # slots: a run_at bound is an index boundary only within one priority (the index orders by priority first;
 # PostgreSQL before 18 would otherwise check it entry by entry from the queue's head), so each priority the
 # queue's claims have met is a segment of its own, starting at the run_at, and the priorities between them
-# are segments walked from their start. A queue walked from the head is one segment of every priority.
+# are segments walked from their start. A queue walked from the head is one segment of every priority; so is
+# one with a start on PostgreSQL 18 and later, whose skip scan seeks the run_at within each priority itself.
 # The worker's claim is prepared and planned once, a generic plan (CLAIM_SETTINGS): planning a small claim
 # afresh costs more server time than running it. The plan is made with sequential scans priced out: a plan
 # made on a freshly migrated, empty table would otherwise scan the whole table (cheapest there) and keep
@@ -547,6 +548,9 @@ async def claim_session(conn: psycopg.AsyncConnection[Any]) -> None:
 
 # The bounds of the priorities a segment may hold: every integer a job row can have.
 TOP_PRIORITY, BOTTOM_PRIORITY = 2**31 - 1, -(2**31)
+# From this server version on, a btree scan seeks a run_at bound within each priority by itself (skip scan), so
+# a walk from a start is one segment; before it, one segment per known priority.
+SKIP_SCAN_SERVER = 180000
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,18 +562,22 @@ class WalkStart:
     priorities: frozenset[int]
 
 
-def walk_segments(queues: list[str], starts: Mapping[str, WalkStart]) -> dict[str, str]:
+def walk_segments(queues: list[str], starts: Mapping[str, WalkStart], skip_scan: bool = False) -> dict[str, str]:
     """The claim statements' segments of the queues' walks (`walk_queues`, `walk_tops`, `walk_bottoms`,
     `walk_since`), each queue's in walk order: highest priorities first. A queue without a start is one
-    segment, from the head."""
+    segment, from the head; so is one with a start on a server with a skip scan (`skip_scan`), from its
+    run_at in every priority."""
     rows: list[tuple[str, int, int, datetime | None]] = []
     for queue in queues:
         start = starts.get(queue)
+        if start is None or skip_scan:
+            rows.append((queue, TOP_PRIORITY, BOTTOM_PRIORITY, start.run_at if start else None))
+            continue
         top = TOP_PRIORITY
-        for priority in sorted(start.priorities if start else (), reverse=True):
+        for priority in sorted(start.priorities, reverse=True):
             if priority < top:
                 rows.append((queue, top, priority + 1, None))
-            rows.append((queue, priority, priority, start.run_at if start else None))
+            rows.append((queue, priority, priority, start.run_at))
             top = priority - 1
         if top >= BOTTOM_PRIORITY:
             rows.append((queue, top, BOTTOM_PRIORITY, None))
@@ -732,7 +740,7 @@ async def _claim_plain(
         "full_kinds": array(kind for kind, free in kind_free.items() if free <= 0),
         "cap_kinds": array(trimmed),
         "cap_free": array(trimmed.values()),
-        **walk_segments(list(wanted), starts),
+        **walk_segments(list(wanted), starts, skip_scan=conn.info.server_version >= SKIP_SCAN_SERVER),
     }
     return await _run_claim(conn, CLAIM_JOBS_CAPPED if trimmed else CLAIM_JOBS, params)
 
@@ -780,7 +788,17 @@ async def _claim_limited(
     starts: Mapping[str, WalkStart],
     kind_free: Mapping[str, int],
 ) -> list[ClaimRow]:
-    statement, params = limited_claim(wanted, free, owner, ttl, jobs, concerned, starts, kind_free)
+    statement, params = limited_claim(
+        wanted,
+        free,
+        owner,
+        ttl,
+        jobs,
+        concerned,
+        starts,
+        kind_free,
+        skip_scan=conn.info.server_version >= SKIP_SCAN_SERVER,
+    )
     if statement is CLAIM_QUEUE_LIMITED:
         return await _run_claim(conn, statement, params)
     # CLAIM_LIMITED: one pipeline, one round trip; the lock is a statement of its own, so that the claim, a later
@@ -812,16 +830,17 @@ def limited_claim(
     starts: Mapping[str, WalkStart],
     kind_free: Mapping[str, int],
     general: bool = False,
+    skip_scan: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """The statement of a claim under `concerned` limits and its parameters: CLAIM_QUEUE_LIMITED when every
     limit is a queue's own and unkeyed and no kind is capped in this worker, else (or with `general`)
-    CLAIM_LIMITED."""
+    CLAIM_LIMITED. `skip_scan`: as walk_segments's."""
     kind_attempts, default = jobs.max_attempts_at_claim()
     params: dict[str, Any] = {
         "queues": array(wanted),
         "slots": array(wanted.values()),
         "free": array(free[queue] for queue in wanted),
-        **walk_segments(list(wanted), starts),
+        **walk_segments(list(wanted), starts, skip_scan),
         "owner": owner,
         "ttl": ttl,
         "kind_attempts": kind_attempts,

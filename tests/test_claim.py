@@ -179,26 +179,35 @@ def test_a_walk_start_holds_within_the_priorities_met_and_the_others_are_walked_
         "walk_bottoms": f'{{"6","5","1","0","{bottom}","{bottom}"}}',
         "walk_since": f"{{NULL,{at_text},NULL,{at_text},NULL,NULL}}",
     }
+    # A server with a skip scan seeks the run_at within each priority itself: one segment.
+    one = claim.walk_segments(["default"], {"default": claim.WalkStart(at, frozenset({5, 0}))}, skip_scan=True)
+    assert (one["walk_tops"], one["walk_bottoms"], one["walk_since"]) == (
+        f'{{"{top}"}}',
+        f'{{"{bottom}"}}',
+        f"{{{at_text}}}",
+    )
 
 
+@pytest.mark.parametrize("segments", ["per priority", "one, skip scan"])
 @pytest.mark.parametrize("limit", [None, "queue", "kind"])
 def test_a_claim_from_a_walk_start_takes_every_priority_in_claim_order_but_what_is_behind_the_start(
-    conn, db_url, limit
+    conn, db_url, limit, segments, monkeypatch
 ):
-    # Known priority 0, started 1 s ago: the priority 0 job from a minute ago is behind the start (the producer's
-    # look finds such jobs); jobs of priorities the queue's claims never met are walked from their head.
-    old = "now() - interval '1 minute'"
-    behind = conn.execute(
-        f"INSERT INTO dygo_jobs (kind, queue, run_at) VALUES ('test.noop', 'default', {old}) RETURNING id"
-    ).fetchone()[0]
-    high, low = (
-        conn.execute(
-            f"INSERT INTO dygo_jobs (kind, queue, priority, run_at) VALUES ('test.noop', 'default', %s, {old}) "
-            "RETURNING id",
+    # Both walk shapes, whatever this server's version (a skip scan server: PostgreSQL 18 and later).
+    monkeypatch.setattr(claim, "SKIP_SCAN_SERVER", 10**9 if segments == "per priority" else 0)
+
+    # Known priority 0, started 1 s ago: jobs from a minute ago are behind the start (the producer's look finds
+    # such jobs), but per priority the walk goes from the head within each priority its claims never met.
+    def job(priority: int, run_at: str) -> int:
+        return conn.execute(
+            "INSERT INTO dygo_jobs (kind, queue, priority, run_at) VALUES ('test.noop', 'default', %s, "
+            f"{run_at}) RETURNING id",
             (priority,),
         ).fetchone()[0]
-        for priority in (7, -3)
-    )
+
+    old = "now() - interval '1 minute'"
+    behind, old_high = job(0, old), job(9, old)
+    high, low = job(7, "now()"), job(-3, "now()")
     new = enqueue(conn, "test.noop", {}).id
     if limit is not None:  # a limit never reached: the limited claims walk the same way
         limits.set_limit(conn, limit, "default" if limit == "queue" else "test.noop", 1000, None, None, ["default"])
@@ -219,8 +228,12 @@ def test_a_claim_from_a_walk_start_takes_every_priority_in_claim_order_but_what_
         return ids
 
     try:
-        assert claimed(10) == [high, new, low]
-        assert claimed(2) == [high, new]
+        if segments == "per priority":
+            assert claimed(10) == [old_high, high, new, low]
+            assert claimed(3) == [old_high, high, new]
+        else:
+            assert claimed(10) == [high, new, low]
+            assert claimed(2) == [high, new]
         assert behind not in claimed(10)
     finally:
         limits.forget_cache()
