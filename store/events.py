@@ -43,7 +43,7 @@ import psycopg
 from dygo.store.db import aroll_back, one, roll_back
 from dygo.store.durations import parse_duration
 from dygo.store.errors import CodedError, ConfigError, EventError, EventTimeout, LeaseLost, StepError, Suspended
-from dygo.store.leases import Outcome, Unsuccessful, Wait
+from dygo.store.leases import Outcome, Unsuccessful, Wait, on_indexes
 from dygo.store.sql import events as sql
 from dygo.store.sql import steps as steps_sql
 from psycopg.pq import TransactionStatus
@@ -313,7 +313,8 @@ class TimedOut:
 
 
 async def time_out_waits(conn: psycopg.AsyncConnection[Any]) -> TimedOut:
-    """Time out at most SWEEP_BATCH waits whose deadline has passed, and move their jobs to pending."""
-    cursor = await conn.execute(sql.TIME_OUT_WAITS, {"batch": SWEEP_BATCH})
+    """Time out at most SWEEP_BATCH waits whose deadline has passed, and move their jobs to pending. On the
+    indexes only: planned while dygo_jobs was small, its job lookups would otherwise read the table whole."""
+    cursor = await on_indexes(conn, sql.TIME_OUT_WAITS, {"batch": SWEEP_BATCH})
     waits, woken = one(await cursor.fetchone())
     return TimedOut(int(waits), int(woken))

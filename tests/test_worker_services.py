@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from dygo.store import enqueue, enqueue_many, maintenance
+from dygo.store import enqueue, enqueue_many, events, maintenance
 from dygo.store.claim import claim_jobs, queues_with_jobs_behind
 from dygo.store.config import load_settings
 from dygo.store.leases import (
@@ -139,6 +139,14 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
     )
     enqueue_many(conn, [{"kind": "test.noop"}] * 20)
     enqueue(conn, "test.noop", {}, delay="1h")
+    waiting = conn.execute(
+        "INSERT INTO dygo_jobs (kind, queue, state, attempt) VALUES ('test.noop', 'other', 'waiting', 1) RETURNING id"
+    ).fetchone()[0]
+    conn.execute(  # an event wait past its deadline, for the timeout sweep
+        "INSERT INTO dygo_steps (job_id, key, op, seq, attempt, duration, wake_at, state, waits_for) "
+        "VALUES (%s, 'paid#1', 'event', 1, 1, 0, now() - interval '1 second', 'waiting', 'paid')",
+        (waiting,),
+    )
     before = seq_scans_of_the_job_table(conn)
 
     async def cycle() -> dict[str, float]:
@@ -154,6 +162,7 @@ def test_worker_statements_never_scan_the_whole_job_table_even_before_its_first_
                     Unsuccessful(jobs[2], "dead", error="bust"),
                 ],
             )
+            assert await events.time_out_waits(c) == events.TimedOut(waits=1, woken=1)
             await claim_jobs(c, {"default": 5}, "w2", 0.001)  # leases that expire at once
             await asyncio.sleep(0.05)
             assert len((await recover_expired(c, 3)).jobs) == 5
