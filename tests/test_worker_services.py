@@ -480,3 +480,19 @@ def test_jobs_of_a_claim_still_run_when_the_stop_comes_before_their_tasks_are_ma
     asyncio.run(go())
     rows = conn.execute("SELECT state, attempt FROM dygo_jobs WHERE id = ANY(%s)", (ids,)).fetchall()
     assert rows == [("succeeded", 1)] * 3
+
+
+def test_a_queue_walks_from_its_start_within_the_priorities_its_claims_met_up_to_eight():
+    from dygo.store.claim import WalkStart
+    from dygo.worker.producer import KNOWN_PRIORITIES, QueueSlots
+
+    slots = QueueSlots("default", 4, 0.0, 0)
+    assert slots.walk_start_at() is None  # no start yet: from the head
+    slots.met({0, 5})
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    slots.walk_start = at
+    assert slots.walk_start_at() == WalkStart(at, frozenset({0, 5}))
+    slots.met(set(range(100, 120)))  # more than it keeps: the rest are walked from the head of their range
+    assert len(slots.priorities) == KNOWN_PRIORITIES == 8 and {0, 5} <= slots.priorities
+    slots.walk_start = None  # a walk from the head (a look found a job behind the start)
+    assert slots.walk_start_at() is None

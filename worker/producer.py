@@ -89,6 +89,14 @@ class QueueSlots:
         self.unchecked = False
         self.held_at = -math.inf  # monotonic time of its last claim a limit held back
 
+    def met(self, priorities: set[int]) -> None:
+        """A claim took jobs of these priorities: known from now on, up to KNOWN_PRIORITIES."""
+        self.priorities.update(sorted(priorities - self.priorities)[: KNOWN_PRIORITIES - len(self.priorities)])
+
+    def walk_start_at(self) -> WalkStart | None:
+        """Where its next walk starts (None: at the head)."""
+        return None if self.walk_start is None else WalkStart(self.walk_start, frozenset(self.priorities))
+
     @property
     def free(self) -> int:
         """Its slots not running a job."""
@@ -303,9 +311,10 @@ class Producer:
         starts = {}
         for name in wanted:
             slots = self.slots[name]
-            slots.unchecked = slots.walk_start is not None
-            if slots.walk_start is not None:
-                starts[name] = WalkStart(slots.walk_start, frozenset(slots.priorities))
+            start = slots.walk_start_at()
+            slots.unchecked = start is not None
+            if start is not None:
+                starts[name] = start
         return starts
 
     def _hold(self, held_back: dict[str, float]) -> None:
@@ -359,8 +368,7 @@ class Producer:
             conn, wanted, self.worker_id, self.lease_ttl, starts=walk_starts, kind_free=kind_free, free=free
         )
         for name, priorities in claim.priorities.items():
-            known = self.slots[name].priorities
-            known.update(sorted(priorities - known)[: KNOWN_PRIORITIES - len(known)])
+            self.slots[name].met(priorities)
         self.held_back = claim.held_back
         taken = Counter(job.kind for job in claim.jobs)
         given = kind_free or {}
