@@ -52,6 +52,45 @@ RATE_HORIZON = 0.1
 
 # --- The statements ------------------------------------------------------------------------------
 
+
+# A queue's walk of the ready index, the LATERAL each claim statement joins to its queue row `w`: the queue's
+# segments in order (walk_segments), each walked in claim order, until `limit` rows are locked. `columns` of
+# dygo_jobs (as `j`); `filters`, more conditions on a row, each beginning with AND.
+def _ready_walk(columns: str, limit: str, filters: str = "") -> str:
+    return f"""CROSS JOIN LATERAL (
+        SELECT r.* FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[],
+                               %(walk_since)s::timestamptz[]) AS s(queue, top, bottom, since)
+        CROSS JOIN LATERAL (
+            SELECT {columns} FROM dygo_jobs j
+            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
+              AND run_at >= coalesce(s.since, '-infinity') AND run_at <= now()
+              AND kind <> ALL(%(full_kinds)s::text[])
+              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused){filters}
+            ORDER BY priority DESC, run_at, id
+            LIMIT {limit}
+            FOR UPDATE SKIP LOCKED
+        ) AS r
+        WHERE s.queue = w.queue
+        LIMIT {limit}
+    ) AS p
+"""
+
+
+# The next-due look of a queue row `w` (n.run_at: its next scheduled job, NULL: none), through the same segments
+# as its walk: only jobs still to come (a future run_at, an index condition within a segment, so the entries of
+# claimed jobs are passed over without a visit to their rows).
+_NEXT_DUE = """CROSS JOIN LATERAL (
+        SELECT min(f.run_at) AS run_at
+        FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[])
+            AS s(queue, top, bottom)
+        CROSS JOIN LATERAL (
+            SELECT min(run_at) AS run_at FROM dygo_jobs
+            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
+              AND run_at > now()
+              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS f
+        WHERE s.queue = w.queue) AS n
+"""
+
 # One statement claims for every queue a worker serves: each (queue, free slots) pair of the arrays
 # walks the dygo_jobs_ready partial index (queue, priority DESC, run_at, id) in a LATERAL of its own,
 # so each queue gets at most its own free slots in claim order, and one round trip serves any
@@ -90,27 +129,14 @@ RATE_HORIZON = 0.1
 # per job to load), the lease token as text (it loads several times faster than a UUID), no lease deadline
 # (the same for the whole claim); `waited`, the start latency (store/timings.py); the epoch numbers load
 # faster than timestamps.
-CLAIM_JOBS = """
+CLAIM_JOBS = (
+    """
 WITH picked AS (
     SELECT p.id, p.kind, p.priority, p.run_at
     FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
-    CROSS JOIN LATERAL (
-        SELECT r.* FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[],
-                               %(walk_since)s::timestamptz[]) AS s(queue, top, bottom, since)
-        CROSS JOIN LATERAL (
-            SELECT id, kind, priority, run_at FROM dygo_jobs
-            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
-              AND run_at >= coalesce(s.since, '-infinity') AND run_at <= now()
-              AND kind <> ALL(%(full_kinds)s::text[])
-              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-            ORDER BY priority DESC, run_at, id
-            LIMIT w.slots
-            FOR UPDATE SKIP LOCKED
-        ) AS r
-        WHERE s.queue = w.queue
-        LIMIT w.slots
-    ) AS p
-), kept AS (
+    """
+    + _ready_walk("id, kind, priority, run_at", "w.slots")
+    + """), kept AS (
     SELECT id FROM picked
 ), claimed AS (
     UPDATE dygo_jobs AS j
@@ -129,17 +155,9 @@ WITH picked AS (
     -- another worker's. Paused queues are left out: they must not wake anyone.
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
     FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
-    CROSS JOIN LATERAL (
-        SELECT min(f.run_at) AS run_at
-        FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[])
-            AS s(queue, top, bottom)
-        CROSS JOIN LATERAL (
-            SELECT min(run_at) AS run_at FROM dygo_jobs
-            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
-              AND run_at > now()
-              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS f
-        WHERE s.queue = w.queue) AS n
-    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
+    """
+    + _NEXT_DUE
+    + """    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
 )
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
        lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
@@ -150,29 +168,17 @@ UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
        NULL, NULL, NULL, NULL FROM next_due
 ORDER BY priority DESC NULLS LAST, run_at, id"""
+)
 
 # CLAIM_JOBS, keeping no more of a capped kind than its free slots (the `kept` CTE); the rest is the same.
-CLAIM_JOBS_CAPPED = """
+CLAIM_JOBS_CAPPED = (
+    """
 WITH picked AS (
     SELECT p.id, p.kind, p.priority, p.run_at
     FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
-    CROSS JOIN LATERAL (
-        SELECT r.* FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[],
-                               %(walk_since)s::timestamptz[]) AS s(queue, top, bottom, since)
-        CROSS JOIN LATERAL (
-            SELECT id, kind, priority, run_at FROM dygo_jobs
-            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
-              AND run_at >= coalesce(s.since, '-infinity') AND run_at <= now()
-              AND kind <> ALL(%(full_kinds)s::text[])
-              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-            ORDER BY priority DESC, run_at, id
-            LIMIT w.slots
-            FOR UPDATE SKIP LOCKED
-        ) AS r
-        WHERE s.queue = w.queue
-        LIMIT w.slots
-    ) AS p
-), kept AS (
+    """
+    + _ready_walk("id, kind, priority, run_at", "w.slots")
+    + """), kept AS (
     SELECT r.id FROM (
         SELECT id, kind, row_number() OVER (PARTITION BY kind ORDER BY priority DESC, run_at, id) AS n FROM picked
     ) AS r
@@ -191,17 +197,9 @@ WITH picked AS (
 ), next_due AS (
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
     FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
-    CROSS JOIN LATERAL (
-        SELECT min(f.run_at) AS run_at
-        FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[])
-            AS s(queue, top, bottom)
-        CROSS JOIN LATERAL (
-            SELECT min(run_at) AS run_at FROM dygo_jobs
-            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
-              AND run_at > now()
-              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS f
-        WHERE s.queue = w.queue) AS n
-    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
+    """
+    + _NEXT_DUE
+    + """    WHERE w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
 )
 SELECT id, kind, queue, args, nullif(meta, '{}'::jsonb) AS meta, attempt, max_attempts, enqueued_at,
        lease_token::text AS lease_token, extract(epoch FROM now() - greatest(run_at, enqueued_at))::float8 AS waited,
@@ -212,6 +210,7 @@ UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, due_in, NULL, extract(epoch FROM now())::float8,
        NULL, NULL, NULL, NULL FROM next_due
 ORDER BY priority DESC NULLS LAST, run_at, id"""
+)
 
 # The queues with a ready job behind their walk start (`since`), which walks from there do not see: put in
 # line with an earlier run_at (a hand-back, a recovered lease, a resumed job) or committed later than the
@@ -229,6 +228,12 @@ WHERE EXISTS (
 # The limited claim's lock: advisory lock keys (LimitRow.lock_key), in ascending order.
 LOCK_LIMITS = """
 SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%(keys)s::bigint[]) WITH ORDINALITY AS l(k, i)"""
+
+# CLAIM_LIMITED's walk skips every (limit, key) with a wait.
+LIMITS_HOLD_NONE = """
+              AND NOT EXISTS (SELECT 1 FROM use u WHERE u.wait IS NOT NULL
+                                AND u.name = CASE u.scope WHEN 'queue' THEN j.queue ELSE j.kind END
+                                AND coalesce(j.meta ->> u.field, '') = u.key)"""
 
 # The limited claim, after the lock: every step in one statement, so the whole claim is one round trip
 # (BEGIN, the lock, this, COMMIT, pipelined) whatever the limits. Its clock is clock_timestamp() read once
@@ -255,7 +260,8 @@ SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%(keys)s::bigint[]) WITH ORDI
 # limit and key moves its next start past the last rank claimed (one row, dygo_limit_pace) and gets one
 # start-log row with its count (what the API reports as starts in the window). The rows returned are
 # CLAIM_JOBS's, plus one per queue a limit held back (`held_for`, the seconds until worth claiming again).
-CLAIM_LIMITED = """
+CLAIM_LIMITED = (
+    """
 WITH clk AS MATERIALIZED (
     SELECT clock_timestamp() AS now
 ), lim AS MATERIALIZED (
@@ -286,26 +292,9 @@ WITH clk AS MATERIALIZED (
         WHERE l.scope = 'queue' AND l.field IS NULL AND l.name = w.queue)), 0) AS slots
     FROM unnest(%(queues)s::text[], %(slots)s::integer[], %(free)s::integer[]) AS w(queue, slots, free)
 ), cand AS MATERIALIZED (
-    SELECT p.* FROM w CROSS JOIN LATERAL (
-        SELECT r.* FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[],
-                               %(walk_since)s::timestamptz[]) AS s(queue, top, bottom, since)
-        CROSS JOIN LATERAL (
-            SELECT id, kind, queue, meta, priority, run_at FROM dygo_jobs j
-            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
-              AND run_at >= coalesce(s.since, '-infinity') AND run_at <= now()
-              AND kind <> ALL(%(full_kinds)s::text[])
-              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-              AND NOT EXISTS (SELECT 1 FROM use u WHERE u.wait IS NOT NULL
-                                AND u.name = CASE u.scope WHEN 'queue' THEN j.queue ELSE j.kind END
-                                AND coalesce(j.meta ->> u.field, '') = u.key)
-            ORDER BY priority DESC, run_at, id
-            LIMIT w.slots
-            FOR UPDATE SKIP LOCKED
-        ) AS r
-        WHERE s.queue = w.queue
-        LIMIT w.slots
-    ) AS p
-    WHERE w.slots > 0
+    SELECT p.* FROM w """
+    + _ready_walk("id, kind, queue, meta, priority, run_at", "w.slots", LIMITS_HOLD_NONE)
+    + """    WHERE w.slots > 0
 ), placed AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.queue ORDER BY c.priority DESC, c.run_at, c.id) > w.free AS ahead
     FROM cand c JOIN w ON w.queue = c.queue
@@ -360,17 +349,9 @@ WITH clk AS MATERIALIZED (
 ), next_due AS (
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
     FROM unnest(%(queues)s::text[], %(slots)s::integer[]) AS w(queue, slots)
-    CROSS JOIN LATERAL (
-        SELECT min(f.run_at) AS run_at
-        FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[])
-            AS s(queue, top, bottom)
-        CROSS JOIN LATERAL (
-            SELECT min(run_at) AS run_at FROM dygo_jobs
-            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
-              AND run_at > now()
-              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS f
-        WHERE s.queue = w.queue) AS n
-    WHERE n.run_at IS NOT NULL AND w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
+    """
+    + _NEXT_DUE
+    + """    WHERE n.run_at IS NOT NULL AND w.slots > (SELECT count(*) FROM claimed c WHERE c.queue = w.queue)
 ), held AS (
     SELECT w.queue, min(u.wait) AS wait FROM unnest(%(queues)s::text[]) AS w(queue)
     JOIN use u ON u.wait IS NOT NULL AND (u.scope = 'kind' OR u.name = w.queue)
@@ -395,6 +376,7 @@ UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, extract(epoch FROM now())::float8,
        NULL, NULL, NULL, NULL FROM held
 ORDER BY priority DESC NULLS LAST, run_at, id"""
+)
 
 # The limited claim when each limit concerned is a queue's own, unkeyed (a queue's safety cap, the rate of the
 # API its jobs call): the same rules as CLAIM_LIMITED's, which then come down to one number per queue, known
@@ -409,7 +391,8 @@ ORDER BY priority DESC NULLS LAST, run_at, id"""
 # CONCURRENCY_RECHECK (a settle's NOTIFY may come first); for a rate, until its next start comes within the
 # horizon. Each rated queue moves its next start past what it took and logs one start-log row. A plan of a few
 # nodes, where CLAIM_LIMITED's per-limit ranks cost a claim its own price again.
-CLAIM_QUEUE_LIMITED = """
+CLAIM_QUEUE_LIMITED = (
+    """
 WITH use AS MATERIALIZED (
     SELECT * FROM dygo_queue_limits_use(%(keys)s::bigint[], %(queues)s::text[],
                                         %(counted)s::boolean[], %(rated)s::boolean[])
@@ -428,23 +411,9 @@ WITH use AS MATERIALIZED (
     SELECT w.*, greatest(least(w.wanted, w.by_concurrency, w.by_rate), 0)::integer AS cap FROM w
 ), picked AS (
     SELECT p.id, p.kind, p.priority, p.run_at
-    FROM capped w CROSS JOIN LATERAL (
-        SELECT r.* FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[],
-                               %(walk_since)s::timestamptz[]) AS s(queue, top, bottom, since)
-        CROSS JOIN LATERAL (
-            SELECT id, kind, priority, run_at FROM dygo_jobs
-            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
-              AND run_at >= coalesce(s.since, '-infinity') AND run_at <= now()
-              AND kind <> ALL(%(full_kinds)s::text[])
-              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)
-            ORDER BY priority DESC, run_at, id
-            LIMIT w.cap
-            FOR UPDATE SKIP LOCKED
-        ) AS r
-        WHERE s.queue = w.queue
-        LIMIT w.cap
-    ) AS p
-), kept AS (
+    FROM capped w """
+    + _ready_walk("id, kind, priority, run_at", "w.cap")
+    + """), kept AS (
     SELECT id FROM picked
 ), claimed AS (
     UPDATE dygo_jobs AS j
@@ -471,17 +440,9 @@ WITH use AS MATERIALIZED (
 ), next_due AS (
     SELECT w.queue, extract(epoch FROM n.run_at - now())::float8 AS due_in
     FROM taken w
-    CROSS JOIN LATERAL (
-        SELECT min(f.run_at) AS run_at
-        FROM unnest(%(walk_queues)s::text[], %(walk_tops)s::integer[], %(walk_bottoms)s::integer[])
-            AS s(queue, top, bottom)
-        CROSS JOIN LATERAL (
-            SELECT min(run_at) AS run_at FROM dygo_jobs
-            WHERE state = 'pending' AND queue = w.queue AND priority <= s.top AND priority >= s.bottom
-              AND run_at > now()
-              AND NOT EXISTS (SELECT 1 FROM dygo_queues q WHERE q.name = w.queue AND q.paused)) AS f
-        WHERE s.queue = w.queue) AS n
-    WHERE n.run_at IS NOT NULL AND w.n < w.cap
+    """
+    + _NEXT_DUE
+    + """    WHERE n.run_at IS NOT NULL AND w.n < w.cap
 ), held AS (
     SELECT queue, greatest(
         CASE WHEN by_concurrency <= cap THEN %(recheck)s::float8 END,
@@ -503,6 +464,7 @@ UNION ALL
 SELECT NULL, NULL, queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, wait, extract(epoch FROM now())::float8,
        NULL, NULL, NULL, NULL FROM held
 ORDER BY priority DESC NULLS LAST, run_at, id"""
+)
 
 
 # --- The claim's transaction and session settings ------------------------------------------------
