@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -113,8 +113,16 @@ async def check_schema(conn: psycopg.AsyncConnection) -> None:
 
 
 async def listen(conn: psycopg.AsyncConnection) -> None:
-    """Subscribe `conn` to the queue names of jobs that become pending."""
+    """Subscribe `conn` to the queues of jobs that become pending (`jobs_pending` reads each payload)."""
     await conn.execute(sql.LISTEN_FOR_JOBS)
+
+
+def jobs_pending(payload: str) -> tuple[str, datetime | None]:
+    """A dygo_jobs notification's queue and the earliest run_at of the jobs it tells of: the trigger's
+    payload is the queue, a space and that run_at in epoch seconds. A payload with the queue alone (a limit's
+    freed slot) gives None: it says nothing of where in line its jobs are."""
+    queue, _, at = payload.partition(" ")
+    return queue, datetime.fromtimestamp(float(at), UTC) if at else None
 
 
 # A claim's and a settle's transactions, each sent in one pipeline: one round trip where BEGIN, the

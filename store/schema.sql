@@ -486,8 +486,8 @@ CREATE FUNCTION public.dygo_notify_pending() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM pg_notify('dygo_jobs', q.queue)
-    FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'pending') AS q;
+    PERFORM pg_notify('dygo_jobs', q.queue || ' ' || extract(epoch FROM q.run_at)::text)
+    FROM (SELECT queue, min(run_at) AS run_at FROM new_rows WHERE state = 'pending' GROUP BY queue) AS q;
     RETURN NULL;
 END
 $$;

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 from dygo.store import EnqueueError, JobRequest, enqueue, enqueue_many
+from dygo.store.leases import jobs_pending
 
 
 def row(conn, job_id: int) -> dict:
@@ -142,7 +143,11 @@ def test_enqueue_inside_the_callers_transaction_commits_and_notifies_with_it(db_
             app.execute("INSERT INTO orders VALUES (1)")
             job = enqueue(app, "test.noop", {})
             assert list(listener.notifies(timeout=0.2, stop_after=1)) == []  # nothing before commit
-        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["default"]
+        # The payload: the queue and, for workers whose walk starts past it, the job's place in line.
+        [payload] = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+        run_at = app.execute("SELECT run_at FROM dygo_jobs WHERE id = %s", (job.id,)).fetchone()[0]
+        queue, notified = jobs_pending(payload)
+        assert queue == "default" and notified is not None and abs(notified - run_at) < timedelta(microseconds=1)
 
         with pytest.raises(RuntimeError), app.transaction():
             enqueue(app, "test.noop", {})

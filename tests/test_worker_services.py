@@ -496,3 +496,72 @@ def test_a_queue_walks_from_its_start_within_the_priorities_its_claims_met_up_to
     assert len(slots.priorities) == KNOWN_PRIORITIES == 8 and {0, 5} <= slots.priorities
     slots.walk_start = None  # a walk from the head (a look found a job behind the start)
     assert slots.walk_start_at() is None
+
+
+def test_a_notified_job_behind_the_walk_start_moves_it_back_even_while_a_claim_is_on_its_way():
+    from dygo.worker.producer import NOTIFIED_MARGIN, QueueSlots
+
+    slots = QueueSlots("default", 4, 0.0, 0)
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    slots.walk_start = at
+    slots.put_in_line(at + timedelta(seconds=5))  # an enqueue committed in time: ahead of the start
+    assert slots.walk_start == at
+    slots.put_in_line(at - timedelta(minutes=1))  # committed late, or put back in line with its old run_at
+    assert slots.walk_start == at - timedelta(minutes=1) - NOTIFIED_MARGIN
+    slots.claim_sent()
+    slots.put_in_line(at - timedelta(minutes=2))  # while a claim is on its way: its snapshot may not see it
+    slots.claim_returned(at + timedelta(seconds=10))  # the claim came back short
+    assert slots.walk_start == at - timedelta(minutes=2) - NOTIFIED_MARGIN
+    slots.claim_sent()
+    slots.claim_returned(at + timedelta(seconds=10))
+    assert slots.walk_start == at + timedelta(seconds=10)
+    slots.claim_sent()
+    slots.put_in_line(at)
+    slots.claim_returned(False)  # the claim moved nothing (a limit held it back)
+    assert slots.walk_start == at - NOTIFIED_MARGIN
+    slots.walk_start = None  # from the head: a NOTIFY cannot move it later
+    slots.put_in_line(at)
+    assert slots.walk_start is None
+
+
+def test_a_job_put_in_line_behind_a_walk_start_runs_at_its_notify_with_no_look_behind(conn, db_url, monkeypatch):
+    # With no look for jobs behind the walk start this hour, only the NOTIFY's run_at can bring the worker's
+    # walk back to a job committed late (or handed back) and to a paused queue's jobs when it resumes.
+    from dygo.store.admin import pause_queue, resume_queue
+    from dygo.worker import producer
+
+    monkeypatch.setattr(producer, "BEHIND_SAFETY_INTERVAL", 3600.0)
+    a_minute_ago = datetime.now(UTC) - timedelta(minutes=1)
+
+    def state(job_id: int) -> str:
+        return conn.execute("SELECT state FROM dygo_jobs WHERE id = %s", (job_id,)).fetchone()[0]
+
+    async def until(done, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not done():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.02)
+
+    async def go() -> None:
+        worker = Worker(load_settings(TEST_CONFIG), registry, WorkerOptions({"default": 4}), db_url)
+        running = asyncio.create_task(worker.run())
+        slots = worker.producer.slots["default"]
+        try:
+            await until(lambda: worker.ready, "the worker to be ready")
+            first = enqueue(conn, "test.noop", {})
+            await until(lambda: state(first.id) == "succeeded", "the first job")
+            await until(lambda: slots.walk_start is not None and slots.walk_start > a_minute_ago, "a walk start")
+            late = enqueue(conn, "test.noop", {}, run_at=a_minute_ago)
+            await until(lambda: state(late.id) == "succeeded", "the job behind the walk start")
+
+            pause_queue(conn, "default")
+            parked = enqueue(conn, "test.noop", {}, run_at=a_minute_ago)
+            await asyncio.sleep(0.5)  # its NOTIFY moves the walk start back; a claim then finds the queue paused
+            assert slots.walk_start is not None and slots.walk_start > a_minute_ago and state(parked.id) == "pending"
+            resume_queue(conn, "default")
+            await until(lambda: state(parked.id) == "succeeded", "the paused queue's job after its resume")
+        finally:
+            worker.stop()
+            await running
+
+    asyncio.run(go())

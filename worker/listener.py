@@ -1,8 +1,8 @@
 """The listener: the worker's own session. It holds the worker's presence lock (worker/presence.py) and
 LISTENs for jobs that become pending and schedules that change, waking the producer (for the queue named in
-the payload) or the scheduler. On a lost connection it reconnects with backoff while the producer and
-scheduler go on polling; its reconnect takes the presence lock again and wakes both, to catch up on anything
-sent while it was away.
+the payload, with the jobs' earliest run_at) or the scheduler. On a lost connection it reconnects with
+backoff while the producer and scheduler go on polling; its reconnect takes the presence lock again and
+wakes both, to catch up on anything sent while it was away.
 
 It needs a session of its own: DATABASE_DIRECT_URL when DATABASE_URL goes through a transaction
 pooler (worker/database.py); without one the worker runs poll-only and has no listener, and its jobs
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 import psycopg
 from dygo.store import leases, schedules
@@ -30,7 +31,7 @@ class Listener:
     def __init__(
         self,
         database: WorkerConnections,
-        wake_queue: Callable[[str], None],
+        wake_queue: Callable[[str, datetime | None], None],
         wake_all: Callable[[], None],
         schedules_changed: asyncio.Event,
         poll_interval: float,
@@ -70,7 +71,7 @@ class Listener:
                         if notify.channel == schedules.CHANNEL:
                             self.schedules_changed.set()
                         else:
-                            self.wake_queue(notify.payload)
+                            self.wake_queue(*leases.jobs_pending(notify.payload))
             except (psycopg.Error, OSError) as exc:
                 self.listening.clear()
                 what = "LISTEN connection" if self.listen else "presence session"

@@ -20,14 +20,18 @@ After a claim that came back short, a queue's next walk of the ready index start
 claim's time less LATE_COMMIT_MARGIN rather than at the head, where a held snapshot keeps an entry for every
 job claimed since (store/claim.py CLAIM_JOBS); after a full claim (a backlog), at the run_at of the
 last job it took less that margin. It starts there within each priority the queue's claims have met
-(`priorities`), and at the head within the others. Jobs put back in line with an earlier run_at (and, in
-a backlog, older jobs of a lower priority than the last one taken) are looked for apart from the claims (`JobsBehind`,
-store/claim.py JOBS_BEHIND), on the shared connection, at most once every BEHIND_CHECK_INTERVAL while the
-queue's claims start past the head; a queue where it finds one walks from the head at its next claim.
-That look visits every entry a held snapshot keeps, so it runs at most BEHIND_CHECK_SHARE of the time, and
-never holds up a claim. While a kind is at its cap its skipped jobs stay behind such a start, so no start
-is kept then; nor after a claim that a cluster-wide limit held back, which may leave due jobs of the queue
-in line (a limit never reached holds nothing back: its claims walk as fast).
+(`priorities`), and at the head within the others. A job put in line behind that start (committed late,
+handed back, recovered, resumed) is told of by its NOTIFY, which carries the earliest run_at of the jobs it
+announces (migration 0020): the next walk starts there (`QueueSlots.put_in_line`), also when the NOTIFY
+arrives while a claim is on its way. What no NOTIFY tells of is looked for apart from the claims
+(`JobsBehind`, store/claim.py JOBS_BEHIND), on the shared connection: in a backlog, older jobs of a lower
+priority than the last one taken, at most once every BEHIND_CHECK_INTERVAL (as in a worker that does not
+LISTEN); otherwise, for a job that another worker's claim skipped while locked and then left, once every
+BEHIND_SAFETY_INTERVAL. A queue where it finds one walks from the head at its next claim. That look visits
+every entry a held snapshot keeps, so it runs at most BEHIND_CHECK_SHARE of the time, and never holds up a
+claim. While a kind is at its cap its skipped jobs stay behind such a start, so no start is kept then; nor
+after a claim that a cluster-wide limit held back, which may leave due jobs of the queue in line (a limit
+never reached holds nothing back: its claims walk as fast).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import math
 import time
 from collections import Counter
 from datetime import datetime, timedelta
+from typing import Literal
 
 import psycopg
 from dygo.store.claim import Claim, WalkStart, claim_jobs, claim_session, queues_with_jobs_behind
@@ -57,7 +62,10 @@ LATE_COMMIT_MARGIN = timedelta(seconds=0.5)
 # A queue's walk starts past the head within each priority its claims have met, up to this many (store/claim.py
 # walk_segments): a segment each. Jobs of further priorities are walked from their head.
 KNOWN_PRIORITIES = 8
-BEHIND_CHECK_INTERVAL = 1.0
+# A NOTIFY's run_at comes as epoch seconds: a walk starts this much before it, whatever the float rounded.
+NOTIFIED_MARGIN = timedelta(milliseconds=1)
+BEHIND_CHECK_INTERVAL = 1.0  # the look's pace while a walk start may have left jobs behind that no NOTIFY tells of
+BEHIND_SAFETY_INTERVAL = 5.0  # otherwise: for a job a claim skipped while another claim held its lock, then left
 # The look for jobs behind the walk starts waits this many times its own last duration before it runs again:
 # what it costs the server stays a small share of the time, however many entries a held snapshot keeps.
 BEHIND_CHECK_SHARE = 0.05
@@ -87,11 +95,36 @@ class QueueSlots:
         # A claim walked from its walk_start since the last look for jobs behind it began (JobsBehind): one
         # is due. A walk from the head sees everything, so it clears this.
         self.unchecked = False
+        # Monotonic time a full claim last set walk_start (-inf: none since a walk from the head or a look
+        # that found nothing): jobs of lower priorities than its last may wait behind it, told of by no NOTIFY.
+        self.backlog_at = -math.inf
+        # The starts NOTIFYs asked for while a claim was on its way (None: no claim is): its snapshot may have
+        # missed their jobs, so its result moves walk_start past none of them.
+        self.notified_in_claim: list[datetime] | None = None
         self.held_at = -math.inf  # monotonic time of its last claim a limit held back
 
     def met(self, priorities: set[int]) -> None:
         """A claim took jobs of these priorities: known from now on, up to KNOWN_PRIORITIES."""
         self.priorities.update(sorted(priorities - self.priorities)[: KNOWN_PRIORITIES - len(self.priorities)])
+
+    def put_in_line(self, run_at: datetime) -> None:
+        """A NOTIFY says jobs of this queue became pending from `run_at` on: the next walk starts no later."""
+        start = run_at - NOTIFIED_MARGIN
+        self.walk_start = earlier(self.walk_start, start)
+        if self.notified_in_claim is not None:
+            self.notified_in_claim.append(start)
+
+    def claim_sent(self) -> None:
+        self.notified_in_claim = []
+
+    def claim_returned(self, start: datetime | None | Literal[False]) -> None:
+        """A claim came back: its next walk starts at `start` (False: where it was), or earlier where a job it
+        may have missed was put in line meanwhile."""
+        if start is not False:
+            self.walk_start = start
+        for notified in self.notified_in_claim or ():
+            self.walk_start = earlier(self.walk_start, notified)
+        self.notified_in_claim = None
 
     def walk_start_at(self) -> WalkStart | None:
         """Where its next walk starts (None: at the head)."""
@@ -112,6 +145,11 @@ class QueueSlots:
         return max(1, (self.concurrency + self.ahead.may_hold()) // 4)
 
 
+def earlier(start: datetime | None, other: datetime) -> datetime | None:
+    """The earlier of two walk starts (None: the head, before every other)."""
+    return None if start is None else min(start, other)
+
+
 class Producer:
     name = "producer"
 
@@ -126,8 +164,10 @@ class Producer:
         batch_size: int,
         poll_interval: float,
         capacity: Capacity | None = None,
+        notified: bool = True,
     ) -> None:
         self.database = database
+        self.notified = notified  # its listener LISTENs: a job put in line behind a walk start is told of
         self.slots = slots
         self.capacity = capacity or Capacity({}, None)
         self.runs = runs
@@ -154,10 +194,13 @@ class Producer:
 
     # --- signals, from the listener, finished jobs, the settler (QueueWakeups) and the worker ---------
 
-    def wake_queue(self, name: str) -> None:
+    def wake_queue(self, name: str, run_at: datetime | None = None) -> None:
+        """Queue `name` may have ready jobs; a NOTIFY's `run_at` says where in line they start."""
         slots = self.slots.get(name)
         if slots is not None:
             slots.may_have_ready = True
+            if run_at is not None:
+                slots.put_in_line(run_at)
             self.wake.set()
 
     def wake_all(self) -> None:
@@ -246,6 +289,7 @@ class Producer:
                     self.recover_first = False
                 for name in wanted:  # a NOTIFY during the claim sets it again
                     self.slots[name].may_have_ready = False
+                    self.slots[name].claim_sent()
                 claim = await self.claim(self.conn, wanted, self._walk_starts(wanted))
                 failures = 0
                 await self.database.back()
@@ -259,16 +303,20 @@ class Producer:
                 # Rows of a capped kind, or that a limit held back, may be left in line: no walk starts past them.
                 every_kind_taken = not (self.capped_kind_filled or self.capped_kind_skipped)
                 for name, n in wanted.items():
+                    slots = self.slots[name]
                     every_due_taken = every_kind_taken and name not in claim.held_back
+                    start: datetime | Literal[False] = False  # where it was
                     if counts[name] == n:
-                        self.slots[name].may_have_ready = True  # there may be more ready right now
+                        slots.may_have_ready = True  # there may be more ready right now
                         if name in claim.last_run_at and every_due_taken:
                             # A backlog: the next walk starts about where this one stopped, not at the head
                             # across the entries of every job claimed since a held snapshot began.
-                            self.slots[name].walk_start = claim.last_run_at[name] - LATE_COMMIT_MARGIN
+                            start = claim.last_run_at[name] - LATE_COMMIT_MARGIN
+                            slots.backlog_at = time.monotonic()
                     elif claim.clock is not None and every_due_taken:
                         # Every job due and visible then was taken.
-                        self.slots[name].walk_start = claim.clock - LATE_COMMIT_MARGIN
+                        start = claim.clock - LATE_COMMIT_MARGIN
+                    slots.claim_returned(start)
                 self._hold(self.held_back)
                 if short and self.capped_kind_filled:
                     # A kind took all its free slots in this claim, so rows of it may be left behind (or it
@@ -282,7 +330,8 @@ class Producer:
             except (psycopg.Error, OSError) as exc:
                 self.recover_first = True
                 for name in wanted:
-                    self.slots[name].may_have_ready, self.slots[name].walk_start = True, None
+                    self.slots[name].may_have_ready = True
+                    self.slots[name].claim_returned(None)
                 if self.conn is not None:
                     await self.conn.close()
                     self.conn = None
@@ -315,6 +364,8 @@ class Producer:
             slots.unchecked = start is not None
             if start is not None:
                 starts[name] = start
+            else:
+                slots.backlog_at = -math.inf  # a walk from the head sees everything
         return starts
 
     def _hold(self, held_back: dict[str, float]) -> None:
@@ -413,28 +464,35 @@ class JobsBehind:
     """The look for ready jobs behind the queues' walk starts (store/claim.py JOBS_BEHIND), apart from the
     claims: a task of its own on the shared connection, so a claim never waits for it (the producer leaves its
     recovery pass for later while it runs). A queue where it finds one gets its next claim from the head at
-    once; one it cannot tell about (the database failed) too."""
+    once; one it cannot tell about (the database failed) too. Its pace: see the module docstring."""
 
     def __init__(self, producer: Producer) -> None:
         self.producer = producer
         self.task: asyncio.Task[None] | None = None
-        self.next_at = 0.0  # monotonic time the next look may begin
+        self.ended = time.monotonic()  # when the last look ended (the producer's start before the first)
+        self.took = 0.0  # seconds the last look took
 
     def _waiting(self) -> dict[str, datetime]:
         """The queues to look at: a claim walked from their start since the last look began."""
         return {s.name: s.walk_start for s in self.producer.slots.values() if s.unchecked and s.walk_start is not None}
 
+    def _next_at(self, starts: dict[str, datetime]) -> float:
+        """Monotonic time the next look at these queues may begin."""
+        told = self.producer.notified and all(self.producer.slots[name].backlog_at == -math.inf for name in starts)
+        interval = BEHIND_SAFETY_INTERVAL if told else BEHIND_CHECK_INTERVAL
+        return self.ended + max(interval - self.took, self.took / BEHIND_CHECK_SHARE)
+
     def due_in(self) -> float:
         """Seconds until a look is due (inf: none is)."""
-        if self.task is not None or not self._waiting():
+        if self.task is not None or not (starts := self._waiting()):
             return math.inf
-        return max(0.0, self.next_at - time.monotonic())
+        return max(0.0, self._next_at(starts) - time.monotonic())
 
     def start_if_due(self) -> None:
-        if self.task is not None or time.monotonic() < self.next_at or self.producer.stopping.is_set():
+        if self.task is not None or self.producer.stopping.is_set():
             return
         starts = self._waiting()
-        if not starts:
+        if not starts or time.monotonic() < self._next_at(starts):
             return
         for name in starts:
             self.producer.slots[name].unchecked = False
@@ -449,11 +507,14 @@ class JobsBehind:
         except (psycopg.Error, OSError):
             pass  # the database is away: the claims find out and say so
         finally:
-            ended = time.monotonic()
-            self.next_at = ended + max(BEHIND_CHECK_INTERVAL - (ended - began), (ended - began) / BEHIND_CHECK_SHARE)
-            for name in behind:
+            self.ended = time.monotonic()
+            self.took = self.ended - began
+            for name in starts:
                 slots = self.producer.slots[name]
-                slots.may_have_ready, slots.walk_start = True, None
+                if name in behind:
+                    slots.may_have_ready, slots.walk_start = True, None
+                elif slots.backlog_at < began:
+                    slots.backlog_at = -math.inf  # nothing behind the start a backlog left
             self.task = None
             self.producer.wake.set()  # its next look may be due, or a queue walks from the head
 

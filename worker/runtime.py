@@ -92,6 +92,7 @@ class Worker:
         )
         self.heartbeat = Heartbeat(self.database, self.id, options.queues)
         self.recovery = Recovery(self.database, settings.max_reaps)
+        self.listening = not options.poll_only and self.database.listen_url is not None
         self.producer = Producer(
             self.database,
             self.slots,
@@ -102,13 +103,13 @@ class Worker:
             settings.claim_batch_size,
             options.poll_interval,
             self.capacity,
+            notified=self.listening,
         )
         # What a settle means for claiming goes to the producer (settler.QueueWakeups); set here because the
         # producer needs the runs, which need the settler.
         self.settler.wakeups = self.producer
         self.scheduler = Scheduler(self.database, jobs, options.poll_interval)
         self.timings = TimingsWriter(self.database, self.stats)
-        self.listening = not options.poll_only and self.database.listen_url is not None
         # The stop order: the producer first (no new claims), then, once in-flight jobs are drained, the
         # rest; the settler and the timings writer flush a last time after them.
         self.services: list[Service] = [self.producer]

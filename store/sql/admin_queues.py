@@ -35,12 +35,13 @@ PAUSE_QUEUE = """
 INSERT INTO dygo_queues AS q (name, paused, paused_at) VALUES (%s, true, now())
 ON CONFLICT (name) DO UPDATE SET paused = true, paused_at = CASE WHEN q.paused THEN q.paused_at ELSE now() END
 RETURNING paused_at"""
-# Resuming wakes the queue's workers at once (they were idling until their poll interval).
+# Resuming wakes the queue's workers at once (they were idling until their poll interval), with a run_at
+# before every job (the epoch): the walks that passed while it was paused took none of them.
 RESUME_QUEUE = """
 WITH resumed AS (
     UPDATE dygo_queues SET paused = false, paused_at = NULL WHERE name = %s AND paused RETURNING name
 )
-SELECT pg_notify('dygo_jobs', name) FROM resumed"""
+SELECT pg_notify('dygo_jobs', name || ' 0') FROM resumed"""
 
 # Pending, scheduled and dead jobs go; active ones belong to their workers and paused ones were
 # parked on purpose, so both stay (and are reported).

@@ -11,7 +11,7 @@ transaction's locks are only ordered if the rows of its second statement were ta
 `ANY(ARRAY(SELECT id FROM locked))` runs the CTE to its end, every lock taken, before the update starts.
 """
 
-# The channel the dygo_notify_pending trigger sends each queue name to.
+# The channel the dygo_notify_pending trigger sends each queue, with its jobs' earliest run_at, to.
 LISTEN_FOR_JOBS = "LISTEN dygo_jobs"
 
 # Sent in the same string as a worker statement that finds job rows by id (leases.on_indexes): a
