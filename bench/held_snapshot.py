@@ -20,10 +20,11 @@ Pickup latency is measured two ways, per `--window` and per phase:
 Each window also gives the PostgreSQL server's CPU (its processes' user + system time from /proc,
 exited backends included, as % of one core), the claim statements' calls, time and shared buffers
 per call (pg_stat_statements, when the server preloads it; otherwise it says so), the entries of
-dygo_jobs_ready read per index scan (pg_stat_user_indexes), and the 1-minute load average. At the
-end: dead tuples of dygo_jobs, sequential scans of it during the run. Targets: every window of the
-hold within 1.5x of the clean phase in pickup p50 and p99 and in server CPU; no sequential scan of
-the job table.
+dygo_jobs_ready read per index scan (pg_stat_user_indexes), the 1-minute load average, and two
+measures of the machine's own speed: the worker's CPU per job (the hold does not change its work) and
+the share of CPU time the hypervisor stole (/proc/stat). At the end: dead tuples of dygo_jobs,
+sequential scans of it during the run. Targets: every window of the hold within 1.5x of the clean
+phase in pickup p50 and p99 and in server CPU; no sequential scan of the job table.
 
     .venv/bin/python bench/held_snapshot.py                        # 60 s clean, 600 s held, 30 s after
     .venv/bin/python bench/held_snapshot.py --clean 20 --hold 60 --after 10    # a shorter look
@@ -92,6 +93,7 @@ class Sample:
     index: tuple[int, int]  # dygo_jobs_ready: scans, entries read
     dead: int
     load: float
+    steal: tuple[int, int]  # the machine's CPU time stolen by the hypervisor, and all of it (/proc/stat jiffies)
 
 
 def main() -> int:
@@ -218,7 +220,14 @@ def sample(conn: psycopg.Connection, phase: str, worker: WorkerProcess, postmast
         (int(index[0]), int(index[1])),
         int(dead),
         os.getloadavg()[0],
+        stolen(),
     )
+
+
+def stolen() -> tuple[int, int]:
+    """The machine's stolen and total CPU time so far: a VM's host taking cores away slows every process."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return fields[7], sum(fields)
 
 
 def run_phases(
@@ -289,6 +298,17 @@ class Span:
     def worker_cpu(self) -> float:
         return 100 * (self.end.worker_cpu - self.start.worker_cpu) / (self.end.at - self.start.at)
 
+    @property
+    def worker_cpu_per_job(self) -> float:
+        """The worker's CPU ms per job: its work per job does not depend on the hold, so this measures the
+        machine's speed (a slower minute slows the server's statements alike)."""
+        return 1000 * (self.end.worker_cpu - self.start.worker_cpu) / len(self.pickup) if self.pickup else math.nan
+
+    @property
+    def steal(self) -> float:
+        total = self.end.steal[1] - self.start.steal[1]
+        return 100 * (self.end.steal[0] - self.start.steal[0]) / total if total else math.nan
+
     def claim_figures(self) -> str:
         if self.start.claims is None or self.end.claims is None:
             return "– | – | –"
@@ -313,9 +333,9 @@ class Span:
             f"| {self.phase} | {self.start.at - origin:.0f} | {len(p)} | "
             f"{percentile(p, 50):.1f} / {percentile(p, 95):.1f} / {percentile(p, 99):.1f} | "
             f"{percentile(r, 50):.1f} / {percentile(r, 99):.1f} | {self.cpu:.0f} % | {self.cpu_per_job:.2f} | "
-            f"{self.worker_cpu:.0f} % | "
+            f"{self.worker_cpu:.0f} % | {self.worker_cpu_per_job:.2f} | "
             f"{self.claim_figures()} | {self.look_figures()} | {self.entries_per_scan():.1f} | {self.end.dead:,} | "
-            f"{self.end.load:.2f} |"
+            f"{self.end.load:.2f} | {self.steal:.1f} % |"
         )
 
 
@@ -338,8 +358,9 @@ def report(
 ) -> None:
     header = (
         "| phase | from s | jobs | pickup p50 / p95 / p99 ms | rows p50 / p99 ms | PostgreSQL CPU | CPU ms per job | "
-        "worker CPU | claims | ms per claim | buffers per claim | looks behind | index entries per scan | "
-        "dead tuples at end | load |\n|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "worker CPU | worker CPU ms per job | claims | ms per claim | buffers per claim | looks behind | "
+        "index entries per scan | dead tuples at end | load | steal |\n"
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     origin = samples[0].at
     windows = [span(a.phase, a, b, picked, rows) for a, b in zip(samples, samples[1:], strict=False)]
@@ -373,6 +394,11 @@ def report(
             f"{what}: worst held window / clean = {worst:.2f}, whole hold / clean = {whole:.2f} "
             f"({'ok' if worst <= TARGET else 'OVER'}; target <= {TARGET})"
         )
+    worst = max(w.worker_cpu_per_job / clean.worker_cpu_per_job for w in held)
+    print(
+        f"the machine: worker CPU per job, worst held window / clean = {worst:.2f} (the hold does not change the "
+        "worker's work: above 1, the machine was slower then)"
+    )
     ratio = percentile(phases["held"].rows, 50) / percentile(clean.rows, 50)
     print(f"rows (started_at - enqueued_at) p50, whole hold / clean = {ratio:.2f}")
     print(f"sequential scans of dygo_jobs during the run: {scans} ({'ok' if scans == 0 else 'OVER'}; target 0)")
