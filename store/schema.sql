@@ -328,7 +328,8 @@ BEGIN
     INTO any_pending, any_ended, any_workflow, any_child FROM new_rows;
     -- Wake-ups: one NOTIFY per queue with jobs pending again (a retry, a snooze, a revived job).
     IF any_pending THEN
-        PERFORM pg_notify('dygo_jobs', q.queue) FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'pending') AS q;
+        PERFORM pg_notify('dygo_jobs', q.queue || ' ' || extract(epoch FROM q.run_at)::text)
+        FROM (SELECT queue, min(run_at) AS run_at FROM new_rows WHERE state = 'pending' GROUP BY queue) AS q;
     END IF;
     -- Result waiters. The key is store/sql/results.py's RESULT_WAITERS_LOCK (two int4 keys: apart from dygo's
     -- one-bigint locks), which orders this against a waiter's registration, so no settle is missed.

@@ -553,6 +553,10 @@ def test_a_job_put_in_line_behind_a_walk_start_runs_at_its_notify_with_no_look_b
             await until(lambda: slots.walk_start is not None and slots.walk_start > a_minute_ago, "a walk start")
             late = enqueue(conn, "test.noop", {}, run_at=a_minute_ago)
             await until(lambda: state(late.id) == "succeeded", "the job behind the walk start")
+            # An update that leaves a job pending with an earlier run_at, as a hand-back or a recovered lease does.
+            later = enqueue(conn, "test.noop", {}, delay="1h")
+            conn.execute("UPDATE dygo_jobs SET run_at = %s WHERE id = %s", (a_minute_ago, later.id))
+            await until(lambda: state(later.id) == "succeeded", "the job put back behind the walk start")
 
             pause_queue(conn, "default")
             parked = enqueue(conn, "test.noop", {}, run_at=a_minute_ago)

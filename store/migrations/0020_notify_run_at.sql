@@ -10,3 +10,19 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- The update trigger's function (0018) wakes workers the same way: its wake-up line changes, the rest of
+-- it stays as 0018 left it.
+DO $$
+DECLARE
+    body text := pg_get_functiondef('dygo_jobs_updated()'::regprocedure);
+    queue_only text := $w$PERFORM pg_notify('dygo_jobs', q.queue) FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'pending') AS q;$w$;
+    with_run_at text := $w$PERFORM pg_notify('dygo_jobs', q.queue || ' ' || extract(epoch FROM q.run_at)::text)
+        FROM (SELECT queue, min(run_at) AS run_at FROM new_rows WHERE state = 'pending' GROUP BY queue) AS q;$w$;
+BEGIN
+    IF position(queue_only IN body) = 0 THEN
+        RAISE EXCEPTION 'dygo_jobs_updated() has no wake-up line to change';
+    END IF;
+    EXECUTE replace(body, queue_only, with_run_at);
+END
+$$;
