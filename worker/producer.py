@@ -476,23 +476,29 @@ class JobsBehind:
         """The queues to look at: a claim walked from their start since the last look began."""
         return {s.name: s.walk_start for s in self.producer.slots.values() if s.unchecked and s.walk_start is not None}
 
-    def _next_at(self, starts: dict[str, datetime]) -> float:
-        """Monotonic time the next look at these queues may begin."""
+    def _interval(self, starts: dict[str, datetime]) -> float:
+        """The pace of the looks at these queues: slower when a NOTIFY tells of every job put behind them."""
         told = self.producer.notified and all(self.producer.slots[name].backlog_at == -math.inf for name in starts)
-        interval = BEHIND_SAFETY_INTERVAL if told else BEHIND_CHECK_INTERVAL
+        return BEHIND_SAFETY_INTERVAL if told else BEHIND_CHECK_INTERVAL
+
+    def _next_at(self, interval: float) -> float:
+        """Monotonic time the next look may begin at this pace."""
         return self.ended + max(interval - self.took, self.took / BEHIND_CHECK_SHARE)
 
     def due_in(self) -> float:
         """Seconds until a look is due (inf: none is)."""
         if self.task is not None or not (starts := self._waiting()):
             return math.inf
-        return max(0.0, self._next_at(starts) - time.monotonic())
+        return max(0.0, self._next_at(self._interval(starts)) - time.monotonic())
 
     def start_if_due(self) -> None:
+        # Called on every turn of the producer's loop: the faster pace's time is checked before the queues are.
         if self.task is not None or self.producer.stopping.is_set():
             return
+        if time.monotonic() < self._next_at(BEHIND_CHECK_INTERVAL):
+            return
         starts = self._waiting()
-        if not starts or time.monotonic() < self._next_at(starts):
+        if not starts or time.monotonic() < self._next_at(self._interval(starts)):
             return
         for name in starts:
             self.producer.slots[name].unchecked = False
