@@ -26,9 +26,18 @@ the share of CPU time the hypervisor stole (/proc/stat). At the end: dead tuples
 sequential scans of it during the run. Targets: every window of the hold within 1.5x of the clean
 phase in pickup p50 and p99 and in server CPU; no sequential scan of the job table.
 
+With `--control URL`, a second server of the same version and settings (ALIKE) gets the same jobs at the same
+rate, from its own producer and worker, through the whole run, and is never held. (A second database of the
+same server would not do: while the held transaction runs, every snapshot taken on its server counts it as
+running, so the other database's rows are kept too.) A machine whose speed drifts for minutes at a time
+slows both servers alike, so each held window is also compared with the clean phase scaled by the control's
+own change over the same minutes: held window / (held clean x control window / control clean).
+
     .venv/bin/python bench/held_snapshot.py                        # 60 s clean, 600 s held, 30 s after
     .venv/bin/python bench/held_snapshot.py --clean 20 --hold 60 --after 10    # a shorter look
     .venv/bin/python bench/held_snapshot.py --server postgresql:///postgres?host=/tmp/pg15   # another server
+    DYGO_DATA_DIR=/tmp/dygo-control .venv/bin/python -m dygo db url    # a second embedded server, for the control
+    .venv/bin/python bench/held_snapshot.py --control 'postgresql://postgres:@/postgres?host=/tmp/dygo-control/pg'
 """
 
 from __future__ import annotations
@@ -41,7 +50,9 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -96,6 +107,21 @@ class Sample:
     steal: tuple[int, int]  # the machine's CPU time stolen by the hypervisor, and all of it (/proc/stat jiffies)
 
 
+@dataclass
+class Stream:
+    """One server's database with its own worker and producer: the held one, or --control's."""
+
+    name: str  # what the report calls it
+    url: str
+    postmaster: int
+    stamps: Path
+    worker: WorkerProcess
+    conn: psycopg.Connection  # the bench's own, for the counters
+    statements: bool  # pg_stat_statements readable
+    seq_scans_before: int
+    samples: list[Sample] = field(default_factory=list)
+
+
 def main() -> int:
     args = parse_arguments()
     server = (
@@ -104,45 +130,84 @@ def main() -> int:
             [sys.executable, "-m", "dygo", "db", "url"], check=True, capture_output=True, text=True, cwd=ROOT
         ).stdout.strip()
     )
+    servers = {"the held server": server} | ({"the control server (never held)": args.control} if args.control else {})
+    with tempfile.TemporaryDirectory(prefix="dygo-snapshot-") as config, ExitStack() as stack:
+        streams = [
+            stack.enter_context(started(name, url, Path(config, str(i)), args))
+            for i, (name, url) in enumerate(servers.items())
+        ]
+        if args.control:
+            alike(*streams)
+        run_phases(streams, args)
+        scans = [seq_scans(s.conn) - s.seq_scans_before for s in streams]  # before this script's own reads
+        for stream in streams:
+            wait_until(lambda s=stream: not pending(s.conn), 60, "the last jobs to finish", interval=0.2)
+        runs = [collected(stream) for stream in streams]
+    for stream, (picked, rows), scanned in zip(streams, runs, scans, strict=True):
+        print(f"## {stream.name}\n")
+        report(stream.samples, picked, rows, scanned, stream.statements, args)
+        print()
+    if args.control:
+        compare(streams[0], runs[0], streams[1], runs[1])
+    return 0
+
+
+@contextmanager
+def started(name: str, server: str, config: Path, args: argparse.Namespace) -> Iterator[Stream]:
+    """A fresh, migrated database on `server` with one worker, registered and idle."""
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DATABASE}")
     url = make_conninfo(server, dbname=DATABASE)
-    with tempfile.TemporaryDirectory(prefix="dygo-snapshot-") as config:
-        stamps = Path(config, "stamps")
-        Path(config, "queues.yml").write_text(f"queues:\n  - name: default\n    concurrency: {args.concurrency}\n")
-        Path(config, "dygo.yml").write_text("jobs: [bench_jobs]\n")
-        env = {
-            "DATABASE_URL": url,
-            "DYGO_CONFIG_DIR": config,
-            "DYGO_LOG_LEVEL": "WARNING",
-            "PYTHONPATH": str(Path(__file__).resolve().parent),
-            "DYGO_BENCH_STAMPS": str(stamps),
-        }
-        subprocess.run(
-            [sys.executable, "-m", "dygo", "migrate"],
-            env={**os.environ, **env},
-            cwd=ROOT,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        with psycopg.connect(url, autocommit=True) as conn:
-            statements = statements_loaded(conn)
-            seq_scans_before = seq_scans(conn)
-        command = [sys.executable, "-m", "dygo", "worker", "--concurrency", str(args.concurrency)]
-        with WorkerProcess(command, env=env) as worker, psycopg.connect(url, autocommit=True) as conn:
+    config.mkdir()
+    stamps = config / "stamps"
+    Path(config, "queues.yml").write_text(f"queues:\n  - name: default\n    concurrency: {args.concurrency}\n")
+    Path(config, "dygo.yml").write_text("jobs: [bench_jobs]\n")
+    env = {
+        "DATABASE_URL": url,
+        "DYGO_CONFIG_DIR": str(config),
+        "DYGO_LOG_LEVEL": "WARNING",
+        "PYTHONPATH": str(Path(__file__).resolve().parent),
+        "DYGO_BENCH_STAMPS": str(stamps),
+    }
+    subprocess.run(
+        [sys.executable, "-m", "dygo", "migrate"],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    command = [sys.executable, "-m", "dygo", "worker", "--concurrency", str(args.concurrency)]
+    with psycopg.connect(url, autocommit=True) as conn:
+        statements, scans = statements_loaded(conn), seq_scans(conn)
+        with WorkerProcess(command, env=env) as worker:
             wait_until(lambda: registered(conn, worker), 60, "the worker to register", interval=0.2)
-            postmaster = parent_pid(conn.info.backend_pid)
-            samples = run_phases(url, conn, worker, postmaster, statements, args)
-            scans = seq_scans(conn) - seq_scans_before  # before this script's own reads of the table
-            wait_until(lambda: not pending(conn), 60, "the last jobs to finish", interval=0.2)
-            rows = conn.execute(
-                "SELECT extract(epoch FROM enqueued_at), 1000 * extract(epoch FROM started_at - enqueued_at)"
-                " FROM dygo_jobs WHERE started_at IS NOT NULL ORDER BY enqueued_at"
-            ).fetchall()
-        picked = [(float(t), 1000 * (float(began) - float(t))) for t, began in (s.split() for s in stamps.open())]
-        report(samples, picked, [(float(at), float(ms)) for at, ms in rows], scans, statements, args)
-    return 0
+            yield Stream(name, url, parent_pid(conn.info.backend_pid), stamps, worker, conn, statements, scans)
+
+
+# What --control's server must share with the held one for the same minutes to cost both the same.
+ALIKE = ("server_version", "shared_preload_libraries", "shared_buffers", "autovacuum_naptime", "synchronous_commit")
+
+
+def alike(held: Stream, control: Stream) -> None:
+    """Refuse a control that is the held server itself (the hold would hold it too) or is set up otherwise."""
+    if held.postmaster == control.postmaster:
+        raise SystemExit("--control names the held server itself: give it a second server (see the docstring)")
+    for setting in ALIKE:
+        ours, theirs = (s.conn.execute(f"SHOW {setting}").fetchone()[0] for s in (held, control))
+        if ours != theirs:
+            raise SystemExit(f"--control's server has {setting} = {theirs!r}, the held one {ours!r}: make them alike")
+
+
+def collected(stream: Stream) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Each job's (time before its enqueue, pickup ms) from the handler's stamps, and (enqueued_at, started_at -
+    enqueued_at in ms) from its row."""
+    rows = stream.conn.execute(
+        "SELECT extract(epoch FROM enqueued_at), 1000 * extract(epoch FROM started_at - enqueued_at)"
+        " FROM dygo_jobs WHERE started_at IS NOT NULL ORDER BY enqueued_at"
+    ).fetchall()
+    picked = [(float(t), 1000 * (float(began) - float(t))) for t, began in (s.split() for s in stream.stamps.open())]
+    return picked, [(float(at), float(ms)) for at, ms in rows]
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -156,6 +221,12 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=30.0, help="seconds per line of the latency table")
     parser.add_argument(
         "--server", help="URL of another PostgreSQL server to run on (default: the project's embedded one)"
+    )
+    parser.add_argument(
+        "--control",
+        metavar="URL",
+        help="another PostgreSQL server, of the same version and settings, where the same jobs run at the same "
+        "time and nothing is held: a control for the machine's own drift",
     )
     return parser.parse_args()
 
@@ -202,19 +273,20 @@ def server_cpu(postmaster: int) -> float:
     return total
 
 
-def sample(conn: psycopg.Connection, phase: str, worker: WorkerProcess, postmaster: int, statements: bool) -> Sample:
+def sample(stream: Stream, phase: str) -> Sample:
+    conn = stream.conn
     conn.execute("SELECT pg_stat_force_next_flush()")
     index = conn.execute(
         "SELECT idx_scan, idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'dygo_jobs_ready'"
     ).fetchone()
     dead = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'dygo_jobs'").fetchone()[0]
-    claims = conn.execute(CLAIM_STATS).fetchone() if statements else None
-    looks = conn.execute(LOOK_STATS).fetchone() if statements else None
+    claims = conn.execute(CLAIM_STATS).fetchone() if stream.statements else None
+    looks = conn.execute(LOOK_STATS).fetchone() if stream.statements else None
     return Sample(
         phase,
         time.time(),
-        server_cpu(postmaster),
-        process_cpu_seconds(worker.pid),
+        server_cpu(stream.postmaster),
+        process_cpu_seconds(stream.worker.pid),
         None if claims is None else (float(claims[0]), float(claims[1]), float(claims[2])),
         None if looks is None else (float(looks[0]), float(looks[1]), float(looks[2])),
         (int(index[0]), int(index[1])),
@@ -230,25 +302,19 @@ def stolen() -> tuple[int, int]:
     return fields[7], sum(fields)
 
 
-def run_phases(
-    url: str,
-    conn: psycopg.Connection,
-    worker: WorkerProcess,
-    postmaster: int,
-    statements: bool,
-    args: argparse.Namespace,
-) -> list[Sample]:
-    """Produce jobs through three phases, reading the counters at every window's edge; the last sample is
-    the end of the run (phase 'end')."""
-    samples: list[Sample] = []
+def run_phases(streams: list[Stream], args: argparse.Namespace) -> None:
+    """Produce jobs into every stream through three phases, reading each one's counters at every window's edge
+    (the same instants for all); the hold is on the first stream's. The last sample is the end of the
+    run (phase 'end')."""
     producing = threading.Event()
     producing.set()
-    producer = threading.Thread(target=produce, args=(url, args, producing), daemon=True)
-    producer.start()
+    producers = [threading.Thread(target=produce, args=(s.url, args, producing), daemon=True) for s in streams]
+    for producer in producers:
+        producer.start()
     holder: psycopg.Connection | None = None
     for name, seconds in (("clean", args.clean), ("held", args.hold), ("after", args.after)):
         if name == "held":
-            holder = psycopg.connect(url)
+            holder = psycopg.connect(streams[0].url)
             holder.execute("SELECT pg_current_xact_id()")  # an xid: VACUUM keeps every version newer than it
         elif holder is not None:
             holder.rollback()
@@ -256,15 +322,18 @@ def run_phases(
         log(f"{name}: {seconds:g} s")
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline - 0.5:
-            samples.append(sample(conn, name, worker, postmaster, statements))
+            for stream in streams:
+                stream.samples.append(sample(stream, name))
             edge = min(deadline, time.monotonic() + args.window)
             while time.monotonic() < edge:
-                worker.check_alive()
+                for stream in streams:
+                    stream.worker.check_alive()
                 time.sleep(min(1.0, max(0.0, edge - time.monotonic())))
-    samples.append(sample(conn, "end", worker, postmaster, statements))
+    for stream in streams:
+        stream.samples.append(sample(stream, "end"))
     producing.clear()
-    producer.join()
-    return samples
+    for producer in producers:
+        producer.join()
 
 
 def produce(url: str, args: argparse.Namespace, producing: threading.Event) -> None:
@@ -348,6 +417,19 @@ def span(
     return Span(phase, start, end, within(picked), within(rows))
 
 
+def spans(
+    samples: list[Sample], picked: list[tuple[float, float]], rows: list[tuple[float, float]]
+) -> tuple[list[Span], dict[str, Span]]:
+    """The run's windows, and its three phases whole."""
+    windows = [span(a.phase, a, b, picked, rows) for a, b in zip(samples, samples[1:], strict=False)]
+    phases: dict[str, Span] = {}
+    for name in ("clean", "held", "after"):
+        mine = [s for s in samples if s.phase == name]
+        following = samples[samples.index(mine[-1]) + 1]
+        phases[name] = span(name, mine[0], following, picked, rows)
+    return windows, phases
+
+
 def report(
     samples: list[Sample],
     picked: list[tuple[float, float]],
@@ -363,17 +445,12 @@ def report(
         "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     origin = samples[0].at
-    windows = [span(a.phase, a, b, picked, rows) for a, b in zip(samples, samples[1:], strict=False)]
+    windows, phases = spans(samples, picked, rows)
     print(f"{args.rate:g} jobs/s of {args.job_ms} ms jobs, one worker at concurrency {args.concurrency}")
     print(header)
     for window in windows:
         print(window.row(origin))
     print()
-    phases: dict[str, Span] = {}
-    for name in ("clean", "held", "after"):
-        mine = [s for s in samples if s.phase == name]
-        following = samples[samples.index(mine[-1]) + 1]
-        phases[name] = span(name, mine[0], following, picked, rows)
     print(header)
     for whole in phases.values():
         print(whole.row(origin))
@@ -402,6 +479,54 @@ def report(
     ratio = percentile(phases["held"].rows, 50) / percentile(clean.rows, 50)
     print(f"rows (started_at - enqueued_at) p50, whole hold / clean = {ratio:.2f}")
     print(f"sequential scans of dygo_jobs during the run: {scans} ({'ok' if scans == 0 else 'OVER'}; target 0)")
+
+
+# The figures --control compares, each for a Span.
+PAIRED: dict[str, Callable[[Span], float]] = {
+    "pickup p50": lambda s: percentile(s.pickup, 50),
+    "pickup p99": lambda s: percentile(s.pickup, 99),
+    "PostgreSQL CPU": lambda s: s.cpu,
+}
+
+
+def compare(
+    held: Stream,
+    held_run: tuple[list[tuple[float, float]], list[tuple[float, float]]],
+    control: Stream,
+    control_run: tuple[list[tuple[float, float]], list[tuple[float, float]]],
+) -> None:
+    """Each held window against the clean phase scaled by the control's change over the same minutes: the
+    hold's own effect, with the machine's drift (which slows both databases alike) taken out."""
+    held_windows, held_phases = spans(held.samples, *held_run)
+    control_windows, control_phases = spans(control.samples, *control_run)
+
+    def ratio(figure: Callable[[Span], float], h: Span, c: Span) -> float:
+        return (figure(h) / figure(held_phases["clean"])) / (figure(c) / figure(control_phases["clean"]))
+
+    print("## the held server against the control, window by window\n")
+    print(
+        "| phase | from s | pickup p50 ms, held / control | pickup p99 ms, held / control | "
+        "PostgreSQL CPU %, held / control | same-minute p50 | same-minute p99 | same-minute CPU |"
+    )
+    print("|---|---:|---|---|---|---:|---:|---:|")
+    origin = held.samples[0].at
+    pairs = [(h.phase, h, c) for h, c in zip(held_windows, control_windows, strict=True)]
+    pairs += [(f"{name} (whole)", held_phases[name], control_phases[name]) for name in held_phases]
+    for label, h, c in pairs:
+        figures = " | ".join(f"{f(h):.1f} / {f(c):.1f}" for f in PAIRED.values())
+        ratios = " | ".join(f"{ratio(f, h, c):.2f}" for f in PAIRED.values())
+        print(f"| {label} | {h.start.at - origin:.0f} | {figures} | {ratios} |")
+    print()
+    windows = [(h, c) for h, c in zip(held_windows, control_windows, strict=True) if h.phase == "held"]
+    for what, figure in PAIRED.items():
+        worst = max(ratio(figure, h, c) for h, c in windows)
+        whole = ratio(figure, held_phases["held"], control_phases["held"])
+        drift = max(figure(c) / figure(control_phases["clean"]) for _, c in windows)
+        print(
+            f"{what}: held window / (clean x control's change), worst = {worst:.2f}, whole hold = {whole:.2f} "
+            f"({'ok' if worst <= TARGET else 'OVER'}; target <= {TARGET}); the control's own worst window / its "
+            f"clean phase = {drift:.2f}"
+        )
 
 
 if __name__ == "__main__":
