@@ -496,7 +496,7 @@ def compare(
     control_run: tuple[list[tuple[float, float]], list[tuple[float, float]]],
 ) -> None:
     """Each held window against the clean phase scaled by the control's change over the same minutes: the
-    hold's own effect, with the machine's drift (which slows both databases alike) taken out."""
+    hold's own effect, with the machine's drift (which slows both servers alike) taken out."""
     held_windows, held_phases = spans(held.samples, *held_run)
     control_windows, control_phases = spans(control.samples, *control_run)
 
@@ -506,7 +506,7 @@ def compare(
     print("## the held server against the control, window by window\n")
     print(
         "| phase | from s | pickup p50 ms, held / control | pickup p99 ms, held / control | "
-        "PostgreSQL CPU %, held / control | same-minute p50 | same-minute p99 | same-minute CPU |"
+        "PostgreSQL CPU %, held / control | same-window p50 | same-window p99 | same-window CPU |"
     )
     print("|---|---:|---|---|---|---:|---:|---:|")
     origin = held.samples[0].at
