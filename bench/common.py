@@ -180,6 +180,17 @@ def wait_until(done: Callable[[], bool], timeout: float, what: str, interval: fl
         time.sleep(interval)
 
 
+def migrate(env: dict[str, str]) -> None:
+    """`dygo migrate` with these variables (DATABASE_URL names the database) added to the environment."""
+    subprocess.run(
+        [sys.executable, "-m", "dygo", "migrate"],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
 def paced(count: int, interval: float) -> Iterator[int]:
     """Yield 0..count-1, the i-th at start + i * interval (no drift from the work in between)."""
     start = time.perf_counter()

@@ -52,6 +52,7 @@ from common import (  # noqa: E402
     WorkerProcess,
     log,
     machine_busy_seconds,
+    migrate,
     parent_pid,
     process_cpu_seconds,
     server_cpu_seconds,
@@ -260,16 +261,6 @@ def fresh_database(server: str, direct: str | None) -> str:
 def write_config(config: Path, concurrency: int, claim_ahead: str) -> None:
     (config / "queues.yml").write_text(f"queues:\n  - name: default\n    concurrency: {concurrency}\n")
     (config / "dygo.yml").write_text(f"jobs: [bench_jobs]\nclaim_ahead: {claim_ahead}\n")
-
-
-def migrate(env: dict[str, str]) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "dygo", "migrate"],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
 
 
 # --- one fleet ---------------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ from common import (  # noqa: E402
     ROOT,
     WorkerProcess,
     log,
+    migrate,
     paced,
     parent_pid,
     percentile,
@@ -130,14 +131,14 @@ def main() -> int:
             [sys.executable, "-m", "dygo", "db", "url"], check=True, capture_output=True, text=True, cwd=ROOT
         ).stdout.strip()
     )
+    if args.control:
+        alike(server, args.control)
     servers = {"the held server": server} | ({"the control server (never held)": args.control} if args.control else {})
     with tempfile.TemporaryDirectory(prefix="dygo-snapshot-") as config, ExitStack() as stack:
         streams = [
             stack.enter_context(started(name, url, Path(config, str(i)), args))
             for i, (name, url) in enumerate(servers.items())
         ]
-        if args.control:
-            alike(*streams)
         run_phases(streams, args)
         scans = [seq_scans(s.conn) - s.seq_scans_before for s in streams]  # before this script's own reads
         for stream in streams:
@@ -170,13 +171,7 @@ def started(name: str, server: str, config: Path, args: argparse.Namespace) -> I
         "PYTHONPATH": str(Path(__file__).resolve().parent),
         "DYGO_BENCH_STAMPS": str(stamps),
     }
-    subprocess.run(
-        [sys.executable, "-m", "dygo", "migrate"],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    migrate(env)
     command = [sys.executable, "-m", "dygo", "worker", "--concurrency", str(args.concurrency)]
     with psycopg.connect(url, autocommit=True) as conn:
         statements, scans = statements_loaded(conn), seq_scans(conn)
@@ -189,14 +184,16 @@ def started(name: str, server: str, config: Path, args: argparse.Namespace) -> I
 ALIKE = ("server_version", "shared_preload_libraries", "shared_buffers", "autovacuum_naptime", "synchronous_commit")
 
 
-def alike(held: Stream, control: Stream) -> None:
+def alike(server: str, control: str) -> None:
     """Refuse a control that is the held server itself (the hold would hold it too) or is set up otherwise."""
-    if held.postmaster == control.postmaster:
-        raise SystemExit("--control names the held server itself: give it a second server (see the docstring)")
-    for setting in ALIKE:
-        ours, theirs = (s.conn.execute(f"SHOW {setting}").fetchone()[0] for s in (held, control))
-        if ours != theirs:
-            raise SystemExit(f"--control's server has {setting} = {theirs!r}, the held one {ours!r}: make them alike")
+    with psycopg.connect(server, autocommit=True) as ours, psycopg.connect(control, autocommit=True) as theirs:
+        if ours.execute("SHOW data_directory").fetchone() == theirs.execute("SHOW data_directory").fetchone():
+            raise SystemExit("--control names the held server itself: give it a second server (see the docstring)")
+        for setting in ALIKE:
+            mine, other = (c.execute(f"SHOW {setting}").fetchone()[0] for c in (ours, theirs))
+            if mine != other:
+                differ = f"--control's server has {setting} = {other!r}, the held one {mine!r}"
+                raise SystemExit(f"{differ}: set them alike")
 
 
 def collected(stream: Stream) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:

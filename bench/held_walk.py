@@ -15,7 +15,6 @@ start (JOBS_BEHIND). Prints ms and shared buffers of each.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from psycopg import ClientCursor
 from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT  # noqa: E402
+from common import ROOT, migrate  # noqa: E402
 from dygo.store import claim  # noqa: E402
 
 DATABASE = "bench_held_walk"
@@ -48,13 +47,7 @@ def main() -> int:
         conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DATABASE}")
     url = make_conninfo(server, dbname=DATABASE)
-    subprocess.run(
-        [sys.executable, "-m", "dygo", "migrate"],
-        env={**os.environ, "DATABASE_URL": url},
-        cwd=ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    migrate({"DATABASE_URL": url})
     names: list[str] = []
 
     def parameter(match: re.Match[str]) -> str:
