@@ -143,13 +143,13 @@ def main() -> int:
         scans = [seq_scans(s.conn) - s.seq_scans_before for s in streams]  # before this script's own reads
         for stream in streams:
             wait_until(lambda s=stream: not pending(s.conn), 60, "the last jobs to finish", interval=0.2)
-        runs = [collected(stream) for stream in streams]
-    for stream, (picked, rows), scanned in zip(streams, runs, scans, strict=True):
+        runs = [spans(stream.samples, *collected(stream)) for stream in streams]
+    for stream, (windows, phases), scanned in zip(streams, runs, scans, strict=True):
         print(f"## {stream.name}\n")
-        report(stream.samples, picked, rows, scanned, stream.statements, args)
+        report(windows, phases, scanned, stream.statements, args)
         print()
     if args.control:
-        compare(streams[0], runs[0], streams[1], runs[1])
+        compare(*runs)
     return 0
 
 
@@ -427,10 +427,17 @@ def spans(
     return windows, phases
 
 
+# The figures judged against the clean phase, each for a Span.
+JUDGED: dict[str, Callable[[Span], float]] = {
+    "pickup p50": lambda s: percentile(s.pickup, 50),
+    "pickup p99": lambda s: percentile(s.pickup, 99),
+    "PostgreSQL CPU": lambda s: s.cpu,
+}
+
+
 def report(
-    samples: list[Sample],
-    picked: list[tuple[float, float]],
-    rows: list[tuple[float, float]],
+    windows: list[Span],
+    phases: dict[str, Span],
     scans: int,
     statements: bool,
     args: argparse.Namespace,
@@ -441,8 +448,7 @@ def report(
         "index entries per scan | dead tuples at end | load | steal |\n"
         "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
-    origin = samples[0].at
-    windows, phases = spans(samples, picked, rows)
+    origin = windows[0].start.at
     print(f"{args.rate:g} jobs/s of {args.job_ms} ms jobs, one worker at concurrency {args.concurrency}")
     print(header)
     for window in windows:
@@ -456,12 +462,7 @@ def report(
         print("claims: pg_stat_statements is not loaded by this server (shared_preload_libraries)")
     clean = phases["clean"]
     held = [w for w in windows if w.phase == "held"]
-    for what, figure in (
-        ("pickup p50", lambda s: percentile(s.pickup, 50)),
-        ("pickup p99", lambda s: percentile(s.pickup, 99)),
-        ("PostgreSQL CPU", lambda s: s.cpu),
-        ("PostgreSQL CPU per job", lambda s: s.cpu_per_job),
-    ):
+    for what, figure in {**JUDGED, "PostgreSQL CPU per job": lambda s: s.cpu_per_job}.items():
         worst = max(figure(w) / figure(clean) for w in held)
         whole = figure(phases["held"]) / figure(clean)
         print(
@@ -478,24 +479,10 @@ def report(
     print(f"sequential scans of dygo_jobs during the run: {scans} ({'ok' if scans == 0 else 'OVER'}; target 0)")
 
 
-# The figures --control compares, each for a Span.
-PAIRED: dict[str, Callable[[Span], float]] = {
-    "pickup p50": lambda s: percentile(s.pickup, 50),
-    "pickup p99": lambda s: percentile(s.pickup, 99),
-    "PostgreSQL CPU": lambda s: s.cpu,
-}
-
-
-def compare(
-    held: Stream,
-    held_run: tuple[list[tuple[float, float]], list[tuple[float, float]]],
-    control: Stream,
-    control_run: tuple[list[tuple[float, float]], list[tuple[float, float]]],
-) -> None:
+def compare(held: tuple[list[Span], dict[str, Span]], control: tuple[list[Span], dict[str, Span]]) -> None:
     """Each held window against the clean phase scaled by the control's change over the same minutes: the
     hold's own effect, with the machine's drift (which slows both servers alike) taken out."""
-    held_windows, held_phases = spans(held.samples, *held_run)
-    control_windows, control_phases = spans(control.samples, *control_run)
+    (held_windows, held_phases), (control_windows, control_phases) = held, control
 
     def ratio(figure: Callable[[Span], float], h: Span, c: Span) -> float:
         return (figure(h) / figure(held_phases["clean"])) / (figure(c) / figure(control_phases["clean"]))
@@ -506,16 +493,16 @@ def compare(
         "PostgreSQL CPU %, held / control | same-window p50 | same-window p99 | same-window CPU |"
     )
     print("|---|---:|---|---|---|---:|---:|---:|")
-    origin = held.samples[0].at
+    origin = held_windows[0].start.at
     pairs = [(h.phase, h, c) for h, c in zip(held_windows, control_windows, strict=True)]
     pairs += [(f"{name} (whole)", held_phases[name], control_phases[name]) for name in held_phases]
     for label, h, c in pairs:
-        figures = " | ".join(f"{f(h):.1f} / {f(c):.1f}" for f in PAIRED.values())
-        ratios = " | ".join(f"{ratio(f, h, c):.2f}" for f in PAIRED.values())
+        figures = " | ".join(f"{f(h):.1f} / {f(c):.1f}" for f in JUDGED.values())
+        ratios = " | ".join(f"{ratio(f, h, c):.2f}" for f in JUDGED.values())
         print(f"| {label} | {h.start.at - origin:.0f} | {figures} | {ratios} |")
     print()
     windows = [(h, c) for h, c in zip(held_windows, control_windows, strict=True) if h.phase == "held"]
-    for what, figure in PAIRED.items():
+    for what, figure in JUDGED.items():
         worst = max(ratio(figure, h, c) for h, c in windows)
         whole = ratio(figure, held_phases["held"], control_phases["held"])
         drift = max(figure(c) / figure(control_phases["clean"]) for _, c in windows)
